@@ -1,0 +1,61 @@
+"""The one small interface every checkpoint storage backend implements.
+
+Keys are '/'-separated strings relative to the backend's root (the URI it was
+opened with), e.g. "job-7/step-00001200/MANIFEST.json". Paths stay strings so
+remote URIs survive. Commit semantics are the same on every backend:
+
+- `open_writer(key)`: a stream for one large data file; the bytes are durable
+  and visible only after `close()` returns (local: fsync; object stores: the
+  multipart/block upload is completed). `abort()` discards everything written.
+- `write_atomic(key, data)`: a small object (manifest, LATEST) that readers see
+  either whole or not at all, durable on return (local: tmp, fsync, rename,
+  fsync dir; object stores: one PUT).
+"""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Protocol, runtime_checkable
+
+
+class StorageError(Exception):
+    """A storage operation failed; the message names the URI and the problem."""
+
+
+class UnknownSchemeError(StorageError):
+    pass
+
+
+@runtime_checkable
+class Writer(Protocol):
+    def write(self, data: bytes | memoryview) -> int: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+@runtime_checkable
+class Storage(Protocol):
+    uri: str  # the root this backend was opened with, e.g. "s3://bucket/prefix"
+
+    def open_writer(self, key: str) -> Writer: ...
+
+    def write_atomic(self, key: str, data: bytes) -> None: ...
+
+    def open_reader(self, key: str) -> BinaryIO: ...
+
+    def read(self, key: str) -> bytes: ...
+
+    def size(self, key: str) -> int: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (recursively), sorted."""
+        ...
+
+    def delete_prefix(self, prefix: str) -> None: ...
+
+    def url_for(self, key: str) -> str:
+        """The full URI of `key` (root URI + key), for reports and logs."""
+        ...

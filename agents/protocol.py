@@ -1,0 +1,230 @@
+"""The agent <-> control plane wire schema (DESIGN §5), shared by both sides.
+
+Plain dataclasses, no Django: the agent builds and sends these, the control plane's
+serializers validate the same field names. Every report carries `event_id` (a UUID
+the agent makes once and keeps across resends) and `sent_at` (agent clock, ISO 8601).
+Unknown fields are ignored on both sides so either side can add fields first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+API_PREFIX = "/api/agent/v1/"
+
+# Paths under API_PREFIX. `{checkpoint_id}` is the client-made UUID.
+PATH_REGISTER = "register"
+PATH_HEARTBEAT = "heartbeat"
+PATH_NOTICE = "notice"
+PATH_CHECKPOINTS = "checkpoints"
+PATH_VALIDATION = "checkpoints/{checkpoint_id}/validation"
+PATH_LOGS = "logs"
+PATH_EXIT = "exit"
+
+MAX_LOG_LINES_PER_BATCH = 1000
+MAX_LOG_LINE_CHARS = 4096
+MAX_OUTPUT_TAIL_CHARS = 16384
+MAX_RAW_PAYLOAD_CHARS = 16384
+
+
+class Action:
+    """What a heartbeat answer tells the agent to do."""
+
+    CONTINUE = "continue"
+    CHECKPOINT = "checkpoint"
+    CHECKPOINT_AND_STOP = "checkpoint_and_stop"
+    STOP = "stop"
+    ALL = (CONTINUE, CHECKPOINT, CHECKPOINT_AND_STOP, STOP)
+
+
+class CheckpointKind:
+    PERIODIC = "periodic"
+    NOTICE = "notice"
+    FINAL = "final"
+    ALL = (PERIODIC, NOTICE, FINAL)
+
+
+class ValidationResult:
+    PENDING = "pending"
+    VALID = "valid"
+    INVALID = "invalid"
+    ALL = (PENDING, VALID, INVALID)
+
+
+class NoticeSource:
+    AWS_IMDS = "aws_imds"
+    GCP_METADATA = "gcp_metadata"
+    AZURE_SCHEDULED_EVENTS = "azure_scheduled_events"
+    SIGTERM = "sigterm"
+    LOCAL = "local"
+    # Sources the control plane itself records (never sent by an agent).
+    HEARTBEAT_TIMEOUT = "heartbeat_timeout"
+    PROVIDER_API = "provider_api"
+    FROM_AGENT = (AWS_IMDS, GCP_METADATA, AZURE_SCHEDULED_EVENTS, SIGTERM, LOCAL)
+    ALL = FROM_AGENT + (HEARTBEAT_TIMEOUT, PROVIDER_API)
+
+
+class ExitReason:
+    """Why the agent's trainer ended, as the agent saw it."""
+
+    COMPLETED = "completed"  # trainer exited 0 with the job done
+    FAILED = "failed"  # trainer exited non-zero on its own: the user's code
+    PREEMPTED = "preempted"  # stopped because of a preemption notice
+    STOPPED = "stopped"  # stopped because the control plane said so (cancel, fence)
+    SETUP = "setup"  # could not start the trainer (missing command, prepare failed)
+    ALL = (COMPLETED, FAILED, PREEMPTED, STOPPED, SETUP)
+
+
+def new_event_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utcnow_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+@dataclass(kw_only=True)
+class Report:
+    """Base of every agent -> control plane body."""
+
+    event_id: str = field(default_factory=new_event_id)
+    sent_at: str = field(default_factory=utcnow_iso)
+
+
+@dataclass(kw_only=True)
+class Register(Report):
+    bootstrap_token: str
+    provider_instance_id: str = ""
+    hostname: str = ""
+    agent_version: str = ""
+
+
+@dataclass(kw_only=True)
+class ValidationSpec:
+    enabled: bool = True
+    model_factory: str = ""  # "module:function" returning an nn.Module
+    batch_factory: str = ""  # "module:function" returning (inputs, targets) for a fixed seed
+    tolerance: float = 1e-4
+
+
+@dataclass(kw_only=True)
+class JobSpec:
+    job_id: int
+    instance_id: int
+    command: list[str]
+    working_dir: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    checkpoint_uri: str = ""  # storage prefix for this job's checkpoints
+    resume_from: str | None = None  # URI of the checkpoint to resume from, if any
+    resume_step: int | None = None
+    total_steps: int | None = None
+    checkpoint_interval_s: float | None = None
+    checkpoint_every_steps: int | None = None
+    heartbeat_interval_s: float = 10.0
+    notice_budget_s: float = 25.0
+    validation: ValidationSpec = field(default_factory=ValidationSpec)
+    rank: int = 0
+    world_size: int = 1
+    rendezvous_addr: str = ""  # "host:port" of rank 0; empty for single-node jobs
+
+
+@dataclass(kw_only=True)
+class RegisterAnswer:
+    agent_token: str
+    job: JobSpec
+
+
+@dataclass(kw_only=True)
+class Heartbeat(Report):
+    step: int = 0
+    loss: float | None = None
+    samples_per_s: float | None = None
+    last_checkpoint_step: int | None = None
+    checkpoint_save_s: float | None = None  # last save, snapshot to commit
+    checkpoint_stall_s: float | None = None  # last save, training blocked
+
+
+@dataclass(kw_only=True)
+class HeartbeatAnswer:
+    action: str = Action.CONTINUE
+    checkpoint_interval_s: float | None = None
+    heartbeat_interval_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class Notice(Report):
+    source: str
+    notice_time: str  # when the cloud (or signal) announced it
+    deadline: str | None = None  # when the VM goes away, as the cloud states it
+    raw: str = ""  # the payload as received, truncated to MAX_RAW_PAYLOAD_CHARS
+
+
+@dataclass(kw_only=True)
+class CheckpointReport(Report):
+    checkpoint_id: str
+    step: int
+    uri: str
+    bytes: int
+    manifest_digest: str
+    kind: str = CheckpointKind.PERIODIC
+    committed_at: str | None = None
+    save_s: float | None = None
+    stall_s: float | None = None
+    reference_loss: float | None = None
+
+
+@dataclass(kw_only=True)
+class ValidationReport(Report):
+    result: str
+    loss: float | None = None
+    reference_loss: float | None = None
+    message: str = ""
+
+
+@dataclass(kw_only=True)
+class LogBatch(Report):
+    offset: int  # index of the first line in the instance's output
+    lines: list[str]
+
+
+@dataclass(kw_only=True)
+class ExitReport(Report):
+    reason: str
+    exit_code: int | None = None
+    final_step: int | None = None
+    output_tail: str = ""
+    last_exception: str = ""  # last exception line of the trainer's output, if any
+    artifact_uri: str = ""
+    artifact_digest: str = ""
+
+
+@dataclass(kw_only=True)
+class Ack:
+    ok: bool = True
+    duplicate: bool = False
+
+
+T = TypeVar("T")
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Build `cls` from a decoded JSON object, ignoring fields it does not know."""
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            continue
+        if key == "job" and isinstance(value, dict):
+            value = from_dict(JobSpec, value)
+        elif key == "validation" and isinstance(value, dict):
+            value = from_dict(ValidationSpec, value)
+        kwargs[key] = value
+    return cls(**kwargs)

@@ -1,0 +1,216 @@
+"""Settings from environment variables (12-factor), each with a default that works
+on one laptop: no variables set means a SQLite file and a server-less broker."""
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("RESPAWN_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def secret_from_env_or_file(name: str, default: str | None = None) -> str | None:
+    """`NAME` or the contents of the file named by `NAME_FILE` (Docker/K8s secrets)."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(name, default)
+
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = secret_from_env_or_file("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    # A laptop default that is stable across restarts of `make demo`, never shipped:
+    # production must set DJANGO_SECRET_KEY (check --deploy says so).
+    key_file = VAR_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(os.urandom(32).hex())
+        key_file.chmod(0o600)
+    SECRET_KEY = key_file.read_text().strip()
+
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "jobs",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'respawn.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        # WAL lets the web process read while a worker writes; IMMEDIATE takes the
+        # write lock at BEGIN so two writers queue on the busy timeout instead of
+        # deadlocking on a read-to-write lock upgrade.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", VAR_DIR / "static"))
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+
+# Agents post bounded batches; anything bigger is refused before parsing.
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("RESPAWN_MAX_BODY_BYTES", 1024 * 1024))
+
+# --- security (production values; `check --deploy` is clean with DJANGO_DEBUG unset) ---
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", 0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+SILENCED_SYSTEM_CHECKS = [
+    # TLS is terminated by the proxy in front of gunicorn; redirect/HSTS are opt-in there.
+    "security.W004",
+    "security.W008",
+]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "jobs.auth.HashedTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_RATES": {"login": "20/min"},
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Respawn API",
+    "DESCRIPTION": "Jobs on spot VMs: the people's API (/api/v1/) and the agent API (/api/agent/v1/).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Celery ---
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = VAR_DIR / "broker"
+    for sub in ("queue", "processed"):
+        (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+else:
+    # Redis returns an unacked task after the visibility timeout: minutes, not the
+    # default hour, so a task held by a killed worker runs again soon.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("RESPAWN_VISIBILITY_TIMEOUT_S", 300))}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+RECONCILE_INTERVAL_S = env_float("RESPAWN_RECONCILE_INTERVAL_S", 15.0)
+CELERY_BEAT_SCHEDULE = {
+    "reconcile": {
+        "task": "jobs.tasks.reconcile",
+        "schedule": timedelta(seconds=RECONCILE_INTERVAL_S),
+        "options": {"expires": RECONCILE_INTERVAL_S},
+    },
+}
+
+# --- Respawn ---
+RESPAWN = {
+    # Heartbeats and their timeout: seconds, fractions allowed so tests run fast.
+    "HEARTBEAT_INTERVAL_S": env_float("RESPAWN_HEARTBEAT_INTERVAL_S", 10.0),
+    "HEARTBEAT_TIMEOUT_S": env_float("RESPAWN_HEARTBEAT_TIMEOUT_S", 120.0),
+    # How long a fenced instance's token still accepts checkpoints, logs and exit.
+    "FENCE_GRACE_S": env_float("RESPAWN_FENCE_GRACE_S", 600.0),
+    "PROVIDERS": [p for p in os.environ.get("RESPAWN_PROVIDERS", "local").split(",") if p],
+    "NOTICE_BUDGET_S": env_float("RESPAWN_NOTICE_BUDGET_S", 25.0),
+    "RECONCILE_BATCH": int(os.environ.get("RESPAWN_RECONCILE_BATCH", 200)),
+    "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,146 @@
+"""The one interface every cloud provider implements (AWS, GCP, Azure, local).
+
+No Django here: providers take plain dataclasses in and give plain dataclasses
+back, so they can be tested against emulators without a database and called
+from Celery tasks that own all the state.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+TAG_JOB = "respawn:job"
+TAG_INSTANCE = "respawn:instance"
+# GCP labels allow only [a-z0-9_-]: the same keys, spelled for labels.
+LABEL_JOB = "respawn-job"
+LABEL_INSTANCE = "respawn-instance"
+
+
+class Market:
+    SPOT = "spot"
+    ON_DEMAND = "on_demand"
+    ALL = (SPOT, ON_DEMAND)
+
+
+class CloudState:
+    """An instance's state as the cloud reports it, mapped to four words."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPED = "stopped"  # e.g. an Azure VM deallocated by eviction: can be started again
+    GONE = "gone"  # terminated, deleted, or not found
+    ALL = (PENDING, RUNNING, STOPPED, GONE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    provider: str
+    region: str
+    zone: str
+    instance_type: str
+    market: str = Market.SPOT
+
+
+@dataclass(kw_only=True)
+class LaunchRequest:
+    job_id: int
+    instance_id: int  # our Instance row's id
+    client_token: str  # a UUID made when the Instance row is created, before the call
+    placement: Placement
+    user_data: str  # the boot script: installs and starts the agent
+    max_price_per_hour: float | None = None
+    image: str = ""  # AMI / image family / image URN; provider default when empty
+    extra_tags: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class CloudInstance:
+    provider_instance_id: str
+    state: str  # a CloudState
+    zone: str = ""
+    instance_type: str = ""
+    job_id: int | None = None
+    instance_id: int | None = None
+
+
+class ProviderError(Exception):
+    """A cloud call failed. `kind` says what the orchestrator should do next."""
+
+    kind = "transient"
+
+    def __init__(self, message: str, *, code: str = ""):
+        super().__init__(message)
+        self.code = code
+
+
+class CapacityError(ProviderError):
+    """No capacity for this placement now: try another placement."""
+
+    kind = "capacity"
+
+
+class PrecheckError(ProviderError):
+    """Quota, credentials or an invalid spec: fail the job with the cloud's message."""
+
+    kind = "prechecks"
+
+
+class TransientError(ProviderError):
+    """Throttling, a 5xx, a timeout: retry the same call later."""
+
+    kind = "transient"
+
+
+class Provider(ABC):
+    name: str
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> str:
+        """Start a VM and return its provider instance id.
+
+        Idempotent: if an instance tagged with `request.instance_id` already
+        exists, its id is returned and no second VM is made.
+        """
+
+    @abstractmethod
+    def terminate(self, provider_instance_id: str) -> None:
+        """Stop billing for the VM. Terminating one that is already gone is not an error."""
+
+    @abstractmethod
+    def describe(self, provider_instance_id: str) -> CloudInstance:
+        """The VM as the cloud sees it now (state GONE when it does not exist)."""
+
+    @abstractmethod
+    def list_ours(self) -> list[CloudInstance]:
+        """Every live VM carrying our tags/labels, whoever launched it."""
+
+    def find_by_instance_id(self, instance_id: int) -> CloudInstance | None:
+        for vm in self.list_ours():
+            if vm.instance_id == instance_id and vm.state != CloudState.GONE:
+                return vm
+        return None
+
+
+def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str, agent_package: str = "respawn[agent]") -> str:
+    """The boot script a VM runs: install the agent, store the single-use bootstrap
+    token in a 0600 file, start the agent. Providers embed it as user data /
+    startup-script / custom data."""
+    q = shlex.quote
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -euo pipefail",
+            "umask 077",
+            "install -d -m 700 /var/lib/respawn",
+            f"printf '%s' {q(bootstrap_token)} > /var/lib/respawn/bootstrap-token",
+            f"command -v respawn-agent >/dev/null || python3 -m pip install --quiet {q(agent_package)}",
+            "exec respawn-agent run"
+            f" --control-plane-url {q(control_plane_url)}"
+            " --bootstrap-token-file /var/lib/respawn/bootstrap-token"
+            f" --provider {q(provider)}"
+            " --work-dir /var/lib/respawn/work",
+            "",
+        ]
+    )
