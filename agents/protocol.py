@@ -228,3 +228,24 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
             value = from_dict(ValidationSpec, value)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+# --- The agent <-> trainer channel on the VM -------------------------------------
+# The agent starts the trainer with these environment variables; the checkpoint
+# library and `agents.trainer` read them, so a training script needs no flags.
+ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"  # storage root for this job's checkpoints
+ENV_RESUME_FROM = "RESPAWN_RESUME_FROM"  # URI of the checkpoint to resume from (may be unset)
+ENV_CHECKPOINT_INTERVAL_S = "RESPAWN_CHECKPOINT_INTERVAL_S"
+ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # trainer -> agent: JSON {step, loss, samples_per_s, ...}, replaced atomically
+ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, one CheckpointReport-shaped record per commit
+ENV_CONTROL_FILE = "RESPAWN_CONTROL_FILE"  # agent -> trainer: JSON {checkpoint_interval_s}, replaced atomically
+ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline}, written before the stop signal
+ENV_VALIDATION_MODEL_FACTORY = "RESPAWN_MODEL_FACTORY"
+ENV_VALIDATION_BATCH_FACTORY = "RESPAWN_BATCH_FACTORY"
+ENV_TOTAL_STEPS = "RESPAWN_TOTAL_STEPS"
+# Gangs use torch.distributed's own variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+
+# Signals the agent sends the trainer. Handlers only set a flag; the save happens
+# at the next safe point of the training loop.
+SIGNAL_CHECKPOINT_AND_STOP = "SIGTERM"
+SIGNAL_CHECKPOINT_NOW = "SIGUSR1"
