@@ -1,0 +1,12 @@
+"""The local provider's notices: its "VM" supervisor serves an IMDS-compatible
+endpoint (agents.metadata_server, AWS flavour), so the AWS watcher reads it;
+only the source recorded with the notice differs."""
+
+from __future__ import annotations
+
+from agents.notices.aws import AwsWatcher
+from agents.protocol import NoticeSource
+
+
+class LocalWatcher(AwsWatcher):
+    source = NoticeSource.LOCAL

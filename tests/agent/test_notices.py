@@ -1,0 +1,201 @@
+"""Each notice watcher against the metadata emulator of its cloud."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import os
+import threading
+from datetime import timedelta
+
+import pytest
+import requests
+
+from agents.metadata_server import CannedAnswer, MetadataServer
+from agents.notices import AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, PREEMPT, REBALANCE
+from agents.notices import sigterm
+from agents.protocol import NoticeSource
+
+POLL = 0.05
+
+
+@pytest.fixture
+def imds(request):
+    server = MetadataServer(request.param).start()
+    yield server
+    server.stop()
+
+
+def watch(watcher):
+    events: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    thread = watcher.start(events.put, stop)
+    return events, stop, thread
+
+
+def next_event(events, timeout=10):
+    return events.get(timeout=timeout)
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+def test_imds_refuses_reads_without_a_session_token(imds):
+    assert requests.get(imds.url + "/latest/meta-data/instance-id", timeout=2).status_code == 401
+    assert requests.put(imds.url + "/latest/api/token", timeout=2).status_code == 400
+    token = requests.put(imds.url + "/latest/api/token", headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"}, timeout=2).text
+    r = requests.get(imds.url + "/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}, timeout=2)
+    assert r.text == imds.state.instance_id
+    imds.expire_tokens()
+    assert requests.get(imds.url + "/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}, timeout=2).status_code == 401
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+def test_aws_watcher_reports_spot_instance_action_with_its_deadline(imds):
+    watcher = AwsWatcher(imds.url, poll_interval_s=POLL)
+    events, stop, _ = watch(watcher)
+    try:
+        # A few polls see 404, then the token expires: the watcher must fetch a new one.
+        while imds.snapshot()["notice_reads"] < 3:
+            threading.Event().wait(POLL)
+        imds.expire_tokens()
+        state = imds.schedule_notice(deadline_in_s=120)
+        event = next_event(events)
+    finally:
+        stop.set()
+    assert event.source == NoticeSource.AWS_IMDS and event.kind == PREEMPT
+    assert abs(event.deadline.timestamp() - state["deadline"]) < 1.0
+    assert '"action": "terminate"' in event.raw
+    assert events.empty()  # still visible on later polls, reported once
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+def test_aws_rebalance_recommendation_is_reported_as_its_own_kind(imds):
+    events, stop, _ = watch(AwsWatcher(imds.url, poll_interval_s=POLL))
+    try:
+        imds.schedule_notice(kind="rebalance")
+        assert next_event(events).kind == REBALANCE
+        imds.schedule_notice(deadline_in_s=120)
+        assert next_event(events).kind == PREEMPT
+    finally:
+        stop.set()
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+def test_local_watcher_reads_the_imds_compatible_endpoint(imds):
+    events, stop, _ = watch(LocalWatcher(imds.url, poll_interval_s=POLL))
+    try:
+        imds.schedule_notice(deadline_in_s=30)
+        assert next_event(events).source == NoticeSource.LOCAL
+    finally:
+        stop.set()
+
+
+GARBAGE = [
+    CannedAnswer(status=200, body="<html><body>Service Unavailable</body></html>", content_type="text/html"),
+    CannedAnswer(status=200, body='{"action": "termin', content_type="application/json"),
+    CannedAnswer(status=200, body='{"action": 7, "time": []}', content_type="application/json"),
+    CannedAnswer(status=200, body="[1, 2, 3]", content_type="application/json"),
+    CannedAnswer(status=500, body="boom"),
+    CannedAnswer(status=0),
+]
+
+
+@pytest.mark.parametrize("imds", ["aws", "gcp", "azure"], indirect=True)
+def test_garbage_from_the_metadata_service_never_hides_the_real_notice(imds, caplog):
+    watcher = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}[imds.flavour](imds.url, poll_interval_s=POLL)
+    for answer in GARBAGE:
+        imds.add_canned(answer)
+    caplog.set_level("WARNING")
+    events, stop, thread = watch(watcher)
+    try:
+        while imds.state.canned:
+            threading.Event().wait(POLL)
+        imds.schedule_notice(deadline_in_s=60)
+        event = next_event(events)
+    finally:
+        stop.set()
+    assert event.kind == PREEMPT
+    assert thread.is_alive() or stop.is_set()
+    assert "Service Unavailable" in caplog.text  # the raw payload is in the log
+    assert events.empty()
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+@pytest.mark.parametrize("time_value", ["2001-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "yesterday"])
+def test_an_implausible_aws_deadline_still_counts_as_a_notice(imds, time_value, caplog):
+    imds.add_canned(CannedAnswer(status=200, body=f'{{"action": "terminate", "time": "{time_value}"}}', content_type="application/json", times=1000))
+    events, stop, _ = watch(AwsWatcher(imds.url, poll_interval_s=POLL))
+    try:
+        event = next_event(events)
+    finally:
+        stop.set()
+    assert event.kind == PREEMPT and event.deadline is None
+    assert time_value in caplog.text
+
+
+@pytest.mark.parametrize("imds", ["gcp"], indirect=True)
+def test_gcp_metadata_requires_the_flavor_header(imds):
+    assert requests.get(imds.url + "/computeMetadata/v1/instance/preempted", timeout=2).status_code == 403
+    r = requests.get(imds.url + "/computeMetadata/v1/instance/preempted", headers={"Metadata-Flavor": "Google"}, timeout=2)
+    assert r.text == "FALSE" and r.headers["Metadata-Flavor"] == "Google" and r.headers["ETag"]
+
+
+@pytest.mark.parametrize("imds", ["gcp"], indirect=True)
+def test_gcp_long_poll_sees_preemption_and_survives_reconnects(imds):
+    # Long polls of 1 s that time out and a dropped connection: the watcher keeps asking.
+    watcher = GcpWatcher(imds.url, poll_interval_s=POLL, wait_s=1)
+    events, stop, _ = watch(watcher)
+    try:
+        while imds.snapshot()["notice_reads"] < 2:
+            threading.Event().wait(POLL)
+        imds.add_canned(CannedAnswer(status=0))
+        while imds.state.canned:
+            threading.Event().wait(POLL)
+        imds.schedule_notice(in_s=0.2, deadline_in_s=30)
+        event = next_event(events)
+    finally:
+        stop.set()
+    assert event.source == NoticeSource.GCP_METADATA and event.raw == "TRUE"
+    assert event.deadline - event.notice_time == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize("imds", ["azure"], indirect=True)
+def test_azure_scheduled_events_need_the_metadata_header(imds):
+    assert requests.get(imds.url + "/metadata/scheduledevents?api-version=2020-07-01", timeout=2).status_code == 400
+    r = requests.get(imds.url + "/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"}, timeout=2)
+    assert r.json()["Events"] == []
+
+
+@pytest.mark.parametrize("imds", ["azure"], indirect=True)
+def test_azure_preempt_is_acknowledged_only_when_the_agent_says_so(imds):
+    events, stop, _ = watch(AzureWatcher(imds.url, poll_interval_s=POLL))
+    try:
+        state = imds.schedule_notice(deadline_in_s=30)
+        event = next_event(events)
+        assert imds.snapshot()["acknowledged"] == []
+        event.acknowledge()
+    finally:
+        stop.set()
+    assert abs(event.deadline.timestamp() - state["deadline"]) < 1.0
+    assert imds.snapshot()["acknowledged"] == [state["event_id"]]
+    doc = requests.get(imds.url + "/metadata/scheduledevents?api-version=2020-07-01", headers={"Metadata": "true"}, timeout=2).json()
+    assert doc["Events"][0]["EventStatus"] == "Started" and doc["Events"][0]["NotBefore"] == ""
+
+
+def test_sigterm_becomes_a_notice():
+    events: queue.Queue = queue.Queue()
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        sigterm.install(events.put)
+        os.kill(os.getpid(), signal.SIGTERM)
+        event = next_event(events)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert event.source == NoticeSource.SIGTERM and event.deadline is None and event.raw == "SIGTERM"
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+def test_metadata_control_calls_over_http(imds):
+    r = requests.post(imds.url + "/_respawn/notice", json={"in_s": 0, "deadline_in_s": 90}, timeout=2)
+    assert r.status_code == 200 and r.json()["deadline"] is not None
+    r = requests.post(imds.url + "/_respawn/notice", json={"kind": "reboot"}, timeout=2)
+    assert r.status_code == 400 and "reboot" in r.json()["error"]
