@@ -1,0 +1,232 @@
+"""AwsProvider with the real boto3 client against moto's server on 127.0.0.1,
+and against a stub EC2 endpoint for the errors moto cannot produce."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl
+
+import boto3
+import pytest
+
+from jobs.providers.aws import AwsConfig, AwsCredentials, AwsProvider
+from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
+from tests.providers.conftest import USER_DATA, make_request
+
+REGION = "us-east-1"
+CREDS = AwsCredentials(access_key_id="testing", secret_access_key="testing")
+
+
+@pytest.fixture
+def ec2(moto):
+    return boto3.client(
+        "ec2", region_name=REGION, endpoint_url=moto.url, aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
+
+
+@pytest.fixture(scope="session")
+def ami(moto_url):
+    # moto's bundled AMIs are the same after every reset: look one up once.
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_url, aws_access_key_id="t", aws_secret_access_key="t")
+    return ec2.describe_images(Owners=["amazon"], MaxResults=5)["Images"][0]["ImageId"]
+
+
+@pytest.fixture
+def aws(moto, ami):
+    return AwsProvider(AwsConfig(region=REGION, endpoint_url=moto.url, credentials=CREDS, image=ami, max_attempts=1))
+
+
+def aws_request(market=Market.SPOT, **kw):
+    kw.setdefault("instance_type", "t3.micro")
+    return make_request(provider="aws", region=REGION, zone="us-east-1b", market=market, **kw)
+
+
+def vm(ec2, instance_id):
+    return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+
+
+def test_it_launches_a_one_time_spot_vm_with_our_tags_user_data_and_token(aws, ec2, moto):
+    vm_id = aws.launch(aws_request(max_price_per_hour=0.42, extra_tags={"team": "ml"}))
+
+    sent = moto.calls("RunInstances")[-1]
+    assert sent["ClientToken"] == "ctok-11"
+    assert sent["InstanceMarketOptions.MarketType"] == "spot"
+    assert sent["InstanceMarketOptions.SpotOptions.SpotInstanceType"] == "one-time"
+    assert sent["InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior"] == "terminate"
+    assert float(sent["InstanceMarketOptions.SpotOptions.MaxPrice"]) == 0.42
+    described = vm(ec2, vm_id)
+    assert described["InstanceLifecycle"] == "spot"
+    assert described["Placement"]["AvailabilityZone"] == "us-east-1b"
+    tags = {t["Key"]: t["Value"] for t in described["Tags"]}
+    assert tags == {TAG_JOB: "7", TAG_INSTANCE: "11", "team": "ml"}
+    user_data = ec2.describe_instance_attribute(InstanceId=vm_id, Attribute="userData")["UserData"]["Value"]
+    assert base64.b64decode(user_data).decode() == USER_DATA
+
+
+def test_it_launches_on_demand_without_market_options(aws, ec2, moto):
+    vm_id = aws.launch(aws_request(market=Market.ON_DEMAND))
+
+    assert not any(key.startswith("InstanceMarketOptions") for key in moto.calls("RunInstances")[-1])
+    assert "InstanceLifecycle" not in vm(ec2, vm_id)
+    assert aws.describe(vm_id).state == CloudState.RUNNING
+
+
+def test_it_never_makes_a_second_vm_for_the_same_instance(aws, ec2):
+    first = aws.launch(aws_request())
+    again = aws.launch(aws_request())
+
+    assert again == first
+    assert [vm.provider_instance_id for vm in aws.list_ours()] == [first]
+
+
+def test_it_terminates_idempotently_and_then_describes_gone(aws):
+    vm_id = aws.launch(aws_request())
+
+    aws.terminate(vm_id)
+    aws.terminate(vm_id)
+
+    assert aws.describe(vm_id).state == CloudState.GONE
+    assert aws.list_ours() == []
+    aws.terminate("i-0123456789abcdef0")  # never existed: still not an error
+
+
+def test_it_sees_an_interruption_as_gone_and_relaunches_a_new_instance(aws, ec2):
+    vm_id = aws.launch(aws_request(instance_id=11))
+    ec2.terminate_instances(InstanceIds=[vm_id])  # what EC2 does on a spot interruption
+
+    assert aws.describe(vm_id).state == CloudState.GONE
+    replacement = aws.launch(aws_request(instance_id=12))
+    assert replacement != vm_id
+    assert aws.describe(replacement).state == CloudState.RUNNING
+
+
+def test_it_describes_an_unknown_instance_as_gone(aws):
+    assert aws.describe("i-0123456789abcdef0").state == CloudState.GONE
+
+
+def test_it_lists_only_vms_carrying_our_tags(aws, ec2, ami):
+    ours = aws.launch(aws_request(instance_id=11))
+    ec2.run_instances(ImageId=ami, InstanceType="t3.micro", MinCount=1, MaxCount=1)  # someone else's VM
+
+    listed = aws.list_ours()
+
+    assert [(vm.provider_instance_id, vm.job_id, vm.instance_id, vm.zone) for vm in listed] == [
+        (ours, 7, 11, "us-east-1b")
+    ]
+
+
+def test_it_pages_through_many_of_our_vms(moto, ami, ec2):
+    aws = AwsProvider(AwsConfig(region=REGION, endpoint_url=moto.url, credentials=CREDS, image=ami, list_page_size=5))
+    for instance_id in range(1, 13):
+        aws.launch(aws_request(instance_id=instance_id))
+
+    assert sorted(vm.instance_id for vm in aws.list_ours()) == list(range(1, 13))
+    assert len(moto.calls("DescribeInstances")) > 12 + 1  # the launches' lookups, then several pages
+
+
+def test_it_refuses_an_unknown_instance_type_as_a_precheck_with_the_clouds_message(aws):
+    with pytest.raises(PrecheckError, match="t9.nano") as caught:
+        aws.launch(aws_request(instance_type="t9.nano"))
+    assert caught.value.kind == "prechecks"
+
+
+def test_it_refuses_an_unknown_ami_as_a_precheck(aws):
+    with pytest.raises(PrecheckError, match="ami-deadbeef") as caught:
+        aws.launch(aws_request(image="ami-deadbeef"))
+    assert caught.value.code == "InvalidAMIID.NotFound"
+
+
+def test_it_refuses_a_placement_in_another_region(aws):
+    request = make_request(provider="aws", region="eu-west-1", zone="eu-west-1a", instance_type="t3.micro", market=Market.SPOT)
+    with pytest.raises(ValueError, match="eu-west-1"):
+        aws.launch(request)
+
+
+# --- errors moto cannot produce: a stub EC2 endpoint answering with the real error shape ---
+
+
+class StubEc2(BaseHTTPRequestHandler):
+    """Answers DescribeInstances with nothing and RunInstances with the error set on the server."""
+
+    def do_POST(self):
+        params = dict(parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
+        if params["Action"] == "DescribeInstances":
+            self.answer(200, "<DescribeInstancesResponse><requestId>r</requestId><reservationSet/></DescribeInstancesResponse>")
+        else:
+            status, code = self.server.error
+            self.answer(
+                status,
+                f"<Response><Errors><Error><Code>{code}</Code><Message>stub says {code}</Message></Error></Errors>"
+                "<RequestID>r</RequestID></Response>",
+            )
+
+    def answer(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def stub_ec2():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StubEc2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [
+        (500, "InsufficientInstanceCapacity", CapacityError),  # EC2 sends this one with a 500
+        (400, "SpotMaxPriceTooLow", CapacityError),
+        (400, "InsufficientCapacity", CapacityError),
+        (400, "Unsupported", CapacityError),
+        (400, "UnsupportedOperation", CapacityError),
+        (403, "UnauthorizedOperation", PrecheckError),
+        (401, "AuthFailure", PrecheckError),
+        (400, "VcpuLimitExceeded", PrecheckError),
+        (400, "InstanceLimitExceeded", PrecheckError),
+        (400, "InvalidParameterValue", PrecheckError),
+        (400, "InvalidAMIID.Malformed", PrecheckError),
+        (503, "RequestLimitExceeded", TransientError),  # a LimitExceeded that is throttling, not quota
+        (503, "Unavailable", TransientError),
+        (500, "InternalError", TransientError),
+        (502, "SomethingNew", TransientError),
+        (400, "SomethingNewAndInvalid", PrecheckError),
+    ],
+)
+def test_it_classifies_ec2_errors_from_the_wire(stub_ec2, status, code, kind):
+    stub_ec2.error = (status, code)
+    host, port = stub_ec2.server_address
+    provider = AwsProvider(
+        AwsConfig(region=REGION, endpoint_url=f"http://{host}:{port}", credentials=CREDS, image="ami-1", max_attempts=1)
+    )
+
+    with pytest.raises(kind) as caught:
+        provider.launch(aws_request())
+
+    assert type(caught.value) is kind
+    assert caught.value.code == code
+    assert f"stub says {code}" in str(caught.value)
+
+
+def test_it_reports_an_unreachable_endpoint_as_transient(stub_ec2):
+    provider = AwsProvider(AwsConfig(region=REGION, endpoint_url="http://127.0.0.1:9", credentials=CREDS, max_attempts=1))
+    with pytest.raises(TransientError, match="unreachable"):
+        provider.describe("i-0123456789abcdef0")
+
+
+def test_it_validates_its_config():
+    with pytest.raises(ValueError, match="region"):
+        AwsConfig(region="")
+    with pytest.raises(ValueError, match="max_attempts"):
+        AwsConfig(region=REGION, max_attempts=0)
+    with pytest.raises(ValueError, match="list_page_size"):
+        AwsConfig(region=REGION, list_page_size=2)
