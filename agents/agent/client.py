@@ -1,0 +1,56 @@
+"""HTTP calls to the control plane's agent API (DESIGN §5), with short timeouts.
+
+Each call's outcome is one of three: delivered (2xx), retry later (unreachable,
+timeout, 5xx, 429) or refused for good (any other 4xx: resending cannot help).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from agents.protocol import API_PREFIX
+
+log = logging.getLogger(__name__)
+
+DELIVERED = "delivered"
+RETRY = "retry"
+REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # DELIVERED, RETRY or REFUSED
+    status: int | None = None  # HTTP status; None when nothing came back
+    answer: dict[str, Any] | None = None  # the decoded JSON object of a 2xx, if it was one
+    detail: str = ""  # the raw body or the connection error, for logs
+
+
+class ControlPlaneClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 5.0, connect_timeout_s: float = 2.0):
+        self.base_url = base_url.rstrip("/") + API_PREFIX
+        self.timeout = (connect_timeout_s, timeout_s)
+        self.session = requests.Session()
+        self.agent_token = ""  # set after register; kept in memory only
+
+    def post(self, path: str, body: dict[str, Any]) -> Outcome:
+        headers = {"Authorization": f"Bearer {self.agent_token}"} if self.agent_token else {}
+        try:
+            r = self.session.post(self.base_url + path, json=body, headers=headers, timeout=self.timeout)
+        except requests.RequestException as exc:
+            return Outcome(RETRY, detail=f"{type(exc).__name__}: {exc}")
+        if r.status_code >= 500 or r.status_code == 429:
+            return Outcome(RETRY, r.status_code, detail=r.text[:2000])
+        if r.status_code >= 400:
+            return Outcome(REFUSED, r.status_code, detail=r.text[:2000])
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            log.warning("control plane answered %s %s with a body that is not a JSON object: %r", r.status_code, path, r.text[:2000])
+            answer = None
+        return Outcome(DELIVERED, r.status_code, answer, r.text[:2000])
