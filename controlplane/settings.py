@@ -203,6 +203,10 @@ RESPAWN = {
     "PROVIDERS": [p for p in os.environ.get("RESPAWN_PROVIDERS", "local").split(",") if p],
     "NOTICE_BUDGET_S": env_float("RESPAWN_NOTICE_BUDGET_S", 25.0),
     "RECONCILE_BATCH": int(os.environ.get("RESPAWN_RECONCILE_BATCH", 200)),
+    "DEFAULT_CHECKPOINT_INTERVAL_S": env_float("RESPAWN_CHECKPOINT_INTERVAL_S", 600.0),
+    # How the agents (and the reconciler's health probe) reach the API.
+    "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
+    "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
     "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),
 }
 

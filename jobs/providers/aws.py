@@ -29,6 +29,7 @@ from jobs.providers.base import (
     TransientError,
 )
 from jobs.providers.errors import ErrorCodes
+from jobs.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
     transient=frozenset(
@@ -203,15 +204,12 @@ class AwsProvider(Provider):
 
 def _cloud_instance(vm: dict) -> CloudInstance:
     tags = {tag["Key"]: tag["Value"] for tag in vm.get("Tags", [])}
+    job_id, instance_id = ids_from_tags(tags, job_key=TAG_JOB, instance_key=TAG_INSTANCE)
     return CloudInstance(
         provider_instance_id=vm["InstanceId"],
         state=STATE_MAP.get(vm["State"]["Name"], CloudState.PENDING),
         zone=vm.get("Placement", {}).get("AvailabilityZone", ""),
         instance_type=vm.get("InstanceType", ""),
-        job_id=_int_or_none(tags.get(TAG_JOB)),
-        instance_id=_int_or_none(tags.get(TAG_INSTANCE)),
+        job_id=job_id,
+        instance_id=instance_id,
     )
-
-
-def _int_or_none(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() else None

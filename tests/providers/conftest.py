@@ -67,10 +67,10 @@ USER_DATA = render_user_data(control_plane_url="http://127.0.0.1:8000", bootstra
 
 
 def make_request(*, provider: str, region: str, zone: str, instance_type: str, market: str, instance_id: int = 11, **kw) -> LaunchRequest:
+    kw.setdefault("client_token", f"ctok-{instance_id}")
     return LaunchRequest(
         job_id=7,
         instance_id=instance_id,
-        client_token=f"ctok-{instance_id}",
         placement=Placement(provider=provider, region=region, zone=zone, instance_type=instance_type, market=market),
         user_data=USER_DATA,
         **kw,

@@ -1,0 +1,25 @@
+from django.contrib import admin
+from django.http import JsonResponse
+from django.urls import include, path
+from django.views.decorators.cache import never_cache
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from jobs.api.urls import agent_urlpatterns, people_urlpatterns
+from jobs.tasks import record_api_serving
+
+
+@never_cache
+def healthz(request):
+    record_api_serving()
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(people_urlpatterns)),
+    path("api/agent/v1/", include(agent_urlpatterns)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("", include("frontend.urls")),
+]

@@ -1,0 +1,329 @@
+"""The agent API (/api/agent/v1/, DESIGN §5).
+
+Every report carries an `event_id`; `apply_once` records it in the same
+transaction that applies the report, so a resend after a network fault is a
+no-op answered like the original. Heartbeat is the hot path: token lookup by
+indexed digest, one short transaction, a fixed number of queries."""
+
+from __future__ import annotations
+
+import math
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Greatest
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import exceptions, parsers, permissions, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents import protocol
+from jobs import services
+from jobs.auth import AgentTokenAuthentication
+from jobs.choices import InstanceState
+from jobs.models import Checkpoint, Instance, Job, LogChunk, MetricPoint, ProcessedEvent
+from jobs.tokens import AGENT_PREFIX, hash_token, new_token
+
+AGENT_MAX_BODY_BYTES = 256 * 1024
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = f"Body larger than {AGENT_MAX_BODY_BYTES} bytes."
+
+
+class CappedJSONParser(parsers.JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        request = parser_context["request"]
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise exceptions.ParseError("Bad Content-Length.")
+        if length > AGENT_MAX_BODY_BYTES:
+            raise PayloadTooLarge()
+        data = super().parse(stream, media_type, parser_context)
+        if not isinstance(data, dict):
+            raise exceptions.ParseError("Body must be a JSON object.")
+        return data
+
+
+class FiniteFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not math.isfinite(value):
+            self.fail("invalid")
+        return value
+
+
+class ReportSerializer(serializers.Serializer):
+    event_id = serializers.UUIDField()
+    sent_at = serializers.DateTimeField(required=False)
+
+
+class RegisterSerializer(ReportSerializer):
+    bootstrap_token = serializers.CharField(max_length=200)
+    provider_instance_id = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    hostname = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    agent_version = serializers.CharField(max_length=50, required=False, allow_blank=True, default="")
+
+
+class HeartbeatSerializer(ReportSerializer):
+    step = serializers.IntegerField(min_value=0)
+    loss = FiniteFloatField(required=False, allow_null=True, default=None)
+    samples_per_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
+    last_checkpoint_step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    checkpoint_save_s = FiniteFloatField(required=False, allow_null=True, min_value=0)
+    checkpoint_stall_s = FiniteFloatField(required=False, allow_null=True, min_value=0)
+
+
+class NoticeSerializer(ReportSerializer):
+    source = serializers.ChoiceField(choices=protocol.NoticeSource.FROM_AGENT)
+    notice_time = serializers.DateTimeField()
+    deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    raw = serializers.CharField(required=False, allow_blank=True, default="", max_length=protocol.MAX_RAW_PAYLOAD_CHARS)
+
+
+class CheckpointReportSerializer(ReportSerializer):
+    checkpoint_id = serializers.UUIDField()
+    step = serializers.IntegerField(min_value=0)
+    uri = serializers.CharField(max_length=500)
+    bytes = serializers.IntegerField(min_value=0)
+    manifest_digest = serializers.CharField(max_length=200)
+    kind = serializers.ChoiceField(choices=protocol.CheckpointKind.ALL, default=protocol.CheckpointKind.PERIODIC)
+    committed_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    save_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
+    stall_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
+    reference_loss = FiniteFloatField(required=False, allow_null=True, default=None)
+
+
+class ValidationReportSerializer(ReportSerializer):
+    result = serializers.ChoiceField(choices=(protocol.ValidationResult.VALID, protocol.ValidationResult.INVALID))
+    loss = FiniteFloatField(required=False, allow_null=True, default=None)
+    reference_loss = FiniteFloatField(required=False, allow_null=True, default=None)
+    message = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+
+
+class LogBatchSerializer(ReportSerializer):
+    offset = serializers.IntegerField(min_value=0)
+    lines = serializers.ListField(
+        child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=protocol.MAX_LOG_LINE_CHARS),
+        max_length=protocol.MAX_LOG_LINES_PER_BATCH,
+    )
+
+
+class ExitSerializer(ReportSerializer):
+    reason = serializers.ChoiceField(choices=protocol.ExitReason.ALL)
+    exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
+    final_step = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)
+    output_tail = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False,
+                                        max_length=protocol.MAX_OUTPUT_TAIL_CHARS)
+    last_exception = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+    artifact_uri = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+    artifact_digest = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+
+
+AckSerializer = inline_serializer("Ack", {"ok": serializers.BooleanField(), "duplicate": serializers.BooleanField()})
+
+
+def ack(duplicate: bool = False) -> Response:
+    return Response(protocol.to_dict(protocol.Ack(duplicate=duplicate)))
+
+
+def apply_once(instance: Instance, event_id, kind: str, apply) -> bool:
+    """Run `apply()` unless `event_id` was already applied. Returns True if applied."""
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                ProcessedEvent.objects.create(event_id=event_id, instance_id=instance.pk, kind=kind)
+        except IntegrityError:
+            return False
+        apply()
+        return True
+
+
+class AgentView(APIView):
+    authentication_classes = [AgentTokenAuthentication]
+    permission_classes = [permissions.IsAuthenticated]
+    parser_classes = [CappedJSONParser]
+    body_serializer: type[serializers.Serializer]
+
+    def validated(self, request) -> dict:
+        body = self.body_serializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return body.validated_data
+
+    @property
+    def instance(self) -> Instance:
+        return self.request.auth
+
+
+class HeartbeatView(AgentView):
+    body_serializer = HeartbeatSerializer
+
+    @extend_schema(request=HeartbeatSerializer, responses=inline_serializer("HeartbeatAnswer", {
+        "action": serializers.ChoiceField(choices=protocol.Action.ALL),
+        "checkpoint_interval_s": serializers.FloatField(),
+        "heartbeat_interval_s": serializers.FloatField(),
+    }))
+    def post(self, request):
+        data = self.validated(request)
+        instance = self.instance
+        if instance.state in InstanceState.LIVE:
+            now = timezone.now()
+
+            def apply():
+                Instance.objects.filter(pk=instance.pk).update(
+                    last_step=Greatest("last_step", data["step"]),
+                    last_heartbeat_at=now,
+                    heartbeat_deadline=now + services.heartbeat_timeout(),
+                )
+                Job.objects.filter(pk=instance.job_id).update(last_step=data["step"])
+                MetricPoint.objects.create(job_id=instance.job_id, instance=instance, time=now, step=data["step"],
+                                           loss=data["loss"], samples_per_s=data["samples_per_s"])
+
+            apply_once(instance, data["event_id"], "heartbeat", apply)
+        answer = protocol.HeartbeatAnswer(
+            action=services.heartbeat_action(instance),
+            checkpoint_interval_s=services.checkpoint_interval_s(instance.job),
+            heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
+        )
+        return Response(protocol.to_dict(answer))
+
+
+class NoticeView(AgentView):
+    body_serializer = NoticeSerializer
+
+    @extend_schema(request=NoticeSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = self.validated(request)
+        applied = apply_once(self.instance, data["event_id"], "notice", lambda: services.record_notice(
+            self.instance, source=data["source"], notice_time=data["notice_time"], deadline=data["deadline"],
+            raw=data["raw"]))
+        return ack(duplicate=not applied)
+
+
+class CheckpointsView(AgentView):
+    body_serializer = CheckpointReportSerializer
+
+    @extend_schema(request=CheckpointReportSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = dict(self.validated(request))
+        event_id = data.pop("event_id")
+        data.pop("sent_at", None)
+        data["committed_at"] = data["committed_at"] or timezone.now()
+        other = Checkpoint.objects.filter(checkpoint_id=data["checkpoint_id"]).exclude(job_id=self.instance.job_id)
+        if other.exists():
+            raise exceptions.ValidationError({"checkpoint_id": ["already used by another job"]})
+        applied = apply_once(self.instance, event_id, "checkpoint",
+                             lambda: services.record_checkpoint(self.instance, **data))
+        return ack(duplicate=not applied)
+
+
+class ValidationView(AgentView):
+    body_serializer = ValidationReportSerializer
+
+    @extend_schema(request=ValidationReportSerializer, responses=AckSerializer)
+    def post(self, request, checkpoint_id):
+        data = self.validated(request)
+        checkpoint = Checkpoint.objects.filter(checkpoint_id=checkpoint_id, job_id=self.instance.job_id).first()
+        if checkpoint is None:
+            raise exceptions.NotFound("No checkpoint of this job has that checkpoint_id.")
+        applied = apply_once(self.instance, data["event_id"], "validation", lambda: services.record_validation(
+            checkpoint, result=data["result"], loss=data["loss"], message=data["message"]))
+        return ack(duplicate=not applied)
+
+
+class LogsView(AgentView):
+    body_serializer = LogBatchSerializer
+
+    @extend_schema(request=LogBatchSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = self.validated(request)
+
+        def apply():
+            LogChunk.objects.bulk_create(
+                [LogChunk(instance=self.instance, offset=data["offset"], lines=data["lines"])], ignore_conflicts=True
+            )
+
+        applied = apply_once(self.instance, data["event_id"], "logs", apply)
+        return ack(duplicate=not applied)
+
+
+class ExitView(AgentView):
+    body_serializer = ExitSerializer
+
+    @extend_schema(request=ExitSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = self.validated(request)
+        kwargs = {f: data[f] for f in ("reason", "exit_code", "final_step", "output_tail", "last_exception",
+                                       "artifact_uri", "artifact_digest")}
+        applied = apply_once(self.instance, data["event_id"], "exit",
+                             lambda: services.record_exit(self.instance, **kwargs))
+        return ack(duplicate=not applied)
+
+
+class RegisterView(APIView):
+    """Exchange the single-use bootstrap token for the agent token and the job spec.
+
+    A resend of the same register call (same event_id) after a network fault gets
+    a fresh agent token; any other second use of the bootstrap token is refused."""
+
+    authentication_classes = []
+    permission_classes = [permissions.AllowAny]
+    parser_classes = [CappedJSONParser]
+
+    @extend_schema(request=RegisterSerializer, responses=inline_serializer("RegisterAnswer", {
+        "agent_token": serializers.CharField(), "job": serializers.DictField()}))
+    def post(self, request):
+        body = RegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        token, digest = new_token(AGENT_PREFIX)
+        with transaction.atomic():
+            instance = (
+                Instance.objects.select_for_update()
+                .filter(bootstrap_token_hash=hash_token(data["bootstrap_token"]))
+                .first()
+            )
+            if instance is None or instance.state not in (InstanceState.REQUESTED, InstanceState.BOOTING, InstanceState.RUNNING):
+                raise exceptions.AuthenticationFailed("Invalid or expired bootstrap token.")
+            first_use = instance.register_event_id is None
+            if not first_use and instance.register_event_id != data["event_id"]:
+                raise exceptions.AuthenticationFailed("Bootstrap token already used.")
+            Instance.objects.filter(pk=instance.pk).update(agent_token_hash=digest, register_event_id=data["event_id"])
+            if first_use:
+                services.register_instance(instance, hostname=data["hostname"], agent_version=data["agent_version"],
+                                           provider_instance_id=data["provider_instance_id"])
+            instance.refresh_from_db()
+        answer = protocol.RegisterAnswer(agent_token=token, job=job_spec(instance))
+        return Response(protocol.to_dict(answer))
+
+
+def job_spec(instance: Instance) -> protocol.JobSpec:
+    job = instance.job
+    resume = instance.resume_checkpoint
+    return protocol.JobSpec(
+        job_id=job.pk,
+        instance_id=instance.pk,
+        command=job.command,
+        working_dir=job.working_dir,
+        env=job.env,
+        checkpoint_uri=job.checkpoint_uri,
+        resume_from=resume.uri if resume else None,
+        resume_step=resume.step if resume else None,
+        total_steps=job.total_steps,
+        checkpoint_interval_s=services.checkpoint_interval_s(job),
+        checkpoint_every_steps=job.checkpoint_every_steps,
+        heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
+        notice_budget_s=settings.RESPAWN["NOTICE_BUDGET_S"],
+        validation=protocol.ValidationSpec(
+            enabled=job.validation_enabled,
+            model_factory=job.validation_model_factory,
+            batch_factory=job.validation_batch_factory,
+            tolerance=job.validation_tolerance,
+        ),
+        rank=instance.rank,
+        world_size=instance.world_size,
+        rendezvous_addr=instance.rendezvous_addr,
+    )

@@ -1,0 +1,17 @@
+"""One error shape for every API answer: {"detail": ..., "errors": {field: [msg]}}."""
+
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+def exception_handler(exc, context):
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ValidationError):
+        errors = response.data if isinstance(response.data, dict) else {"non_field_errors": response.data}
+        fields = ", ".join(sorted(errors)) or "body"
+        return Response({"detail": f"invalid fields: {fields}", "errors": errors}, status=status.HTTP_400_BAD_REQUEST)
+    return response

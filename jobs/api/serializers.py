@@ -1,0 +1,182 @@
+"""Serializers of the people's API (/api/v1/). Fields listed explicitly."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import serializers
+
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
+
+FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
+STORAGE_SCHEMES = ("", "file", "s3", "gs", "az")
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ["id", "name", "monthly_budget_usd", "max_concurrent_gpus", "role", "created_at"]
+
+    def get_role(self, team) -> str | None:
+        from jobs.permissions import roles_of
+
+        return roles_of(self.context["request"].user).get(team.pk)
+
+
+def _string_list(value, field, *, allow_empty=True):
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise serializers.ValidationError(f"{field} must be a list of non-empty strings")
+    if not allow_empty and not value:
+        raise serializers.ValidationError(f"{field} must not be empty")
+    return value
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    team = serializers.PrimaryKeyRelatedField(queryset=Team.objects.all())
+    command = serializers.JSONField(help_text="argv list, e.g. [\"python\", \"train.py\"]")
+    newest_checkpoint_step = serializers.IntegerField(source="newest_checkpoint.step", read_only=True, default=None)
+    newest_valid_checkpoint_step = serializers.IntegerField(
+        source="newest_valid_checkpoint.step", read_only=True, default=None
+    )
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "team", "owner", "name", "command", "working_dir", "image", "env", "prepare_command",
+            "post_command", "nodes", "accelerator", "accelerator_count", "instance_types", "allowed_clouds",
+            "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions", "deadline", "priority",
+            "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
+            "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_tolerance",
+            "max_preemptions", "max_restarts",
+            "status", "status_reason", "failure_cause", "failure_message", "preemptions", "failure_restarts",
+            "last_step", "newest_checkpoint_step", "newest_valid_checkpoint_step", "artifact_uri",
+            "artifact_digest", "created_at", "updated_at", "finished_at",
+        ]
+        read_only_fields = [
+            "status", "status_reason", "failure_cause", "failure_message", "preemptions", "failure_restarts",
+            "last_step", "artifact_uri", "artifact_digest", "created_at", "updated_at", "finished_at",
+        ]
+        extra_kwargs = {
+            "nodes": {"min_value": 1, "max_value": 64},
+            "priority": {"min_value": -100, "max_value": 100},
+            "total_steps": {"min_value": 1},
+            "checkpoint_interval_s": {"min_value": 1},
+            "max_price_per_hour": {"min_value": 0},
+            "validation_tolerance": {"min_value": 0},
+        }
+
+    def validate_command(self, value):
+        return _string_list(value, "command", allow_empty=False)
+
+    def validate_prepare_command(self, value):
+        return _string_list(value, "prepare_command")
+
+    def validate_post_command(self, value):
+        return _string_list(value, "post_command")
+
+    def validate_instance_types(self, value):
+        return _string_list(value, "instance_types")
+
+    def validate_allowed_regions(self, value):
+        return _string_list(value, "allowed_regions")
+
+    def validate_allowed_clouds(self, value):
+        _string_list(value, "allowed_clouds")
+        unknown = sorted(set(value) - set(KNOWN_CLOUDS))
+        if unknown:
+            raise serializers.ValidationError(f"unknown clouds {unknown}; known: {list(KNOWN_CLOUDS)}")
+        return value
+
+    def validate_env(self, value):
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise serializers.ValidationError("env must be an object of string to string")
+        return value
+
+    def validate_deadline(self, value):
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError("deadline is in the past")
+        return value
+
+    def validate_checkpoint_uri(self, value):
+        if urlparse(value).scheme not in STORAGE_SCHEMES:
+            raise serializers.ValidationError("checkpoint_uri must be a path or an s3://, gs://, az:// or file:// URI")
+        return value
+
+    def _validate_factory(self, value, field):
+        if value and not FACTORY_RE.match(value):
+            raise serializers.ValidationError(f"{field} must look like 'package.module:function'")
+        return value
+
+    def validate_validation_model_factory(self, value):
+        return self._validate_factory(value, "validation_model_factory")
+
+    def validate_validation_batch_factory(self, value):
+        return self._validate_factory(value, "validation_batch_factory")
+
+    def create(self, validated_data):
+        from jobs.services import create_job
+
+        if not validated_data.get("checkpoint_uri"):
+            validated_data["checkpoint_uri"] = settings.RESPAWN["DEFAULT_CHECKPOINT_URI"]
+        return create_job(**validated_data)
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["id", "created_at", "from_status", "to_status", "message"]
+
+
+class InstanceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Instance
+        fields = [
+            "id", "job", "rank", "world_size", "provider", "region", "zone", "instance_type", "market",
+            "provider_instance_id", "price_per_hour_at_launch", "state", "end_reason", "requested_at",
+            "running_at", "ended_at", "last_heartbeat_at", "last_step", "hostname", "agent_version",
+        ]
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Checkpoint
+        fields = [
+            "id", "checkpoint_id", "job", "instance", "step", "uri", "bytes", "manifest_digest", "kind",
+            "committed_at", "save_s", "stall_s", "reference_loss", "validation", "validation_loss",
+            "validation_message", "validated_at",
+        ]
+
+
+class InterruptionSerializer(serializers.ModelSerializer):
+    job = serializers.IntegerField(source="instance.job_id", read_only=True)
+
+    class Meta:
+        model = InterruptionEvent
+        fields = [
+            "id", "job", "instance", "kind", "source", "notice_time", "deadline", "received_at",
+            "checkpoint_saved", "steps_lost", "raw",
+        ]
+
+
+class PriceQuoteSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PriceQuote
+        fields = ["id", "provider", "region", "zone", "instance_type", "market", "usd_per_hour", "observed_at", "source"]
+
+
+class LoginSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    password = serializers.CharField(style={"input_type": "password"})
+    token_name = serializers.CharField(default="cli", max_length=100)
+
+
+class TokenAnswerSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="Shown once; only its digest is stored.")
+    name = serializers.CharField()

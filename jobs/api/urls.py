@@ -1,0 +1,24 @@
+from django.urls import path
+from rest_framework.routers import DefaultRouter
+
+from jobs.api import agent, views
+
+router = DefaultRouter()
+router.register("jobs", views.JobViewSet, basename="job")
+router.register("instances", views.InstanceViewSet, basename="instance")
+router.register("checkpoints", views.CheckpointViewSet, basename="checkpoint")
+router.register("interruptions", views.InterruptionViewSet, basename="interruption")
+router.register("teams", views.TeamViewSet, basename="team")
+router.register("prices", views.PriceQuoteViewSet, basename="price")
+
+people_urlpatterns = [path("auth/token/", views.TokenView.as_view(), name="auth-token"), *router.urls]
+
+agent_urlpatterns = [
+    path("register", agent.RegisterView.as_view(), name="agent-register"),
+    path("heartbeat", agent.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("notice", agent.NoticeView.as_view(), name="agent-notice"),
+    path("checkpoints", agent.CheckpointsView.as_view(), name="agent-checkpoints"),
+    path("checkpoints/<uuid:checkpoint_id>/validation", agent.ValidationView.as_view(), name="agent-validation"),
+    path("logs", agent.LogsView.as_view(), name="agent-logs"),
+    path("exit", agent.ExitView.as_view(), name="agent-exit"),
+]

@@ -1,0 +1,103 @@
+"""Every state name and enum of the domain, one class each, with named groups.
+
+The transition tables of DESIGN §4 live here too: one table per state machine,
+consulted only by `jobs.transitions`.
+"""
+
+from agents.protocol import CheckpointKind, NoticeSource, ValidationResult  # noqa: F401  (re-exported)
+from jobs.providers.base import Market  # noqa: F401  (re-exported)
+
+
+class JobStatus:
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    ALL = (QUEUED, PROVISIONING, RUNNING, RECOVERING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
+    TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
+    ACTIVE = frozenset({PROVISIONING, RUNNING, RECOVERING})  # holds or is getting VMs
+    CANCELLABLE = frozenset({QUEUED, PROVISIONING, RUNNING, RECOVERING})
+    CHOICES = [(s, s) for s in ALL]
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        QUEUED: frozenset({PROVISIONING, CANCELLED}),
+        PROVISIONING: frozenset({RUNNING, QUEUED, RECOVERING, FAILED, CANCELLING}),
+        RUNNING: frozenset({SUCCEEDED, RECOVERING, FAILED, CANCELLING}),
+        RECOVERING: frozenset({PROVISIONING, FAILED, CANCELLING}),
+        CANCELLING: frozenset({CANCELLED}),
+        SUCCEEDED: frozenset(),
+        FAILED: frozenset(),
+        CANCELLED: frozenset(),
+    }
+
+
+class FailureCause:
+    USER_CODE = "user_code"
+    SETUP = "setup"
+    NO_CAPACITY = "no_capacity"
+    PRECHECKS = "prechecks"
+    DEADLINE = "deadline"
+    CONTROLLER = "controller"
+    ALL = (USER_CODE, SETUP, NO_CAPACITY, PRECHECKS, DEADLINE, CONTROLLER)
+    CHOICES = [(c, c) for c in ALL]
+
+
+class InstanceState:
+    REQUESTED = "requested"
+    BOOTING = "booting"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    ENDED = "ended"
+
+    ALL = (REQUESTED, BOOTING, RUNNING, PREEMPTING, ENDED)
+    LIVE = frozenset({REQUESTED, BOOTING, RUNNING, PREEMPTING})  # holds its node slot
+    CHOICES = [(s, s) for s in ALL]
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        REQUESTED: frozenset({BOOTING, ENDED}),
+        BOOTING: frozenset({RUNNING, ENDED}),
+        RUNNING: frozenset({PREEMPTING, ENDED}),
+        PREEMPTING: frozenset({ENDED}),
+        ENDED: frozenset(),
+    }
+
+
+class EndReason:
+    COMPLETED = "completed"
+    PREEMPTED = "preempted"
+    FAILED = "failed"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+    CAPACITY_ERROR = "capacity_error"
+    FENCED = "fenced"
+    ALL = (COMPLETED, PREEMPTED, FAILED, LOST, CANCELLED, CAPACITY_ERROR, FENCED)
+    CHOICES = [(r, r) for r in ALL]
+
+
+class InterruptionKind:
+    NOTICE = "notice"
+    PREEMPTED = "preempted"
+    LOST = "lost"
+    CAPACITY_ERROR = "capacity_error"
+    ALL = (NOTICE, PREEMPTED, LOST, CAPACITY_ERROR)
+    CHOICES = [(k, k) for k in ALL]
+
+
+class Role:
+    VIEWER = "viewer"
+    MEMBER = "member"
+    ADMIN = "admin"
+    ALL = (VIEWER, MEMBER, ADMIN)
+    RANK = {VIEWER: 1, MEMBER: 2, ADMIN: 3}
+    CHOICES = [(r, r) for r in ALL]
+
+
+MARKET_CHOICES = [(m, m) for m in Market.ALL]
+CHECKPOINT_KIND_CHOICES = [(k, k) for k in CheckpointKind.ALL]
+VALIDATION_CHOICES = [(v, v) for v in ValidationResult.ALL]
+NOTICE_SOURCE_CHOICES = [(s, s) for s in NoticeSource.ALL]

@@ -1,0 +1,333 @@
+"""The domain's tables (DESIGN §3). Status fields change only through
+`jobs.transitions`, which guards every update with the expected old state."""
+
+import uuid
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from jobs.choices import (
+    CHECKPOINT_KIND_CHOICES,
+    MARKET_CHOICES,
+    NOTICE_SOURCE_CHOICES,
+    VALIDATION_CHOICES,
+    CheckpointKind,
+    EndReason,
+    FailureCause,
+    InstanceState,
+    InterruptionKind,
+    JobStatus,
+    Market,
+    Role,
+    ValidationResult,
+)
+
+
+class Team(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    monthly_budget_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    max_concurrent_gpus = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.CHOICES, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_user_team_unique")]
+
+    def __str__(self):
+        return f"{self.user} in {self.team} as {self.role}"
+
+
+class ApiToken(models.Model):
+    """A person's API token. Only its SHA-256 is stored; the token is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    key_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="First characters, to tell tokens apart in lists.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+
+class Job(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+
+    # What to run.
+    command = models.JSONField(help_text="argv list of the training command.")
+    working_dir = models.CharField(max_length=500, blank=True)
+    image = models.CharField(max_length=300, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    prepare_command = models.JSONField(default=list, blank=True)
+    post_command = models.JSONField(default=list, blank=True)
+
+    # Where to run it.
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    accelerator = models.CharField(max_length=50, blank=True)
+    accelerator_count = models.PositiveIntegerField(default=1)
+    instance_types = models.JSONField(default=list, blank=True)
+    allowed_clouds = models.JSONField(default=list, blank=True)
+    allowed_regions = models.JSONField(default=list, blank=True)
+    max_price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+    on_demand_after_preemptions = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Fall back to on-demand after this many preemptions; never when empty."
+    )
+    deadline = models.DateTimeField(null=True, blank=True)
+    priority = models.IntegerField(default=0)
+
+    # Training and checkpoints.
+    total_steps = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_uri = models.CharField(max_length=500, blank=True)
+    checkpoint_interval_s = models.FloatField(null=True, blank=True, help_text="Override; policy-chosen when empty.")
+    checkpoint_every_steps = models.PositiveIntegerField(null=True, blank=True)
+    validation_enabled = models.BooleanField(default=True)
+    validation_model_factory = models.CharField(max_length=200, blank=True)
+    validation_batch_factory = models.CharField(max_length=200, blank=True)
+    validation_tolerance = models.FloatField(default=1e-4)
+
+    # State.
+    status = models.CharField(max_length=20, choices=JobStatus.CHOICES, default=JobStatus.QUEUED, db_index=True)
+    status_reason = models.CharField(max_length=300, blank=True, help_text="Why it waits, or what happened last.")
+    failure_cause = models.CharField(max_length=20, choices=FailureCause.CHOICES, blank=True)
+    failure_message = models.TextField(blank=True)
+    preemptions = models.PositiveIntegerField(default=0)
+    max_preemptions = models.PositiveIntegerField(null=True, blank=True)
+    failure_restarts = models.PositiveIntegerField(default=0)
+    max_restarts = models.PositiveIntegerField(default=2)
+    last_failure_signature = models.CharField(max_length=500, blank=True)
+    last_step = models.PositiveBigIntegerField(default=0)
+    newest_checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    newest_valid_checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    artifact_uri = models.CharField(max_length=500, blank=True)
+    artifact_digest = models.CharField(max_length=200, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["team", "status"], name="job_team_status_idx")]
+
+    def __str__(self):
+        return f"job {self.pk} {self.name}"
+
+
+class JobEvent(models.Model):
+    """One row per status change (and other notable happenings) of a job."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_status = models.CharField(max_length=20, blank=True)
+    to_status = models.CharField(max_length=20, blank=True)
+    message = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class Instance(models.Model):
+    """One VM lifetime of one node slot (rank) of a job."""
+
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="instances")
+    rank = models.PositiveIntegerField(default=0)
+    world_size = models.PositiveIntegerField(default=1)
+    provider = models.CharField(max_length=20)
+    region = models.CharField(max_length=50, blank=True)
+    zone = models.CharField(max_length=50, blank=True)
+    instance_type = models.CharField(max_length=50)
+    market = models.CharField(max_length=10, choices=MARKET_CHOICES, default=Market.SPOT)
+    provider_instance_id = models.CharField(max_length=200, blank=True, db_index=True)
+    client_token = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    price_per_hour_at_launch = models.DecimalField(max_digits=10, decimal_places=4, null=True, blank=True)
+
+    state = models.CharField(max_length=12, choices=InstanceState.CHOICES, default=InstanceState.REQUESTED)
+    end_reason = models.CharField(max_length=20, choices=EndReason.CHOICES, blank=True)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    running_at = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    bootstrap_token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    register_event_id = models.UUIDField(null=True, blank=True)
+    agent_token_hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    hostname = models.CharField(max_length=200, blank=True)
+    agent_version = models.CharField(max_length=50, blank=True)
+    rendezvous_addr = models.CharField(max_length=200, blank=True)
+    resume_checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_deadline = models.DateTimeField(null=True, blank=True)
+    last_step = models.PositiveBigIntegerField(default=0)
+    requested_action = models.CharField(max_length=24, blank=True)
+    requested_action_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["requested_at", "id"]
+        constraints = [
+            # A job has at most one live instance per node slot (DESIGN §3).
+            models.UniqueConstraint(
+                fields=["job", "rank"],
+                condition=Q(state__in=sorted(InstanceState.LIVE)),
+                name="instance_one_live_per_slot",
+            ),
+        ]
+        indexes = [
+            # The reconciler's "overdue, oldest first" over live instances only.
+            models.Index(
+                fields=["heartbeat_deadline"],
+                condition=Q(state__in=sorted(InstanceState.LIVE)),
+                name="instance_live_deadline_idx",
+            ),
+        ]
+
+    def __str__(self):
+        return f"instance {self.pk} of job {self.job_id} rank {self.rank}"
+
+
+class InstanceEvent(models.Model):
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="events")
+    created_at = models.DateTimeField(auto_now_add=True)
+    from_state = models.CharField(max_length=12)
+    to_state = models.CharField(max_length=12)
+    message = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class InterruptionEvent(models.Model):
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="interruptions")
+    kind = models.CharField(max_length=20, choices=InterruptionKind.CHOICES)
+    source = models.CharField(max_length=30, choices=NOTICE_SOURCE_CHOICES)
+    notice_time = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+    checkpoint_saved = models.BooleanField(null=True, help_text="A checkpoint committed before the deadline.")
+    steps_lost = models.PositiveBigIntegerField(null=True, blank=True)
+    raw = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["received_at", "id"]
+
+
+class Checkpoint(models.Model):
+    checkpoint_id = models.UUIDField(unique=True, help_text="Made by the agent, so a resend is recognised.")
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="checkpoints")
+    instance = models.ForeignKey(Instance, on_delete=models.PROTECT, related_name="checkpoints")
+    step = models.PositiveBigIntegerField()
+    uri = models.CharField(max_length=500)
+    bytes = models.PositiveBigIntegerField()
+    manifest_digest = models.CharField(max_length=200)
+    kind = models.CharField(max_length=10, choices=CHECKPOINT_KIND_CHOICES, default=CheckpointKind.PERIODIC)
+    committed_at = models.DateTimeField()
+    save_s = models.FloatField(null=True, blank=True)
+    stall_s = models.FloatField(null=True, blank=True)
+    reference_loss = models.FloatField(null=True, blank=True)
+    validation = models.CharField(max_length=10, choices=VALIDATION_CHOICES, default=ValidationResult.PENDING)
+    validation_loss = models.FloatField(null=True, blank=True)
+    validation_message = models.CharField(max_length=500, blank=True)
+    validated_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "step", "committed_at"]
+        indexes = [models.Index(fields=["job", "-step"], name="checkpoint_job_step_idx")]
+
+    def __str__(self):
+        return f"checkpoint {self.checkpoint_id} step {self.step}"
+
+
+class MetricPoint(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="metrics")
+    time = models.DateTimeField()
+    step = models.PositiveBigIntegerField()
+    loss = models.FloatField(null=True, blank=True)
+    samples_per_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["time", "id"]
+        indexes = [models.Index(fields=["job", "time"], name="metric_job_time_idx")]
+
+
+class LogChunk(models.Model):
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="log_chunks")
+    offset = models.PositiveBigIntegerField(help_text="Index of the first line in the instance's output.")
+    lines = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["instance", "offset"]
+        constraints = [models.UniqueConstraint(fields=["instance", "offset"], name="logchunk_instance_offset_unique")]
+
+
+class PriceQuote(models.Model):
+    provider = models.CharField(max_length=20)
+    region = models.CharField(max_length=50)
+    zone = models.CharField(max_length=50, blank=True, help_text="Empty: every zone of the region.")
+    instance_type = models.CharField(max_length=50)
+    market = models.CharField(max_length=10, choices=MARKET_CHOICES)
+    usd_per_hour = models.DecimalField(max_digits=10, decimal_places=5)
+    observed_at = models.DateTimeField()
+    source = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["provider", "region", "zone", "instance_type", "market", "observed_at"]
+        indexes = [
+            models.Index(fields=["provider", "instance_type", "market", "observed_at"], name="price_lookup_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "region", "zone", "instance_type", "market", "observed_at"],
+                name="price_quote_unique",
+            )
+        ]
+
+
+class ProcessedEvent(models.Model):
+    """Every agent report's `event_id`, so a resend is applied at most once.
+
+    The primary key does the deduplication: of two concurrent resends one insert
+    wins and the other gets an IntegrityError inside the same transaction that
+    would have applied it."""
+
+    event_id = models.UUIDField(primary_key=True)
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=20)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+
+class ServiceBeat(models.Model):
+    """When the agent API was last seen serving, and since when without a gap.
+
+    The reconciler marks no instance lost until the API has served for one full
+    heartbeat timeout: an outage of the control plane is not an outage of every VM."""
+
+    name = models.CharField(max_length=30, primary_key=True)
+    last_seen = models.DateTimeField()
+    serving_since = models.DateTimeField()

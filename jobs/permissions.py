@@ -1,0 +1,54 @@
+"""ONE permission table: which role a person needs in a team to do each action.
+
+The REST API (and the dashboard) ask `can(user, action, team_id)` and nothing
+else. Objects of a team the user is not in are filtered out of every queryset,
+so they answer 404, never 403: another team's object does not exist for you."""
+
+from __future__ import annotations
+
+from jobs.choices import Role
+
+# action -> least role that may do it
+PERMISSIONS: dict[str, str] = {
+    "team.view": Role.VIEWER,
+    "job.view": Role.VIEWER,
+    "job.create": Role.MEMBER,
+    "job.cancel": Role.MEMBER,
+    "instance.view": Role.VIEWER,
+    "checkpoint.view": Role.VIEWER,
+    "interruption.view": Role.VIEWER,
+    "team.manage": Role.ADMIN,
+}
+
+# Readable by any signed-in person, whatever their teams: public list prices.
+OPEN_ACTIONS = frozenset({"price.view"})
+
+
+def role_allows(role: str | None, action: str) -> bool:
+    if action in OPEN_ACTIONS:
+        return True
+    if role is None:
+        return False
+    return Role.RANK[role] >= Role.RANK[PERMISSIONS[action]]
+
+
+def roles_of(user) -> dict[int, str]:
+    """team id -> role, cached on the user object for the request."""
+    if not getattr(user, "is_authenticated", False):
+        return {}
+    cached = getattr(user, "_respawn_roles", None)
+    if cached is None:
+        from jobs.models import Membership
+
+        cached = dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+        user._respawn_roles = cached
+    return cached
+
+
+def can(user, action: str, team_id: int | None) -> bool:
+    return role_allows(roles_of(user).get(team_id), action)
+
+
+def visible_team_ids(user) -> list[int]:
+    """Teams whose objects `user` may see at all; other teams' objects are 404."""
+    return [team_id for team_id, role in roles_of(user).items() if role_allows(role, "team.view")]

@@ -1,0 +1,250 @@
+"""Domain operations: what happens to jobs and instances when something is
+reported or decided. Views and tasks call these; they never touch status fields
+themselves (that is `jobs.transitions`)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.protocol import Action, CheckpointKind, ExitReason, ValidationResult
+from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
+from jobs.transitions import end_instance, log_job_event, transition_instance, transition_job
+
+log = logging.getLogger(__name__)
+
+
+def heartbeat_timeout() -> timedelta:
+    return timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
+
+
+def checkpoint_interval_s(job: Job) -> float:
+    """The interval the agent is told: the job's override, else the default."""
+    if job.checkpoint_interval_s is not None:
+        return job.checkpoint_interval_s
+    return settings.RESPAWN.get("DEFAULT_CHECKPOINT_INTERVAL_S", 600.0)
+
+
+def heartbeat_action(instance: Instance) -> str:
+    if instance.state == InstanceState.ENDED:
+        return Action.STOP  # fenced or ended: its replacement owns the slot now
+    if instance.job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        return Action.STOP
+    return instance.requested_action or Action.CONTINUE
+
+
+def usable_checkpoint(job: Job) -> Checkpoint | None:
+    """The newest committed checkpoint not known to be invalid (pending counts)."""
+    return job.checkpoints.exclude(validation=ValidationResult.INVALID).order_by("-step", "-committed_at").first()
+
+
+def create_job(**fields) -> Job:
+    job = Job.objects.create(**fields)
+    log_job_event(job.pk, f"submitted by {job.owner}")
+    return job
+
+
+def cancel_job(job: Job, *, by) -> bool:
+    """Queued jobs end at once; jobs with VMs go through `cancelling` until every
+    live instance has ended. Returns False if the job was already finished."""
+    for _ in range(3):
+        job.refresh_from_db(fields=["status"])
+        if job.status == JobStatus.QUEUED:
+            if transition_job(job.pk, JobStatus.QUEUED, JobStatus.CANCELLED, message=f"cancelled by {by}"):
+                return True
+        elif job.status in JobStatus.ACTIVE:
+            if transition_job(job.pk, job.status, JobStatus.CANCELLING, message=f"cancelled by {by}"):
+                finish_cancelling(job.pk)
+                return True
+        else:
+            return job.status == JobStatus.CANCELLING
+    return False
+
+
+def finish_cancelling(job_id: int) -> None:
+    if not Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exists():
+        transition_job(job_id, JobStatus.CANCELLING, JobStatus.CANCELLED, message="every instance has ended")
+
+
+def register_instance(instance: Instance, *, hostname: str, agent_version: str, provider_instance_id: str) -> None:
+    """The agent is up: the instance runs, and its resume checkpoint is fixed now."""
+    now = timezone.now()
+    resume = usable_checkpoint(instance.job)
+    if instance.state == InstanceState.REQUESTED:
+        transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING, message="agent registered")
+    transition_instance(
+        instance.pk,
+        InstanceState.BOOTING,
+        InstanceState.RUNNING,
+        message="agent registered",
+        registered_at=now,
+        running_at=now,
+        hostname=hostname[:200],
+        agent_version=agent_version[:50],
+        last_heartbeat_at=now,
+        heartbeat_deadline=now + heartbeat_timeout(),
+        resume_checkpoint=resume,
+        **({"provider_instance_id": provider_instance_id[:200]} if provider_instance_id else {}),
+    )
+    instance.refresh_from_db()
+    job = instance.job
+    live = Instance.objects.filter(job=job, state__in=InstanceState.LIVE)
+    if live.filter(state=InstanceState.RUNNING).count() == job.nodes and job.status == JobStatus.PROVISIONING:
+        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="every node registered")
+
+
+def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw: str) -> InterruptionEvent:
+    event = InterruptionEvent.objects.create(
+        instance=instance,
+        kind=InterruptionKind.NOTICE,
+        source=source,
+        notice_time=notice_time,
+        deadline=deadline,
+        raw=raw,
+    )
+    if instance.state == InstanceState.RUNNING:
+        transition_instance(instance.pk, InstanceState.RUNNING, InstanceState.PREEMPTING, message=f"notice from {source}")
+    # A gang saves together: every other node checkpoints the same step and stops.
+    request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk)
+    log_job_event(instance.job_id, f"preemption notice for instance {instance.pk} ({source})")
+    return event
+
+
+def request_action(job_id: int, action: str, *, exclude: int | None = None) -> None:
+    Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(pk=exclude).update(
+        requested_action=action, requested_action_at=timezone.now()
+    )
+
+
+def record_checkpoint(instance: Instance, **fields) -> Checkpoint:
+    checkpoint, created = Checkpoint.objects.get_or_create(
+        checkpoint_id=fields.pop("checkpoint_id"), defaults={"job_id": instance.job_id, "instance": instance, **fields}
+    )
+    if not created:
+        return checkpoint
+    job = Job.objects.select_for_update().select_related("newest_checkpoint").get(pk=instance.job_id)
+    if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
+        Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
+    if checkpoint.kind == CheckpointKind.NOTICE:
+        notice = instance.interruptions.filter(kind=InterruptionKind.NOTICE, checkpoint_saved__isnull=True).last()
+        if notice is not None:
+            notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
+            notice.save(update_fields=["checkpoint_saved"])
+    if instance.requested_action == Action.CHECKPOINT:
+        Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
+    return checkpoint
+
+
+def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str) -> None:
+    checkpoint.validation = result
+    checkpoint.validation_loss = loss
+    checkpoint.validation_message = message[:500]
+    checkpoint.validated_at = timezone.now()
+    checkpoint.save(update_fields=["validation", "validation_loss", "validation_message", "validated_at"])
+    if result == ValidationResult.VALID:
+        job = Job.objects.select_for_update().select_related("newest_valid_checkpoint").get(pk=checkpoint.job_id)
+        if job.newest_valid_checkpoint is None or checkpoint.step >= job.newest_valid_checkpoint.step:
+            Job.objects.filter(pk=job.pk).update(newest_valid_checkpoint=checkpoint)
+    elif result == ValidationResult.INVALID:
+        log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}"[:500])
+
+
+EXIT_END_REASON = {
+    ExitReason.COMPLETED: EndReason.COMPLETED,
+    ExitReason.FAILED: EndReason.FAILED,
+    ExitReason.SETUP: EndReason.FAILED,
+    ExitReason.PREEMPTED: EndReason.PREEMPTED,
+}
+
+
+def record_exit(instance: Instance, *, reason: str, exit_code, final_step, output_tail: str, last_exception: str,
+                artifact_uri: str, artifact_digest: str) -> None:
+    if reason == ExitReason.STOPPED:
+        end_reason = EndReason.CANCELLED if instance.job.status == JobStatus.CANCELLING else EndReason.FENCED
+    else:
+        end_reason = EXIT_END_REASON[reason]
+    if final_step is not None:
+        Instance.objects.filter(pk=instance.pk, last_step__lt=final_step).update(last_step=final_step)
+    end_instance(instance, end_reason, message=f"agent exit: {reason} (code {exit_code})")
+    if artifact_uri and reason == ExitReason.COMPLETED:
+        Job.objects.filter(pk=instance.job_id).update(artifact_uri=artifact_uri, artifact_digest=artifact_digest)
+    signature = f"exit {exit_code}: {last_exception}".strip()[:500]
+    after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
+                         setup_failure=reason == ExitReason.SETUP)
+
+
+def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str = "", output_tail: str = "",
+                         setup_failure: bool = False) -> None:
+    """Move the job on after one of its instances ended."""
+    job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.CANCELLING:
+        finish_cancelling(job_id)
+        return
+    if job.status not in JobStatus.ACTIVE:
+        return
+    if end_reason == EndReason.COMPLETED:
+        _maybe_succeed(job)
+    elif end_reason == EndReason.FAILED:
+        _after_failure(job, failure_signature, output_tail, setup_failure)
+    elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
+        _after_interruption(job, end_reason)
+
+
+def _maybe_succeed(job: Job) -> None:
+    if Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
+        return
+    completed = set(Instance.objects.filter(job=job, end_reason=EndReason.COMPLETED).values_list("rank", flat=True))
+    if completed >= set(range(job.nodes)):
+        transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
+
+
+def _after_interruption(job: Job, end_reason: str) -> None:
+    # Stop the rest of a gang: no collective can go on with a node gone.
+    request_action(job.pk, Action.STOP if end_reason == EndReason.LOST else Action.CHECKPOINT_AND_STOP)
+    if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+        counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.CAPACITY_ERROR else {}
+        transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {end_reason}", **counted)
+
+
+def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool) -> None:
+    request_action(job.pk, Action.STOP)
+    same_again = signature == job.last_failure_signature
+    too_many = job.failure_restarts >= job.max_restarts
+    if setup_failure or same_again or too_many:
+        cause = FailureCause.SETUP if setup_failure else FailureCause.USER_CODE
+        why = "failed the same way twice" if same_again else ("setup failed" if setup_failure else "too many restarts")
+        transition_job(job.pk, job.status, JobStatus.FAILED, message=why, failure_cause=cause,
+                       failure_message=f"{signature}\n{output_tail}"[-8000:])
+    else:
+        transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"user code failed ({signature})",
+                       failure_restarts=F("failure_restarts") + 1, last_failure_signature=signature)
+
+
+@transaction.atomic
+def mark_lost(instance: Instance) -> bool:
+    """The heartbeat deadline passed: end the instance `lost` and say why."""
+    if not end_instance(instance, EndReason.LOST, message="heartbeat deadline passed"):
+        return False
+    InterruptionEvent.objects.create(
+        instance=instance,
+        kind=InterruptionKind.LOST,
+        source="heartbeat_timeout",
+        deadline=instance.heartbeat_deadline,
+        checkpoint_saved=False,
+        steps_lost=_steps_since_checkpoint(instance),
+    )
+    log.info("instance %s of job %s marked lost: no heartbeat since %s", instance.pk, instance.job_id,
+             instance.last_heartbeat_at)
+    after_instance_ended(instance.job_id, EndReason.LOST)
+    return True
+
+
+def _steps_since_checkpoint(instance: Instance) -> int:
+    newest = instance.job.checkpoints.order_by("-step").values_list("step", flat=True).first() or 0
+    return max(0, instance.last_step - newest)

@@ -1,0 +1,155 @@
+"""Shared fixtures: people and teams, agents with tokens, and real processes
+(web, Celery worker) running against the same test database as the test."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.factories import make_instance, make_job, make_team_with_members  # noqa: F401  (fixtures use them)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_sessionstart(session):
+    # Tests of the database and broker use them for real: in CI a missing server
+    # is a failure, never a skip.
+    if os.environ.get("CI"):
+        for var, scheme in (("DATABASE_URL", "postgres"), ("CELERY_BROKER_URL", "redis")):
+            value = os.environ.get(var, "")
+            if value and not value.startswith(scheme):
+                pytest.exit(f"CI: {var}={value!r} is not a {scheme} URL", returncode=3)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def fast_password_hashing():
+    # PBKDF2's deliberate slowness would dominate the suite's run time.
+    from django.conf import settings
+
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def team_setup(db):
+    return make_team_with_members()
+
+
+def test_database_url() -> str:
+    """A URL for child processes that points at the database this test uses."""
+    from django.db import connection
+
+    settings_dict = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings_dict['NAME']}"
+    user = settings_dict["USER"]
+    host = settings_dict["HOST"] or "127.0.0.1"
+    port = settings_dict["PORT"] or 5432
+    password = f":{settings_dict['PASSWORD']}" if settings_dict["PASSWORD"] else ""
+    return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
+
+
+@pytest.fixture
+def child_env(transactional_db, tmp_path):
+    """Environment for real child processes (web, worker, agent) sharing this
+    test's database, with heartbeats and timeouts in fractions of a second."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=test_database_url(),
+        RESPAWN_VAR_DIR=str(tmp_path / "var"),
+        RESPAWN_HEARTBEAT_INTERVAL_S="0.2",
+        RESPAWN_HEARTBEAT_TIMEOUT_S="1.0",
+        RESPAWN_RECONCILE_INTERVAL_S="0.2",
+        PYTHONUNBUFFERED="1",
+    )
+    if not env.get("CELERY_BROKER_URL", "").startswith("redis"):
+        env["CELERY_BROKER_URL"] = "filesystem://"
+    return env
+
+
+class ChildProcess:
+    """A real process of ours, with its output in a file for post-mortems."""
+
+    def __init__(self, argv: list[str], env: dict, log_path: Path):
+        self.argv, self.env, self.log_path = argv, env, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self):
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def stop(self, sig=15, timeout=10.0):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+class WebServer(ChildProcess):
+    def __init__(self, env: dict, log_path: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**env, "RESPAWN_API_URL": self.url}
+        super().__init__([sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{self.port}",
+                          "--workers", "1", "--threads", "8", "--graceful-timeout", "2"], env, log_path)
+
+    def start(self):
+        super().start()
+        wait_until(self._serving, timeout=30, what=f"web server on {self.url}", proc=self)
+        return self
+
+    def _serving(self) -> bool:
+        try:
+            return requests.get(self.url + "/healthz", timeout=1).ok
+        except requests.RequestException:
+            return False
+
+
+def wait_until(predicate, *, timeout: float, what: str, proc: ChildProcess | None = None, interval: float = 0.05):
+    """Poll `predicate` (a recorded outcome, not a duration) until true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(f"{what}: process exited with {proc.proc.returncode}\n{proc.output()[-4000:]}")
+        time.sleep(interval)
+    detail = f"\n{proc.output()[-4000:]}" if proc is not None else ""
+    raise AssertionError(f"timed out waiting for {what}{detail}")
+
+
+@pytest.fixture
+def web_server(child_env, tmp_path):
+    server = WebServer(child_env, tmp_path / "web.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def celery_worker_process(child_env, tmp_path):
+    """A real Celery worker; call `.start()` (and `.stop(9)` to kill it)."""
+    worker = ChildProcess([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
+                           "--concurrency", "2", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
+                           "--without-mingle"], child_env, tmp_path / "worker.log")
+    yield worker
+    worker.stop(9)
