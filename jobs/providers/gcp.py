@@ -74,6 +74,8 @@ class GcpConfig:
     poll_interval_s: float = 2.0
     """Pause between operation polls (each poll is itself a server-side wait)."""
     operation_timeout_s: float = 600.0
+    list_page_size: int = 500
+    """VMs per aggregated-list page when listing ours (Compute allows up to 500)."""
 
     def __post_init__(self) -> None:
         if not self.project:
@@ -82,6 +84,8 @@ class GcpConfig:
             raise ValueError(f"GcpConfig.name_prefix must start with a lowercase letter and hold only a-z, 0-9 and '-', got {self.name_prefix!r}")
         if self.poll_interval_s < 0 or self.operation_timeout_s <= 0:
             raise ValueError("GcpConfig.poll_interval_s must be >= 0 and operation_timeout_s > 0")
+        if not 1 <= self.list_page_size <= 500:
+            raise ValueError(f"GcpConfig.list_page_size must be within 1..500 (Compute's limits), got {self.list_page_size}")
         if self.disk_size_gb < 10:
             raise ValueError(f"GcpConfig.disk_size_gb must be at least 10 (Compute's minimum), got {self.disk_size_gb}")
 
@@ -210,7 +214,9 @@ class GcpProvider(Provider):
         return found[0] if found else None
 
     def _list(self, label_filter: str) -> list[CloudInstance]:
-        request = self._compute.AggregatedListInstancesRequest(project=self.config.project, filter=label_filter)
+        request = self._compute.AggregatedListInstancesRequest(
+            project=self.config.project, filter=label_filter, max_results=self.config.list_page_size
+        )
         with translated_errors():
             return [
                 _cloud_instance(scope.rpartition("/")[2], vm)

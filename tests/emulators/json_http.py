@@ -81,7 +81,10 @@ class JsonHttpEmulator:
         self._server.daemon_threads = True
         if self._ssl_context:
             self._server.socket = self._ssl_context.wrap_socket(self._server.socket, server_side=True)
-        threading.Thread(target=self._server.serve_forever, name=type(self).__name__, daemon=True).start()
+        # A short poll interval: stop() waits up to one interval, and tests stop many emulators.
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=type(self).__name__, daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:

@@ -58,7 +58,7 @@ def test_it_inserts_an_on_demand_vm_as_standard(gcp, gce):
 def test_it_never_makes_a_second_vm_for_the_same_instance(gcp, gce):
     first = gcp.launch(gcp_request())
     again = gcp.launch(gcp_request())
-    retried_elsewhere = gcp.launch(gcp_request(client_token="ctok-new"))  # new request id: a name conflict
+    retried_elsewhere = gcp.launch(gcp_request(client_token="ctok-new"))  # a new request id: the name conflicts
 
     assert first == again == retried_elsewhere
     assert list(gce.instances) == [(ZONE, "respawn-11")]
@@ -84,7 +84,8 @@ def test_it_sees_a_preempted_vm_as_gone_and_relaunches_a_new_one(gcp, gce):
     assert gcp.describe(replacement).state == CloudState.RUNNING
 
 
-def test_it_lists_only_labelled_vms_across_zones_and_pages(gcp, gce):
+def test_it_lists_only_labelled_vms_across_zones_and_pages(gce):
+    gcp = GcpProvider(GcpConfig(project=PROJECT, api_endpoint=gce.endpoint, credentials=AnonymousCredentials(), list_page_size=2))
     for instance_id, zone in [(1, "us-central1-a"), (2, "us-central1-b"), (3, "europe-west4-a")]:
         gcp.launch(gcp_request(instance_id=instance_id, zone=zone))
     gce.instances[("us-central1-a", "someone-elses")] = {"name": "someone-elses", "status": "RUNNING", "labels": {}}
@@ -96,6 +97,7 @@ def test_it_lists_only_labelled_vms_across_zones_and_pages(gcp, gce):
         ("us-central1-a/respawn-1", 7, 1),
         ("us-central1-b/respawn-2", 7, 2),
     ]
+    assert len(gce.requests_to("GET", "/aggregated/instances")) == 2
     assert gcp.find_by_instance_id(2).provider_instance_id == "us-central1-b/respawn-2"
     assert gcp.find_by_instance_id(99) is None
 
