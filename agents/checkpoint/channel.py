@@ -1,0 +1,90 @@
+"""The trainer's side of the agent <-> trainer channel (agents/protocol.py, end).
+
+Every piece is optional: without the environment variables the library runs
+standalone. Files the agent writes (control, notice) are read cheaply (a stat at
+most once a second); files the trainer writes are replaced atomically (status)
+or appended one whole JSON line at a time (checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+from agents import protocol
+
+POLL_EVERY_S = 1.0
+
+
+def env_float(name: str) -> float | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not a number") from None
+
+
+def write_json_atomic(path: str | Path, body: dict) -> None:
+    """Replace `path` with `body` so a reader sees the old or the new content, never a mix."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+
+
+class ControlFile:
+    """Polls the agent's control file for a new checkpoint interval."""
+
+    def __init__(self, path: str | None):
+        self.path = Path(path) if path else None
+        self._mtime: float | None = None
+        self._next_poll = 0.0
+
+    def new_interval(self) -> float | None:
+        """A changed `checkpoint_interval_s`, or None when there is nothing new."""
+        now = time.monotonic()
+        if self.path is None or now < self._next_poll:
+            return None
+        self._next_poll = now + POLL_EVERY_S
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+        if mtime == self._mtime:
+            return None
+        self._mtime = mtime
+        try:
+            value = json.loads(self.path.read_text()).get("checkpoint_interval_s")
+        except (OSError, ValueError):
+            return None  # a half-visible write cannot happen (atomic replace), a bad one is ignored
+        return float(value) if value else None
+
+
+def notice_deadline(path: str | None) -> float | None:
+    """The notice deadline the agent wrote, as seconds from now (None if unknown)."""
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        deadline = json.loads(Path(path).read_text()).get("deadline")
+        if not deadline:
+            return None
+        return datetime.fromisoformat(deadline).timestamp() - time.time()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def append_checkpoint_report(path: str | None, report: protocol.CheckpointReport) -> None:
+    if not path:
+        return
+    line = (json.dumps(protocol.to_dict(report)) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)  # one write with O_APPEND: the agent never sees half a line interleaved
+        os.fsync(fd)
+    finally:
+        os.close(fd)

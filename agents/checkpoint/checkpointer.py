@@ -1,0 +1,532 @@
+"""The Checkpointer: called by the training loop every step, it decides when to save.
+
+Save choices, each a deliberate one:
+- Periodic saves are two-phase: the snapshot (copy into reused host buffers, plus
+  the reference loss when validation is configured) stalls training; the persist
+  runs in a background thread, paced over `pace_fraction` of the interval at the
+  lowest CPU priority, then commits (data files, state.json, MANIFEST.json, LATEST).
+- At most one persist is in flight. A periodic save that comes due while one is
+  still running is DEFERRED: the in-flight persist finishes undisturbed (so an
+  older checkpoint always completes) and the save happens at the first step after
+  it, never blocking training.
+- A notice save (`kind="notice"`, or a SIGTERM/stop seen at a step) jumps the
+  queue: an in-flight persist of the same step is unpaced and waited for; one of
+  an older step is abandoned (it stops within one chunk). The new state is then
+  persisted at full speed and committed before the deadline, or abandoned at the
+  deadline, leaving the previous checkpoint intact; the outcome says which.
+- Signal handlers only set flags; the work happens in the next `save()` call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import torch
+
+from agents import protocol
+
+from . import channel, layout, manifest, persist
+from .codec import flatten
+from .distributed import Coordinator
+from .errors import CheckpointError, ConfigError, CorruptCheckpointError, IncompatibleCheckpointError
+from .reader import CheckpointRef, committed, list_checkpoints, load, ref_from_uri
+from .snapshot import SnapshotBuffers
+from .state import TrainState
+from .storage import Storage, open_storage
+from .validation import ValidationSettings, Verdict, mark, reference_loss, validate_loaded
+
+DEFAULT_INTERVAL_S = 600.0
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """How and when to checkpoint. `CheckpointConfig.from_env()` fills the blanks
+    from the agent's environment (agents/protocol.py)."""
+
+    uri: str
+    """Storage root of this job's checkpoints: a path, file://, s3://, gs:// or az://."""
+    every_steps: int | None = None
+    """Save every N steps. When set, it wins over `interval_s`."""
+    interval_s: float | None = None
+    """Save every T seconds (default 600); changeable at run time with `set_interval`."""
+    keep: int = 2
+    """Committed checkpoints to keep (>= 2), plus the newest valid one if it is older."""
+    num_files: int = 4
+    """Data files per rank, written in parallel."""
+    pace_fraction: float = 0.5
+    """A periodic persist is spread over this fraction of the interval."""
+    notice_budget_s: float = 25.0
+    """Time a notice save has when no deadline is given."""
+    validation: ValidationSettings | None = None
+    """Model and batch factories: reference loss at save, validation on resume."""
+    validate_on_resume: bool = True
+    resume_from: str | None = None
+    """Resume from this checkpoint URI (or an older one if it is invalid) instead of the newest."""
+    handle_signals: bool = True
+    """SIGTERM -> notice save and stop at the next step; SIGUSR1 -> save at the next step."""
+    checkpoints_file: str | None = None
+    control_file: str | None = None
+    notice_file: str | None = None
+
+    def __post_init__(self):
+        if not self.uri:
+            raise ConfigError(f"CheckpointConfig.uri is empty: pass a storage URI or set {protocol.ENV_CHECKPOINT_URI}")
+        if self.keep < 2:
+            raise ConfigError(f"keep={self.keep}: keep at least 2 checkpoints, the newest may still be pending or being written")
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ConfigError(f"every_steps={self.every_steps} must be >= 1 (or None to save by time)")
+        if self.interval_s is not None and self.interval_s <= 0:
+            raise ConfigError(f"interval_s={self.interval_s} must be > 0 seconds")
+        if self.num_files < 1:
+            raise ConfigError(f"num_files={self.num_files} must be >= 1")
+        if not 0 < self.pace_fraction <= 1:
+            raise ConfigError(f"pace_fraction={self.pace_fraction} must be in (0, 1]")
+        if self.notice_budget_s <= 0:
+            raise ConfigError(f"notice_budget_s={self.notice_budget_s} must be > 0")
+
+    @classmethod
+    def from_env(cls, **overrides) -> "CheckpointConfig":
+        env = os.environ
+        values = {
+            "uri": env.get(protocol.ENV_CHECKPOINT_URI, ""),
+            "interval_s": channel.env_float(protocol.ENV_CHECKPOINT_INTERVAL_S),
+            "resume_from": env.get(protocol.ENV_RESUME_FROM) or None,
+            "checkpoints_file": env.get(protocol.ENV_CHECKPOINTS_FILE) or None,
+            "control_file": env.get(protocol.ENV_CONTROL_FILE) or None,
+            "notice_file": env.get(protocol.ENV_NOTICE_FILE) or None,
+        }
+        model_factory = env.get(protocol.ENV_VALIDATION_MODEL_FACTORY)
+        batch_factory = env.get(protocol.ENV_VALIDATION_BATCH_FACTORY)
+        if model_factory and batch_factory:
+            values["validation"] = ValidationSettings(model_factory, batch_factory)
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass
+class SaveOutcome:
+    step: int
+    kind: str
+    committed: bool | None  # None while a periodic persist is still in flight
+    uri: str
+    message: str = ""
+    stall_s: float = 0.0
+    save_s: float | None = None
+    checkpoint_id: str = ""
+
+
+@dataclass
+class _Persist:
+    """One in-flight persist: its pacing (mutable: a notice unpaces it), cancel flag,
+    and, once `finished`, either this rank's written files or the error."""
+
+    step: int
+    kind: str
+    pace: persist.Pace
+    outcome: SaveOutcome
+    meta: dict
+    started: float
+    cancel: threading.Event = field(default_factory=threading.Event)
+    finished: threading.Event = field(default_factory=threading.Event)
+    entries: dict | None = None
+    error: BaseException | None = None
+
+
+# Columns of the table ranks exchange every step.
+_STOP, _NOW, _DUE, _BUSY, _WRITTEN_STEP, _FAILED_STEP = range(6)
+
+
+class Checkpointer:
+    """Call `load_latest()` once, `save(step)` after every step, `close()` at the end.
+
+        ckpt = Checkpointer(TrainState(model, optimizer, scheduler, sampler=sampler), config)
+        start = ckpt.load_latest()
+        for step in range(start, total_steps):
+            train_one_step()
+            ckpt.save(step + 1)
+            if ckpt.should_stop:
+                break
+        ckpt.finish(total_steps)  # final save, validation, export; or ckpt.close()
+
+    `step` counts completed steps: resuming from a checkpoint saved with
+    `save(1200)` returns 1200 and the loop runs step 1200 next.
+    """
+
+    def __init__(self, state: TrainState, config: CheckpointConfig):
+        self.state = state
+        self.config = config
+        self.storage: Storage = open_storage(config.uri)
+        self.coord = Coordinator()
+        self.rank = self.coord.rank
+        self._buffers = SnapshotBuffers(config.num_files)
+        self._interval_s = config.interval_s or DEFAULT_INTERVAL_S
+        self._control = channel.ControlFile(config.control_file)
+        self._inflight: _Persist | None = None
+        self._last_save_at = time.monotonic()
+        self._last_saved_step = 0
+        self._step_time_s: float | None = None
+        self._last_step_at: float | None = None
+        self._stop_seen = False
+        self._now_seen = False
+        self.should_stop = False
+        self.last_outcome: SaveOutcome | None = None
+        self._previous_handlers: dict = {}
+        if config.handle_signals and threading.current_thread() is threading.main_thread():
+            for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
+                self._previous_handlers[sig] = signal.signal(sig, handler)
+
+    # --- signals and run-time settings -------------------------------------------------
+    def _on_stop(self, signum, frame) -> None:
+        self._stop_seen = True  # only a flag: the save happens at the next safe point
+
+    def _on_checkpoint_now(self, signum, frame) -> None:
+        self._now_seen = True
+
+    def request_stop(self) -> None:
+        """Same as SIGTERM: notice save at the next `save()` call, then `should_stop`."""
+        self._stop_seen = True
+
+    def request_checkpoint(self) -> None:
+        """Same as SIGUSR1: a save at the next `save()` call."""
+        self._now_seen = True
+
+    def set_interval(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ConfigError(f"checkpoint interval must be > 0 seconds, got {seconds}")
+        self._interval_s = seconds
+
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
+    # --- the per-step entry point ------------------------------------------------------
+    def save(self, step: int, kind: str | None = None, deadline: float | datetime | None = None) -> SaveOutcome | None:
+        """Called after every step. Saves when due or asked (signal, `kind`) and returns
+        the outcome of a save started in this call (a periodic one is still in flight:
+        `committed` is None), else None. `deadline` (notice saves): epoch seconds or an
+        aware datetime; default: the agent's notice file, else `notice_budget_s`."""
+        if kind not in (None, *protocol.CheckpointKind.ALL):
+            raise ValueError(f"save kind {kind!r} is not one of {protocol.CheckpointKind.ALL}")
+        self._track_step_time()
+        new_interval = self._control.new_interval()
+        if new_interval:
+            self._interval_s = new_interval
+        table = self.coord.exchange(self._status_row(step))
+        busy = any(row[_BUSY] for row in table)
+        self._settle_inflight(table)
+        stop = any(row[_STOP] for row in table)
+        if stop or kind in (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL):
+            self._stop_seen = False
+            self.should_stop = self.should_stop or stop
+            return self._save_now(step, kind or protocol.CheckpointKind.NOTICE, self._deadline(deadline, kind))
+        wanted = any(row[_NOW] for row in table) or table[0][_DUE] or kind == protocol.CheckpointKind.PERIODIC
+        if wanted and not busy and step != self._last_saved_step:
+            self._now_seen = False
+            return self._start_periodic(step)
+        return None
+
+    def _track_step_time(self) -> None:
+        now = time.monotonic()
+        if self._last_step_at is not None:
+            dt = now - self._last_step_at
+            self._step_time_s = dt if self._step_time_s is None else 0.9 * self._step_time_s + 0.1 * dt
+        self._last_step_at = now
+
+    def _due(self, step: int) -> bool:
+        if self.config.every_steps:
+            return step - self._last_saved_step >= self.config.every_steps
+        return time.monotonic() - self._last_save_at >= self._interval_s
+
+    def _status_row(self, step: int) -> list[int]:
+        job = self._inflight
+        finished = job is not None and job.finished.is_set()
+        written = job.step if finished and job.error is None else -1
+        failed = job.step if finished and job.error is not None else -1
+        return [int(self._stop_seen), int(self._now_seen), int(self._due(step)), int(job is not None), written, failed]
+
+    def _settle_inflight(self, table: list[list[int]]) -> None:
+        """Retire a finished persist. Alone, the persist thread has committed already;
+        in a gang, rank 0 commits here once every rank has written the step, and any
+        rank's failure abandons the step on all ranks (all decide from the same table)."""
+        job = self._inflight
+        if job is None:
+            return
+        if self.coord.world_size == 1:
+            if job.finished.is_set():
+                self._inflight = None
+            return
+        if any(row[_FAILED_STEP] == job.step for row in table):
+            job.cancel.set()
+            job.finished.wait()
+            job.outcome.committed = False
+            job.outcome.message = job.outcome.message or f"step {job.step} abandoned: another rank failed to write its shard"
+            self._inflight = None
+        elif all(row[_WRITTEN_STEP] == job.step for row in table):
+            if self.rank == 0:
+                self._try_commit(job)
+            self._inflight = None
+
+    def _deadline(self, deadline: float | datetime | None, kind: str | None) -> float | None:
+        """A notice deadline as monotonic time: given, else the agent's notice file, else the budget."""
+        if kind == protocol.CheckpointKind.FINAL and deadline is None:
+            return None
+        if isinstance(deadline, datetime):
+            deadline = deadline.timestamp()
+        if deadline is not None:
+            remaining = deadline - time.time()
+        else:
+            remaining = channel.notice_deadline(self.config.notice_file)
+            remaining = self.config.notice_budget_s if remaining is None else min(remaining, self.config.notice_budget_s)
+        return time.monotonic() + remaining
+
+    # --- saving ------------------------------------------------------------------------
+    def _snapshot(self, step: int, kind: str) -> tuple[dict, float]:
+        """Copy the state into the host buffers; the only part of a periodic save that stalls."""
+        started = time.monotonic()
+        tensors: list[torch.Tensor] = []
+        skeleton = flatten(self.state.state_dict(), tensors)
+        self._buffers.copy_in(tensors)
+        meta = {
+            "format": layout.FORMAT, "step": step, "kind": kind, "world_size": self.coord.world_size,
+            "created_at": datetime.now(timezone.utc).isoformat(),
+            "skeleton": skeleton, "slots": [s.to_json() for s in self._buffers.slots],
+        }
+        if self.config.validation is not None and self.rank == 0:
+            meta["validation"] = self.config.validation.to_json()
+            meta["reference_loss"] = reference_loss(self.state.model, self.config.validation)
+        return meta, time.monotonic() - started
+
+    def _new_job(self, step: int, kind: str, pace: persist.Pace) -> _Persist:
+        started = time.monotonic()
+        meta, stall = self._snapshot(step, kind)
+        outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
+        self.last_outcome = outcome
+        self._last_save_at = time.monotonic()
+        self._last_saved_step = step
+        return _Persist(step, kind, pace, outcome, meta, started)
+
+    def _start_periodic(self, step: int) -> SaveOutcome:
+        interval = self._interval_s
+        if self.config.every_steps and self._step_time_s:
+            interval = self.config.every_steps * self._step_time_s
+        pace = persist.Pace(low_priority=True)
+        job = self._new_job(step, protocol.CheckpointKind.PERIODIC, pace)
+        pace.finish_by = time.monotonic() + self.config.pace_fraction * interval
+        self._inflight = job
+        threading.Thread(target=self._run_persist, args=(job,), name=f"ckpt-persist-{step}", daemon=True).start()
+        return job.outcome
+
+    def _run_persist(self, job: _Persist) -> None:
+        try:
+            self._write_rank_files(job)
+            if self.coord.world_size == 1:
+                self._try_commit(job)
+        except BaseException as exc:  # kept on the job: wait() raises it, the outcome says it
+            self._record_failure(job, exc)
+        finally:
+            job.finished.set()
+
+    @staticmethod
+    def _record_failure(job: _Persist, exc: BaseException) -> None:
+        job.error = exc
+        job.outcome.committed = False
+        job.outcome.message = f"{job.kind} save of step {job.step} did not complete: {type(exc).__name__}: {exc}"
+
+    def _write_rank_files(self, job: _Persist) -> None:
+        ckpt = layout.step_dir(job.step)
+        if self.rank == 0:
+            self.storage.delete_prefix(ckpt)  # a torn or stale directory of the same step
+        names = [layout.data_file(self.rank, i) for i in range(len(self._buffers.buffers))]
+        written = persist.write_files(self.storage, [f"{ckpt}/{n}" for n in names], self._buffers.buffers, job.pace, job.cancel)
+        job.entries = {name: written[f"{ckpt}/{name}"] for name in names}
+        if self.rank > 0:
+            body = job.meta | {"files": {n: e.to_json() for n, e in job.entries.items()}}
+            self.storage.write_atomic(f"{ckpt}/{layout.rank_state_file(self.rank)}", json.dumps(body).encode())
+
+    def _try_commit(self, job: _Persist) -> None:
+        try:
+            self._commit(job)
+        except BaseException as exc:
+            self._record_failure(job, exc)
+
+    def _commit(self, job: _Persist) -> None:
+        """Rank 0: state.json, then MANIFEST.json (durable), then LATEST; report; rotate."""
+        if job.pace.deadline is not None and time.monotonic() > job.pace.deadline:
+            raise persist.PersistCancelled(f"step {job.step} was written but its deadline passed before the commit")
+        ckpt = layout.step_dir(job.step)
+        files = dict(job.entries)
+        for rank in range(1, self.coord.world_size):
+            name = layout.rank_state_file(rank)
+            raw = self.storage.read(f"{ckpt}/{name}")
+            files[name] = manifest.FileEntry(len(raw), manifest.digest_bytes(raw))
+            files |= {n: manifest.FileEntry(**e) for n, e in json.loads(raw)["files"].items()}
+        state_bytes = json.dumps(job.meta).encode()
+        self.storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
+        files[layout.STATE] = manifest.FileEntry(len(state_bytes), manifest.digest_bytes(state_bytes))
+        created = datetime.now(timezone.utc).isoformat()
+        raw = manifest.encode(job.step, files, created)
+        self.storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
+        self.storage.write_atomic(layout.LATEST, ckpt.encode())
+        job.outcome.committed = True
+        job.outcome.save_s = time.monotonic() - job.started
+        job.outcome.checkpoint_id = str(uuid.uuid4())
+        man = manifest.Manifest(job.step, files, raw)
+        channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
+            checkpoint_id=job.outcome.checkpoint_id, step=job.step, uri=job.outcome.uri,
+            bytes=man.total_bytes, manifest_digest=man.digest, kind=job.kind, committed_at=created,
+            save_s=job.outcome.save_s, stall_s=job.outcome.stall_s, reference_loss=job.meta.get("reference_loss")))
+        rotate(self.storage, self.config.keep)
+
+    def _save_now(self, step: int, kind: str, deadline: float | None) -> SaveOutcome:
+        """Notice/final path: jump the queue, persist at full speed, commit or say why not."""
+        job = self._inflight
+        if job is not None:
+            if job.step == step:
+                job.pace.finish_by = None  # the same state is being written: finish it at full speed
+                job.pace.deadline = deadline
+            else:
+                job.cancel.set()  # an older step: abandon it (it stops within one chunk)
+            job.finished.wait()
+            self._settle_inflight(self.coord.exchange(self._status_row(step)))
+        if self._agreed(self.storage.exists(f"{layout.step_dir(step)}/{layout.MANIFEST}")):
+            outcome = SaveOutcome(step, kind, True, self.storage.url_for(layout.step_dir(step)), "already committed")
+            return self._finish_notice(outcome, kind)
+        job = self._new_job(step, kind, persist.Pace(deadline=deadline))
+        try:
+            self._write_rank_files(job)
+        except BaseException as exc:
+            self._record_failure(job, exc)
+        all_written = all(row[0] for row in self.coord.exchange([int(job.error is None)]))
+        if all_written and self.rank == 0:
+            self._try_commit(job)
+        if self._agreed(bool(job.outcome.committed)):
+            job.outcome.committed = True
+        else:
+            job.outcome.committed = False
+            if self.rank == 0:
+                self.storage.delete_prefix(layout.step_dir(step))
+            previous = [r.name for r in committed(self.storage)]
+            reason = job.outcome.message or "another rank did not write its shard in time"
+            job.outcome.message = f"{reason}; previous checkpoint {previous[-1] if previous else '(none)'} is intact"
+        return self._finish_notice(job.outcome, kind)
+
+    def _agreed(self, rank0_value: bool) -> bool:
+        """Rank 0's answer, on every rank (so all ranks take the same branch)."""
+        return bool(self.coord.exchange([int(rank0_value)])[0][0])
+
+    def _finish_notice(self, outcome: SaveOutcome, kind: str) -> SaveOutcome:
+        self.last_outcome = outcome
+        print(f"respawn checkpoint: {kind} save of step {outcome.step}: "
+              f"{'committed ' + outcome.uri if outcome.committed else outcome.message}", file=sys.stderr, flush=True)
+        return outcome
+
+    # --- waiting, closing, finishing ---------------------------------------------------
+    def wait(self) -> SaveOutcome | None:
+        """Block until the in-flight persist (if any) is finished; raise if it failed.
+        In a gang every rank must call it together (it settles the commit)."""
+        job = self._inflight
+        if job is None:
+            return self.last_outcome
+        job.finished.wait()
+        self._settle_inflight(self.coord.exchange(self._status_row(job.step)))
+        if job.error is not None and not isinstance(job.error, persist.PersistCancelled):
+            raise CheckpointError(f"checkpoint {job.outcome.uri}: {job.outcome.message}") from job.error
+        return job.outcome
+
+    def close(self) -> None:
+        """Wait for the in-flight persist and restore the previous signal handlers."""
+        try:
+            self.wait()
+        finally:
+            for sig, handler in self._previous_handlers.items():
+                signal.signal(sig, handler)
+            self._previous_handlers.clear()
+
+    def finish(self, step: int):
+        """End of training: final save, validation, export of the weights (safetensors).
+        Returns the exported Artifact, or None without validation settings (nothing
+        can be exported unvalidated). Rank 0 exports; other ranks return None."""
+        from .export import export_weights
+
+        outcome = self.save(step, kind=protocol.CheckpointKind.FINAL)
+        self.close()
+        if not outcome.committed:
+            raise CheckpointError(f"final checkpoint of step {step} was not committed: {outcome.message}")
+        if self.rank != 0 or self.config.validation is None:
+            return None
+        ref = CheckpointRef(self.storage, layout.step_dir(step))
+        verdict = validate_loaded(load(ref), self.config.validation)
+        mark(ref, verdict)
+        return export_weights(ref)
+
+    # --- resuming ------------------------------------------------------------------------
+    def load_latest(self) -> int:
+        """Restore the newest usable checkpoint into the TrainState; return its step
+        (0 when there is none). Rank 0 picks it (validating it first when validation
+        is configured: an invalid one is marked and the previous one tried) and every
+        rank loads the same one."""
+        chosen = self._choose_checkpoint() if self.rank == 0 else None
+        name = self.coord.broadcast_from_zero(chosen.ref.name if chosen else None)
+        if name is None:
+            return 0
+        loaded = chosen if self.rank == 0 else load(CheckpointRef(self.storage, name), self.rank)
+        try:
+            self.state.load_state_dict(loaded.state)
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise IncompatibleCheckpointError(f"checkpoint {loaded.ref.uri} does not fit this training state: {exc}") from None
+        self._last_saved_step = loaded.ref.step
+        self._last_save_at = time.monotonic()
+        return loaded.ref.step
+
+    def _choose_checkpoint(self):
+        candidates = committed(self.storage)
+        if self.config.resume_from:
+            limit = ref_from_uri(self.config.resume_from).step
+            candidates = [r for r in candidates if r.step <= limit]
+        for ref in reversed(candidates):
+            verdict = ref.validation()
+            if verdict and verdict.get("result") == "invalid":
+                continue
+            try:
+                loaded = load(ref, self.rank)
+            except CorruptCheckpointError as exc:
+                print(f"respawn checkpoint: skipping {ref.uri}: {exc}", file=sys.stderr)
+                mark(ref, Verdict(False, None, None, str(exc)))
+                continue
+            if self.config.validation is not None and self.config.validate_on_resume and not verdict:
+                verdict_now = validate_loaded(loaded, self.config.validation)
+                mark(ref, verdict_now)
+                if not verdict_now.valid:
+                    print(f"respawn checkpoint: {ref.uri} failed validation ({verdict_now.message}); trying the previous one", file=sys.stderr)
+                    continue
+            return loaded
+        return None
+
+
+def rotate(storage: Storage, keep: int) -> None:
+    """Keep the `keep` newest committed checkpoints that are not invalid, plus the
+    newest valid one when it is older than those (its successors are still pending).
+    Everything else older than the newest kept goes, manifest first, so a crash in
+    the middle leaves an uncommitted directory, never a torn committed one."""
+    refs = list_checkpoints(storage)
+    usable = [r for r in refs if r.is_committed() and (r.validation() or {}).get("result") != "invalid"]
+    if not usable:
+        return
+    kept = {r.name for r in usable[-keep:]}
+    valid = [r for r in usable if (r.validation() or {}).get("result") == "valid"]
+    if valid:
+        kept.add(valid[-1].name)
+    newest = usable[-1].step
+    for ref in refs:
+        if ref.name in kept or ref.step >= newest:
+            continue
+        storage.delete_prefix(ref.key(layout.MANIFEST))
+        storage.delete_prefix(ref.name)

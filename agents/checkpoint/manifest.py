@@ -1,0 +1,121 @@
+"""MANIFEST.json: the commit record of a checkpoint (DESIGN §6).
+
+The digest is xxh3-128: on 2 shared cores sha256 costs ~0.8 s of CPU per GiB and
+would slow training while a background persist runs; xxh3 costs a few percent of
+that and still catches truncation, bit rot and torn writes. (It is not a defence
+against deliberate tampering: validation is.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import xxhash
+
+from . import layout
+from .errors import CorruptCheckpointError
+from .storage import Storage, StorageError
+
+ALGORITHM = "xxh3_128"
+READ_CHUNK = 8 << 20
+
+
+def new_digest():
+    return xxhash.xxh3_128()
+
+
+def digest_bytes(data: bytes) -> str:
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    digest: str
+
+    def to_json(self) -> dict:
+        return {"size": self.size, "digest": self.digest}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    files: dict[str, FileEntry]
+    raw: bytes  # as stored, so its digest can be reported
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.files.values())
+
+    @property
+    def digest(self) -> str:
+        return f"{ALGORITHM}:{digest_bytes(self.raw)}"
+
+
+def encode(step: int, files: dict[str, FileEntry], created_at: str) -> bytes:
+    body = {
+        "format": layout.FORMAT,
+        "step": step,
+        "created_at": created_at,
+        "digest_algorithm": ALGORITHM,
+        "files": {name: entry.to_json() for name, entry in sorted(files.items())},
+    }
+    return json.dumps(body, indent=1).encode()
+
+
+def read(storage: Storage, ckpt: str) -> Manifest:
+    """The manifest of checkpoint directory `ckpt`; raises CorruptCheckpointError
+    naming the checkpoint when it is missing or malformed."""
+    where = storage.url_for(ckpt)
+    key = f"{ckpt}/{layout.MANIFEST}"
+    if not storage.exists(key):
+        raise CorruptCheckpointError(f"checkpoint {where} has no {layout.MANIFEST}: it was never committed")
+    raw = storage.read(key)
+    try:
+        body = json.loads(raw)
+        if body["digest_algorithm"] != ALGORITHM:
+            raise ValueError(f"digest algorithm {body['digest_algorithm']!r} is not {ALGORITHM!r}")
+        files = {name: FileEntry(int(e["size"]), str(e["digest"])) for name, e in body["files"].items()}
+        return Manifest(step=int(body["step"]), files=files, raw=raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpointError(f"checkpoint {where}: {layout.MANIFEST} is malformed ({exc})") from None
+
+
+def read_verified(storage: Storage, ckpt: str, name: str, entry: FileEntry) -> bytearray:
+    """The whole of one file, after checking it against its manifest entry."""
+    where = storage.url_for(f"{ckpt}/{name}")
+    key = f"{ckpt}/{name}"
+    try:
+        actual_size = storage.size(key)
+    except StorageError:
+        raise CorruptCheckpointError(f"checkpoint {storage.url_for(ckpt)}: file {name} named in the manifest is missing") from None
+    if actual_size != entry.size:
+        raise CorruptCheckpointError(
+            f"checkpoint {storage.url_for(ckpt)}: file {name} is {actual_size} bytes, manifest says {entry.size} (truncated or overwritten)"
+        )
+    data = bytearray(entry.size)
+    view = memoryview(data)
+    digest = new_digest()
+    filled = 0
+    with storage.open_reader(key) as reader:
+        while filled < entry.size:
+            chunk = reader.read(min(READ_CHUNK, entry.size - filled))
+            if not chunk:
+                break
+            view[filled : filled + len(chunk)] = chunk
+            digest.update(chunk)
+            filled += len(chunk)
+    if filled != entry.size:
+        raise CorruptCheckpointError(f"{where}: read {filled} of {entry.size} bytes (truncated)")
+    if digest.hexdigest() != entry.digest:
+        raise CorruptCheckpointError(f"checkpoint {storage.url_for(ckpt)}: file {name} fails its {ALGORITHM} digest (corrupted)")
+    return data
+
+
+def verify_all(storage: Storage, ckpt: str) -> Manifest:
+    """Read the manifest and check every file's size and digest, reading each once."""
+    manifest = read(storage, ckpt)
+    for name, entry in manifest.files.items():
+        read_verified(storage, ckpt, name, entry)
+    return manifest

@@ -1,0 +1,1 @@
+"""Small training scripts that use the checkpoint library."""

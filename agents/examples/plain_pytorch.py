@@ -1,0 +1,184 @@
+"""A plain PyTorch training script that is spot-safe without Respawn's library.
+
+It shows the whole framework-agnostic contract (agents/protocol.py, end):
+- reads its checkpoint directory, resume point, interval and step count from
+  RESPAWN_* variables (all optional: it also runs on its own);
+- SIGTERM (or the agent's notice file) means "checkpoint now and stop",
+  SIGUSR1 "checkpoint now"; a handler only sets a flag, the loop acts on it;
+- saves model, optimizer, step and RNG state with torch.save into a temp file,
+  fsync, rename (a checkpoint exists only once complete), then appends one JSON
+  line per commit to RESPAWN_CHECKPOINTS_FILE and keeps RESPAWN_STATUS_FILE
+  current (replaced atomically) so the agent can heartbeat and report.
+
+Run: `python -m agents.examples.plain_pytorch --steps 500` (checkpoints in
+./checkpoints unless RESPAWN_CHECKPOINT_URI says otherwise). Kill it any way you
+like and run it again: it continues from its newest checkpoint with the same
+loss trajectory as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FEATURES, CLASSES, BATCH = 32, 8, 64
+requests_ = {"checkpoint": False, "stop": False}
+
+
+def on_signal(signum, frame) -> None:
+    requests_["stop" if signum == signal.SIGTERM else "checkpoint"] = True
+
+
+def make_model(hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES))
+
+
+def batch_for(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of step `step`, a pure function of it, so resuming needs no sampler state."""
+    g = torch.Generator().manual_seed(10_000 + step)
+    x = torch.randn(BATCH, FEATURES, generator=g)
+    return x, (x[:, :CLASSES].argmax(dim=1))
+
+
+def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict:
+    return {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}
+
+
+def restore(payload: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    model.load_state_dict(payload["model"])
+    if "optimizer" in payload:
+        optimizer.load_state_dict(payload["optimizer"])
+    torch.set_rng_state(payload["torch_rng"])
+    return payload["step"]
+
+
+def checkpoint_dir() -> Path:
+    uri = os.environ.get("RESPAWN_CHECKPOINT_URI") or "checkpoints"
+    path = Path(uri.removeprefix("file://"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def newest_checkpoint(directory: Path) -> Path | None:
+    resume = os.environ.get("RESPAWN_RESUME_FROM")
+    if resume:
+        return Path(resume.removeprefix("file://"))
+    found = sorted(directory.glob("step-*.pt"))
+    return found[-1] if found else None
+
+
+def save(directory: Path, payload: dict, kind: str, started: float) -> dict:
+    path = directory / f"step-{payload['step']:08d}.pt"
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    data = path.read_bytes()
+    record = {
+        "checkpoint_id": str(uuid.uuid4()),
+        "step": payload["step"],
+        "uri": str(path),
+        "bytes": len(data),
+        "manifest_digest": "sha256:" + hashlib.sha256(data).hexdigest(),
+        "kind": kind,
+        "committed_at": datetime.now(timezone.utc).isoformat(),
+        "save_s": time.monotonic() - started,
+    }
+    if os.environ.get("RESPAWN_CHECKPOINTS_FILE"):
+        with open(os.environ["RESPAWN_CHECKPOINTS_FILE"], "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    return record
+
+
+def write_status(body: dict) -> None:
+    path = os.environ.get("RESPAWN_STATUS_FILE")
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(body, f)
+        os.replace(tmp, path)
+
+
+def read_interval(default: float) -> float:
+    path = os.environ.get("RESPAWN_CONTROL_FILE")
+    try:
+        return float(json.loads(Path(path).read_text())["checkpoint_interval_s"]) if path else default
+    except (OSError, ValueError, KeyError, TypeError):
+        return default
+
+
+def notice_given() -> bool:
+    path = os.environ.get("RESPAWN_NOTICE_FILE")
+    return bool(path) and os.path.exists(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("RESPAWN_TOTAL_STEPS") or 500))
+    parser.add_argument("--hidden", type=int, default=64, help="hidden width (8192 makes a model of a few hundred MB)")
+    parser.add_argument("--step-delay-s", type=float, default=0.0, help="sleep per step, to stretch a demo")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGUSR1, on_signal)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+
+    model = make_model(args.hidden)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    directory = checkpoint_dir()
+    step = 0
+    if (resume := newest_checkpoint(directory)) is not None:
+        step = restore(torch.load(resume, weights_only=False), model, optimizer)
+        print(f"resumed from {resume} at step {step}", flush=True)
+    if step >= args.steps:
+        print(f"already trained to step {step}", flush=True)
+        return 0
+    interval = float(os.environ.get("RESPAWN_CHECKPOINT_INTERVAL_S") or 30)
+    last_save = time.monotonic()
+    last_ckpt_step = step if resume else None
+    while step < args.steps:
+        started = time.monotonic()
+        x, y = batch_for(step)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        write_status({"step": step, "loss": loss.item(), "samples_per_s": BATCH / max(time.monotonic() - started, 1e-9), "last_checkpoint_step": last_ckpt_step})
+        if args.step_delay_s:
+            time.sleep(args.step_delay_s)
+        stop = requests_["stop"] or notice_given()
+        if stop or requests_["checkpoint"] or time.monotonic() - last_save >= read_interval(interval):
+            kind = "notice" if notice_given() else "periodic"
+            record = save(directory, checkpoint_payload(model, optimizer, step), kind, time.monotonic())
+            print(f"checkpoint {record['kind']} at step {step}: {record['uri']}", flush=True)
+            last_save, last_ckpt_step, requests_["checkpoint"] = time.monotonic(), step, False
+            if stop:
+                return 0
+    record = save(directory, checkpoint_payload(model, optimizer, step), "final", time.monotonic())
+    write_status({"step": step, "loss": loss.item(), "last_checkpoint_step": step, "artifact_uri": record["uri"], "artifact_digest": record["manifest_digest"]})
+    print(f"done at step {step}, final loss {loss.item():.6f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
