@@ -128,7 +128,7 @@ def record_checkpoint(instance: Instance, **fields) -> Checkpoint:
     )
     if not created:
         return checkpoint
-    job = Job.objects.select_for_update().select_related("newest_checkpoint").get(pk=instance.job_id)
+    job = Job.objects.select_for_update(of=("self",)).select_related("newest_checkpoint").get(pk=instance.job_id)
     if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
         Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
     if checkpoint.kind == CheckpointKind.NOTICE:
@@ -148,7 +148,7 @@ def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str
     checkpoint.validated_at = timezone.now()
     checkpoint.save(update_fields=["validation", "validation_loss", "validation_message", "validated_at"])
     if result == ValidationResult.VALID:
-        job = Job.objects.select_for_update().select_related("newest_valid_checkpoint").get(pk=checkpoint.job_id)
+        job = Job.objects.select_for_update(of=("self",)).select_related("newest_valid_checkpoint").get(pk=checkpoint.job_id)
         if job.newest_valid_checkpoint is None or checkpoint.step >= job.newest_valid_checkpoint.step:
             Job.objects.filter(pk=job.pk).update(newest_valid_checkpoint=checkpoint)
     elif result == ValidationResult.INVALID:

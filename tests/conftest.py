@@ -28,6 +28,14 @@ def pytest_sessionstart(session):
                 pytest.exit(f"CI: {var}={value!r} is not a {scheme} URL", returncode=3)
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    # One test database per pytest process, so concurrent runs never share one.
+    from pytest_django.fixtures import _set_suffix_to_test_databases
+
+    _set_suffix_to_test_databases(suffix=f"pid{os.getpid()}")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def fast_password_hashing():
     # PBKDF2's deliberate slowness would dominate the suite's run time.

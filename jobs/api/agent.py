@@ -20,6 +20,7 @@ from rest_framework.views import APIView
 
 from agents import protocol
 from jobs import services
+from jobs.api.errors import Unauthorized
 from jobs.auth import AgentTokenAuthentication
 from jobs.choices import InstanceState
 from jobs.models import Checkpoint, Instance, Job, LogChunk, MetricPoint, ProcessedEvent
@@ -287,10 +288,10 @@ class RegisterView(APIView):
                 .first()
             )
             if instance is None or instance.state not in (InstanceState.REQUESTED, InstanceState.BOOTING, InstanceState.RUNNING):
-                raise exceptions.AuthenticationFailed("Invalid or expired bootstrap token.")
+                raise Unauthorized("Invalid or expired bootstrap token.")
             first_use = instance.register_event_id is None
             if not first_use and instance.register_event_id != data["event_id"]:
-                raise exceptions.AuthenticationFailed("Bootstrap token already used.")
+                raise Unauthorized("Bootstrap token already used.")
             Instance.objects.filter(pk=instance.pk).update(agent_token_hash=digest, register_event_id=data["event_id"])
             if first_use:
                 services.register_instance(instance, hostname=data["hostname"], agent_version=data["agent_version"],

@@ -1,7 +1,7 @@
 """One error shape for every API answer: {"detail": ..., "errors": {field: [msg]}}."""
 
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -15,3 +15,11 @@ def exception_handler(exc, context):
         fields = ", ".join(sorted(errors)) or "body"
         return Response({"detail": f"invalid fields: {fields}", "errors": errors}, status=status.HTTP_400_BAD_REQUEST)
     return response
+
+
+class Unauthorized(APIException):
+    """401 from a view that takes credentials in its body (login, agent register):
+    DRF would turn AuthenticationFailed into 403 there, having no auth scheme."""
+
+    status_code = status.HTTP_401_UNAUTHORIZED
+    default_code = "unauthorized"

@@ -8,12 +8,13 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from jobs.api import serializers as s
+from jobs.api.errors import Unauthorized
 from jobs.choices import JobStatus
 from jobs.models import ApiToken, Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
 from jobs.permissions import can, visible_team_ids
@@ -153,7 +154,7 @@ class TokenView(APIView):
         body.is_valid(raise_exception=True)
         user = authenticate(request, username=body.validated_data["username"], password=body.validated_data["password"])
         if user is None:
-            raise AuthenticationFailed("Wrong username or password.")
+            raise Unauthorized("Wrong username or password.")
         token, digest = new_token(PERSONAL_PREFIX)
         name = body.validated_data["token_name"]
         ApiToken.objects.create(user=user, name=name, key_hash=digest, prefix=token[:8])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from jobs.providers.base import (
@@ -107,6 +107,8 @@ def translated_errors() -> Iterator[None]:
         raise ERROR_CODES.classify(error.get("Code", ""), error.get("Message", str(exc)), http_status=status) from exc
     except (HTTPClientError, BotoConnectionError) as exc:
         raise TransientError(f"EC2 unreachable: {exc}") from exc
+    except NoCredentialsError as exc:
+        raise PrecheckError(f"no AWS credentials: {exc}", code="NoCredentials") from exc
 
 
 class AwsProvider(Provider):

@@ -95,6 +95,9 @@ class TransientError(ProviderError):
 
 class Provider(ABC):
     name: str
+    # Whether a VM in CloudState.STOPPED still costs money (e.g. an Azure VM
+    # deallocated by eviction keeps its disk): the ledger says so while it lasts.
+    bills_storage_when_stopped: bool = False
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> str:

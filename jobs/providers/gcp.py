@@ -229,6 +229,7 @@ class GcpProvider(Provider):
 def translated_errors() -> Iterator[None]:
     """Re-raise google-api-core errors as our ProviderError kinds, keeping the cloud's message."""
     from google.api_core import exceptions as gexc
+    from google.auth.exceptions import RefreshError
     from requests import RequestException
 
     try:
@@ -239,6 +240,8 @@ def translated_errors() -> Iterator[None]:
         raise ERROR_CODES.classify(code, exc.message, http_status=exc.code) from exc
     except (RequestException, gexc.RetryError) as exc:
         raise TransientError(f"Compute API unreachable: {exc}") from exc
+    except RefreshError as exc:
+        raise PrecheckError(f"GCP credentials refused: {exc}", code="RefreshError") from exc
 
 
 def _cloud_instance(zone: str, vm) -> CloudInstance:

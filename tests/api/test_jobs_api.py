@@ -1,0 +1,96 @@
+"""The people's job API: submit, list with filters and pages, retrieve, cancel."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from jobs.choices import InstanceState, JobStatus
+from jobs.models import ApiToken, Job, JobEvent
+from tests.factories import make_instance, make_job, make_team_with_members
+
+
+@pytest.fixture
+def setup(db):
+    return make_team_with_members()
+
+
+def client_for(person):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {person.token}")
+    return client
+
+
+def test_member_submits_a_job_and_it_waits_in_the_queue(setup):
+    member = setup.people["member"]
+    response = client_for(member).post("/api/v1/jobs/", {
+        "team": setup.team.pk, "name": "llama-ft", "command": ["torchrun", "train.py"], "nodes": 2,
+        "total_steps": 5000, "instance_types": ["g5.12xlarge"], "allowed_clouds": ["aws", "gcp"],
+    }, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "queued" and body["owner"] == member.user.username and body["nodes"] == 2
+    assert body["checkpoint_uri"]  # a default storage location is filled in
+    assert JobEvent.objects.filter(job_id=body["id"]).exists()
+
+
+def test_list_filters_by_status_owner_and_search_and_pages(setup):
+    member, admin = setup.people["member"].user, setup.people["admin"].user
+    for i in range(7):
+        make_job(setup.team, member, name=f"resnet-{i}")
+    make_job(setup.team, admin, name="bert", status=JobStatus.RUNNING)
+    client = client_for(setup.people["viewer"])
+    assert client.get("/api/v1/jobs/?status=running").json()["count"] == 1
+    assert client.get(f"/api/v1/jobs/?owner={admin.username}").json()["count"] == 1
+    assert client.get("/api/v1/jobs/?search=resnet").json()["count"] == 7
+    page = client.get("/api/v1/jobs/?limit=3&offset=3").json()
+    assert page["count"] == 8 and len(page["results"]) == 3 and page["next"] and page["previous"]
+
+
+def test_job_list_query_count_does_not_grow_with_jobs(setup):
+    client = client_for(setup.people["viewer"])
+
+    def count():
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get("/api/v1/jobs/").status_code == 200
+        return len(queries)
+
+    make_job(setup.team, setup.people["member"].user)
+    count()  # the first call also stamps the token's last use
+    few = count()
+    for _ in range(10):
+        make_job(setup.team, setup.people["member"].user)
+    assert count() == few
+
+
+def test_cancel_a_queued_job_ends_it_at_once(setup):
+    job = make_job(setup.team, setup.people["member"].user)
+    response = client_for(setup.people["member"]).post(f"/api/v1/jobs/{job.pk}/cancel/")
+    assert response.status_code == 202 and response.json()["status"] == "cancelled"
+    again = client_for(setup.people["member"]).post(f"/api/v1/jobs/{job.pk}/cancel/")
+    assert again.status_code == 409
+
+
+def test_cancel_a_running_job_waits_for_its_instances(setup):
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
+    make_instance(job, state=InstanceState.RUNNING, registered=True)
+    response = client_for(setup.people["admin"]).post(f"/api/v1/jobs/{job.pk}/cancel/")
+    assert response.json()["status"] == "cancelling"
+    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLING
+
+
+def test_login_gives_a_token_shown_once_and_stored_hashed(setup):
+    response = APIClient().post("/api/v1/auth/token/", {"username": "vision-member",
+                                                        "password": "correct horse battery"}, format="json")
+    assert response.status_code == 201
+    token = response.json()["token"]
+    assert not ApiToken.objects.filter(key_hash=token).exists()
+    assert APIClient(HTTP_AUTHORIZATION=f"Bearer {token}").get("/api/v1/jobs/").status_code == 200
+
+
+def test_openapi_schema_describes_both_apis(client):
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    assert "/api/v1/jobs/" in paths and "/api/agent/v1/heartbeat" in paths
+    assert response.json()["openapi"].startswith("3.")

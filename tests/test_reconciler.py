@@ -1,0 +1,114 @@
+"""The reconciler marks silent instances lost — but not while the control plane
+itself was down — and runs for real under Celery beat and a worker on Redis."""
+
+import os
+import sys
+import threading
+from datetime import timedelta
+
+import pytest
+import redis
+from django.utils import timezone
+
+from agents import protocol
+from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
+from jobs.tasks import reconcile
+from tests.agent_api.helpers import AgentClient
+from tests.conftest import ChildProcess, wait_until
+from tests.factories import make_instance, make_job, make_team_with_members
+
+REDIS_URL = os.environ.get("RESPAWN_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def running_instance(job, *, deadline_in_s: float):
+    setup = make_instance(job, state=InstanceState.RUNNING, registered=True)
+    Instance.objects.filter(pk=setup.instance.pk).update(
+        heartbeat_deadline=timezone.now() + timedelta(seconds=deadline_in_s), last_step=120)
+    return setup.instance
+
+
+@pytest.fixture
+def job(db):
+    setup = make_team_with_members()
+    return make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
+
+
+@pytest.fixture
+def fast(settings):
+    settings.RECONCILE_INTERVAL_S = 0.2
+    settings.RESPAWN = {**settings.RESPAWN, "HEARTBEAT_TIMEOUT_S": 0.5}
+    return settings
+
+
+def test_silent_instance_is_marked_lost_once_the_api_has_served_a_full_timeout(job, fast, web_server):
+    fast.RESPAWN = {**fast.RESPAWN, "API_URL": web_server.url}
+    silent = running_instance(job, deadline_in_s=-1)
+    ServiceBeat.objects.update_or_create(name="agent_api", defaults={
+        "last_seen": timezone.now(), "serving_since": timezone.now() - timedelta(seconds=5)})
+    assert reconcile() == 1
+    silent.refresh_from_db()
+    assert silent.state == InstanceState.ENDED and silent.end_reason == EndReason.LOST
+    event = InterruptionEvent.objects.get(instance=silent)
+    assert event.source == "heartbeat_timeout" and event.kind == "lost" and event.steps_lost == 120
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING
+    assert reconcile() == 0  # safe to run twice
+
+
+def test_no_instance_is_lost_while_the_api_is_unreachable(job, fast, db):
+    fast.RESPAWN = {**fast.RESPAWN, "API_URL": "http://127.0.0.1:9"}  # nothing listens there
+    silent = running_instance(job, deadline_in_s=-1)
+    assert reconcile() == 0
+    assert Instance.objects.get(pk=silent.pk).state == InstanceState.RUNNING
+
+
+def test_no_instance_is_lost_right_after_the_api_came_back(job, fast, web_server):
+    fast.RESPAWN = {**fast.RESPAWN, "API_URL": web_server.url, "HEARTBEAT_TIMEOUT_S": 3600}
+    silent = running_instance(job, deadline_in_s=-1)
+    ServiceBeat.objects.all().delete()  # as after an outage: serving starts now
+    assert reconcile() == 0
+    assert Instance.objects.get(pk=silent.pk).state == InstanceState.RUNNING
+
+
+def test_concurrent_resends_of_one_report_apply_once(transactional_db):
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING)
+    client = AgentClient()
+    client.register(make_instance(job).bootstrap_token)
+    report = protocol.LogBatch(offset=0, lines=["once"])
+    results = []
+
+    def send():
+        results.append(AgentClient(client.client._credentials["HTTP_AUTHORIZATION"].split()[1])
+                       .post("logs", report).json()["duplicate"])
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, True, True, True]
+
+
+@pytest.mark.e2e
+def test_beat_and_worker_on_redis_mark_a_silent_instance_lost(child_env, web_server, tmp_path, db):
+    client = redis.Redis.from_url(REDIS_URL)
+    client.ping()  # no Redis is a failure here, never a skip
+    client.flushdb()
+    env = {**child_env, "CELERY_BROKER_URL": REDIS_URL, "RESPAWN_API_URL": web_server.url}
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
+    silent = running_instance(job, deadline_in_s=0.5)
+    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
+    worker = ChildProcess([*celery, "worker", "--pool", "solo", "--loglevel", "INFO", "--without-heartbeat",
+                           "--without-gossip", "--without-mingle"], env, tmp_path / "worker.log").start()
+    beat = ChildProcess([*celery, "beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat-schedule")], env,
+                        tmp_path / "beat.log").start()
+    try:
+        wait_until(lambda: Instance.objects.get(pk=silent.pk).state == InstanceState.ENDED, timeout=60,
+                   what="the reconciler to mark the silent instance lost", proc=worker)
+    finally:
+        beat.stop()
+        worker.stop()
+    assert Instance.objects.get(pk=silent.pk).end_reason == EndReason.LOST
+    assert "jobs.tasks.reconcile" in worker.output() and "succeeded" in worker.output()
