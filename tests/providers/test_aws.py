@@ -230,3 +230,15 @@ def test_it_validates_its_config():
         AwsConfig(region=REGION, max_attempts=0)
     with pytest.raises(ValueError, match="list_page_size"):
         AwsConfig(region=REGION, list_page_size=2)
+
+
+def test_it_reports_missing_credentials_as_a_precheck(moto, monkeypatch, tmp_path):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    provider = AwsProvider(AwsConfig(region=REGION, endpoint_url=moto.url))
+
+    with pytest.raises(PrecheckError, match="no AWS credentials"):
+        provider.list_ours()
