@@ -1,0 +1,211 @@
+"""The agent's side of the agent <-> trainer channel (agents/protocol.py, end).
+
+The trainer replaces the status file atomically and appends one JSON line per
+committed checkpoint; the agent writes the control and notice files. Anything
+unreadable the trainer writes is logged with its raw text and skipped: a
+trainer's bug must not stop the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents import protocol
+
+log = logging.getLogger(__name__)
+
+STATUS_NAME = "status.json"
+CHECKPOINTS_NAME = "checkpoints.jsonl"
+CONTROL_NAME = "control.json"
+NOTICE_NAME = "notice.json"
+
+
+@dataclass(frozen=True)
+class ChannelPaths:
+    status: str
+    checkpoints: str
+    control: str
+    notice: str
+
+    @classmethod
+    def in_dir(cls, directory: str) -> "ChannelPaths":
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        d = Path(directory)
+        return cls(str(d / STATUS_NAME), str(d / CHECKPOINTS_NAME), str(d / CONTROL_NAME), str(d / NOTICE_NAME))
+
+    def env(self) -> dict[str, str]:
+        return {
+            protocol.ENV_STATUS_FILE: self.status,
+            protocol.ENV_CHECKPOINTS_FILE: self.checkpoints,
+            protocol.ENV_CONTROL_FILE: self.control,
+            protocol.ENV_NOTICE_FILE: self.notice,
+        }
+
+
+def write_json_atomic(path: str, body: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(body, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def finite_or_none(value: Any) -> float | None:
+    """A JSON-safe number: NaN and infinities (which `json` happily reads) become None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class StatusReader:
+    """The trainer's latest status, re-read only when the file changed."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._mtime: int | None = None
+        self.latest: dict[str, Any] = {}
+
+    def read(self) -> dict[str, Any]:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            return self.latest
+        if mtime == self._mtime:
+            return self.latest
+        self._mtime = mtime
+        try:
+            with open(self.path) as f:
+                raw = f.read()
+            doc = json.loads(raw)
+            if not isinstance(doc, dict):
+                raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+        except FileNotFoundError:
+            return self.latest
+        except (OSError, ValueError) as exc:
+            log.warning("trainer status file %s unreadable (%s): %r", self.path, exc, locals().get("raw", "")[:500])
+            return self.latest
+        self.latest = doc
+        return doc
+
+    def heartbeat(self) -> protocol.Heartbeat:
+        s = self.read()
+        return protocol.Heartbeat(
+            step=int_or_none(s.get("step")) or 0,
+            loss=finite_or_none(s.get("loss")),
+            samples_per_s=finite_or_none(s.get("samples_per_s")),
+            last_checkpoint_step=int_or_none(s.get("last_checkpoint_step")),
+            checkpoint_save_s=finite_or_none(s.get("checkpoint_save_s")),
+            checkpoint_stall_s=finite_or_none(s.get("checkpoint_stall_s")),
+        )
+
+
+REQUIRED_CHECKPOINT_FIELDS = {"checkpoint_id": str, "step": int, "uri": str, "bytes": int, "manifest_digest": str}
+
+
+def parse_checkpoint_line(line: str) -> protocol.CheckpointReport:
+    """One line of the checkpoints JSONL as a report; ValueError naming what is wrong."""
+    doc = json.loads(line)
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+    for name, kind in REQUIRED_CHECKPOINT_FIELDS.items():
+        if not isinstance(doc.get(name), kind) or isinstance(doc.get(name), bool):
+            raise ValueError(f"field {name!r} must be a {kind.__name__}, got {doc.get(name)!r}")
+    if doc.get("kind", protocol.CheckpointKind.PERIODIC) not in protocol.CheckpointKind.ALL:
+        raise ValueError(f"kind {doc.get('kind')!r} is not one of {', '.join(protocol.CheckpointKind.ALL)}")
+    for name in ("save_s", "stall_s", "reference_loss"):
+        if name in doc:
+            doc[name] = finite_or_none(doc[name])
+    for name in ("event_id", "sent_at"):  # a trainer may give its own; otherwise made here, once
+        if not isinstance(doc.get(name), str) or not doc.get(name):
+            doc.pop(name, None)
+    return protocol.from_dict(protocol.CheckpointReport, doc)
+
+
+class CheckpointsTail:
+    """New complete lines of the checkpoints JSONL since the last call."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._offset = 0
+
+    def new_reports(self) -> list[protocol.CheckpointReport]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += end
+        reports = []
+        for raw in data[:end].splitlines():
+            if not raw.strip():
+                continue
+            try:
+                reports.append(parse_checkpoint_line(raw.decode("utf-8", errors="replace")))
+            except (ValueError, TypeError) as exc:
+                log.warning("skipping an unreadable line of %s (%s): %r", self.path, exc, raw[:500])
+        return reports
+
+
+class LogTail:
+    """Trainer output lines, in bounded batches with their line offsets."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._byte_offset = 0
+        self.line_offset = 0  # index of the next line to ship
+
+    def batches(self, *, final: bool = False) -> list[protocol.LogBatch]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._byte_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = len(data) if final else data.rfind(b"\n") + 1
+        self._byte_offset += end
+        lines = [
+            line.decode("utf-8", errors="replace")[: protocol.MAX_LOG_LINE_CHARS]
+            for line in data[:end].splitlines()
+        ]
+        out = []
+        for start in range(0, len(lines), protocol.MAX_LOG_LINES_PER_BATCH):
+            chunk = lines[start : start + protocol.MAX_LOG_LINES_PER_BATCH]
+            out.append(protocol.LogBatch(offset=self.line_offset, lines=chunk))
+            self.line_offset += len(chunk)
+        return out
+
+
+def output_tail(path: str, max_chars: int = protocol.MAX_OUTPUT_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_chars * 2))
+            return f.read().decode("utf-8", errors="replace")[-max_chars:]
+    except FileNotFoundError:
+        return ""
+
+
+def last_exception_line(tail: str) -> str:
+    """The final line of the last Python traceback in `tail`, e.g. "ValueError: bad shape"."""
+    lines = tail.splitlines()
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")), default=None)
+    if start is None:
+        return ""
+    for line in lines[start + 1 :]:
+        if line and not line[0].isspace():
+            return line.strip()[: protocol.MAX_LOG_LINE_CHARS]
+    return ""

@@ -1,0 +1,164 @@
+"""The agent's configuration: command-line flags, each with an environment fallback.
+
+The provider's user data renders `respawn-agent run --control-plane-url ...
+--bootstrap-token-file ... --provider ... --work-dir ...` (jobs/providers/base.py);
+tests and the local provider add `--metadata-url` and shorter intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from dataclasses import dataclass
+
+from agents.notices import DEFAULT_METADATA_URLS, DEFAULT_POLL_S, WATCHERS
+from agents.agent.validation import DEFAULT_COMMAND as DEFAULT_VALIDATE_COMMAND
+
+
+class ConfigError(ValueError):
+    """A setting is missing or wrong; the message says which and how to fix it."""
+
+
+@dataclass(kw_only=True)
+class AgentConfig:
+    control_plane_url: str
+    """Base URL of the control plane, e.g. https://respawn.example.com (the agent API is under /api/agent/v1/)."""
+    bootstrap_token: str
+    """The single-use token from user data, exchanged at register for the agent token."""
+    provider: str
+    """aws, gcp, azure or local: which metadata service announces preemption."""
+    work_dir: str
+    """Trainer output, the channel files and the offline journal live here (created 0700)."""
+    metadata_url: str = ""
+    """Base URL of the metadata service; the provider's well-known address when empty."""
+    notice_poll_s: float | None = None
+    """Seconds between metadata polls; the provider's documented cadence when None."""
+    heartbeat_interval_s: float | None = None
+    """Overrides the job spec's heartbeat interval (heartbeat answers may change it again)."""
+    notice_budget_s: float | None = None
+    """Overrides the job spec's notice budget (seconds from the notice, never past the cloud's deadline)."""
+    stop_grace_s: float = 10.0
+    """After a `stop`, seconds between SIGTERM and SIGKILL of the trainer."""
+    stop_signal: str = "SIGTERM"
+    """The signal that tells the trainer to checkpoint and stop (for trainers that want another)."""
+    tick_s: float = 0.1
+    """Main loop period: how often the status, checkpoints and output files are read."""
+    log_batch_interval_s: float = 1.0
+    """How often trainer output is shipped."""
+    http_timeout_s: float = 5.0
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    register_timeout_s: float = 600.0
+    """Give up registering (exit non-zero) after this long without an answer."""
+    drain_timeout_s: float = 15.0
+    """At exit, how long to wait for journaled reports to reach the control plane."""
+    validate: bool = True
+    """Validate each committed checkpoint in a separate low-priority process."""
+    validate_command: str = DEFAULT_VALIDATE_COMMAND
+    """The checkpoint library's validate entry point; `{uri}` is replaced by the checkpoint's URI."""
+
+    def __post_init__(self):
+        if not self.control_plane_url.startswith(("http://", "https://")):
+            raise ConfigError(f"control plane URL {self.control_plane_url!r} must start with http:// or https:// (--control-plane-url or RESPAWN_CONTROL_PLANE_URL)")
+        if not self.bootstrap_token.strip():
+            raise ConfigError("no bootstrap token: pass --bootstrap-token-file, or set RESPAWN_BOOTSTRAP_TOKEN_FILE or RESPAWN_BOOTSTRAP_TOKEN")
+        if self.provider not in WATCHERS:
+            raise ConfigError(f"provider {self.provider!r} is not one of {', '.join(WATCHERS)} (--provider or RESPAWN_PROVIDER)")
+        if not self.work_dir:
+            raise ConfigError("no work dir: pass --work-dir or set RESPAWN_WORK_DIR")
+        if not self.metadata_url:
+            self.metadata_url = DEFAULT_METADATA_URLS[self.provider]
+        if not self.metadata_url.startswith(("http://", "https://")):
+            raise ConfigError(f"metadata URL {self.metadata_url!r} must start with http:// (--metadata-url or RESPAWN_METADATA_URL; the local provider has no default)")
+        for name in ("tick_s", "log_batch_interval_s", "http_timeout_s", "backoff_base_s", "backoff_max_s", "register_timeout_s", "stop_grace_s", "drain_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("notice_poll_s", "heartbeat_interval_s", "notice_budget_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0 when set, got {value}")
+        if self.stop_signal not in ("SIGTERM", "SIGINT", "SIGUSR2", "SIGHUP", "SIGQUIT"):
+            raise ConfigError(f"stop signal {self.stop_signal!r} must be one of SIGTERM, SIGINT, SIGUSR2, SIGHUP, SIGQUIT")
+        if "{uri}" not in self.validate_command:
+            raise ConfigError(f"validate command {self.validate_command!r} must contain {{uri}}")
+        self.notice_poll_s = self.notice_poll_s or DEFAULT_POLL_S[self.provider]
+
+
+def read_token_file(path: str) -> str:
+    """The token in `path`, refusing a file other users could read."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"bootstrap token file {path} does not exist") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"bootstrap token file {path} is accessible by group or others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}")
+    with open(path) as f:
+        token = f.read().strip()
+    if not token:
+        raise ConfigError(f"bootstrap token file {path} is empty")
+    return token
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not a number") from None
+
+
+# flag -> (environment variable, type); flags without a variable here are flag-only.
+TUNING = {
+    "notice_poll_s": "RESPAWN_NOTICE_POLL_S",
+    "heartbeat_interval_s": "RESPAWN_HEARTBEAT_INTERVAL_S",
+    "notice_budget_s": "RESPAWN_NOTICE_BUDGET_S",
+    "stop_grace_s": "RESPAWN_STOP_GRACE_S",
+    "tick_s": "RESPAWN_TICK_S",
+    "log_batch_interval_s": "RESPAWN_LOG_BATCH_INTERVAL_S",
+    "http_timeout_s": "RESPAWN_HTTP_TIMEOUT_S",
+    "backoff_base_s": "RESPAWN_BACKOFF_BASE_S",
+    "backoff_max_s": "RESPAWN_BACKOFF_MAX_S",
+    "register_timeout_s": "RESPAWN_REGISTER_TIMEOUT_S",
+    "drain_timeout_s": "RESPAWN_DRAIN_TIMEOUT_S",
+}
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--control-plane-url", default=env("RESPAWN_CONTROL_PLANE_URL", ""))
+    parser.add_argument("--bootstrap-token-file", default=env("RESPAWN_BOOTSTRAP_TOKEN_FILE", ""), help="0600 file holding the single-use bootstrap token (or set RESPAWN_BOOTSTRAP_TOKEN)")
+    parser.add_argument("--provider", default=env("RESPAWN_PROVIDER", ""), help=f"one of {', '.join(WATCHERS)}")
+    parser.add_argument("--work-dir", default=env("RESPAWN_WORK_DIR", ""))
+    parser.add_argument("--metadata-url", default=env("RESPAWN_METADATA_URL", ""))
+    for name, var in TUNING.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=None, help=f"(env {var})")
+    parser.add_argument("--stop-signal", default=env("RESPAWN_STOP_SIGNAL", "SIGTERM"))
+    parser.add_argument("--no-validate", action="store_true", default=env("RESPAWN_VALIDATE", "1") == "0", help="do not validate committed checkpoints (env RESPAWN_VALIDATE=0)")
+    parser.add_argument("--validate-command", default=env("RESPAWN_VALIDATE_COMMAND", DEFAULT_VALIDATE_COMMAND))
+
+
+def config_from_args(args: argparse.Namespace) -> AgentConfig:
+    if args.bootstrap_token_file:
+        token = read_token_file(args.bootstrap_token_file)
+    else:
+        token = os.environ.get("RESPAWN_BOOTSTRAP_TOKEN", "")
+    tuning = {}
+    for name, var in TUNING.items():
+        value = getattr(args, name)
+        value = value if value is not None else _env_float(var)
+        if value is not None:
+            tuning[name] = value
+    return AgentConfig(
+        control_plane_url=args.control_plane_url,
+        bootstrap_token=token,
+        provider=args.provider,
+        work_dir=args.work_dir,
+        metadata_url=args.metadata_url,
+        stop_signal=args.stop_signal,
+        validate=not args.no_validate,
+        validate_command=args.validate_command,
+        **tuning,
+    )

@@ -1,0 +1,347 @@
+"""The agent's life on one VM: register, run the trainer, heartbeat, act, exit.
+
+    register ──► spawn trainer ──► loop: ship checkpoints, validations, logs, heartbeats
+                                         act on heartbeat answers and notices
+                                   ──► trainer exits ──► exit report ──► drain journal
+
+A preemption notice (any watcher, or SIGTERM to the agent) is reported at once,
+written to the notice file, and turned into the stop signal for the trainer; the
+agent then waits until a notice (or final) checkpoint commits or the budget runs
+out (default 25 s from the notice, never past the cloud's deadline), acknowledges
+the event where the cloud wants it (Azure), kills what is left and reports exit.
+Everything the agent reports goes through the journal, so nothing here waits on
+the control plane except `register`, which cannot proceed without the job spec.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from datetime import datetime, timedelta
+
+import requests
+
+from agents import __version__, protocol
+from agents.agent.channel import (
+    ChannelPaths,
+    CheckpointsTail,
+    LogTail,
+    StatusReader,
+    finite_or_none,
+    int_or_none,
+    last_exception_line,
+    output_tail,
+    write_json_atomic,
+)
+from agents.agent.client import DELIVERED, REFUSED, ControlPlaneClient
+from agents.agent.config import AgentConfig
+from agents.agent.reporter import Backoff, Reporter
+from agents.agent.supervisor import TrainerProcess, trainer_env
+from agents.agent.validation import Validator
+from agents.journal import Journal
+from agents.notices import PREEMPT, REBALANCE, NoticeEvent, make_watcher, sigterm
+from agents.notices.base import utcnow
+
+log = logging.getLogger(__name__)
+
+TRAINER_LOG = "trainer.log"
+AGENT_LINE_PREFIX = "[respawn-agent]"
+MAX_EXCEPTION_CHARS = 500  # what the control plane stores
+NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
+
+
+class AgentError(Exception):
+    """The agent cannot go on (register refused, no job spec); the message says why."""
+
+
+class Agent:
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        os.makedirs(config.work_dir, mode=0o700, exist_ok=True)
+        self.log_path = os.path.join(config.work_dir, TRAINER_LOG)
+        self.paths = ChannelPaths.in_dir(os.path.join(config.work_dir, "channel"))
+        self._start_fresh()
+        self.client = ControlPlaneClient(config.control_plane_url, timeout_s=config.http_timeout_s)
+        self.journal = Journal(os.path.join(config.work_dir, "journal"))
+        self.reporter = Reporter(self.journal, self.client, on_answer=self._on_answer, backoff=self._backoff())
+        self.watcher = make_watcher(config.provider, config.metadata_url, config.notice_poll_s)
+        self.status = StatusReader(self.paths.status)
+        self.checkpoints = CheckpointsTail(self.paths.checkpoints)
+        self.logs = LogTail(self.log_path)
+        self.events: queue.Queue = queue.Queue()
+        self.stop_watching = threading.Event()
+        self.job: protocol.JobSpec | None = None
+        self.trainer: TrainerProcess | None = None
+        self.validator: Validator | None = None
+        self.notice: NoticeEvent | None = None
+        self.notice_commit: protocol.CheckpointReport | None = None
+        self.stopped_by_control_plane = False
+        self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
+        self.heartbeat_interval_s = 10.0
+        self.checkpoint_interval_s: float | None = None
+
+    def _backoff(self) -> Backoff:
+        return Backoff(base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
+
+    def _start_fresh(self) -> None:
+        """Channel files and output of an earlier run on this work dir must not be reported again."""
+        for path in (self.paths.status, self.paths.checkpoints, self.paths.control, self.paths.notice):
+            if os.path.exists(path):
+                os.remove(path)
+        if os.path.exists(self.log_path):
+            os.replace(self.log_path, self.log_path + ".previous")
+
+    # --- entry point ------------------------------------------------------------
+    def run(self) -> int:
+        sigterm.install(self._emit)
+        try:
+            answer = self.register()
+        except AgentError as exc:
+            log.error("%s", exc)
+            return 2
+        self.client.agent_token = answer.agent_token
+        self.job = answer.job
+        self.heartbeat_interval_s = self.config.heartbeat_interval_s or self.job.heartbeat_interval_s
+        self.checkpoint_interval_s = self.job.checkpoint_interval_s
+        self.reporter.start()
+        self.watcher.start(self._emit, self.stop_watching)
+        try:
+            exit_report = self.supervise()
+            self.reporter.report(protocol.PATH_EXIT, exit_report)
+            log.info("trainer ended: %s (exit code %s)", exit_report.reason, exit_report.exit_code)
+        finally:
+            self._shut_down()
+        return 0
+
+    # --- register -----------------------------------------------------------------
+    def register(self) -> protocol.RegisterAnswer:
+        body = protocol.to_dict(
+            protocol.Register(bootstrap_token=self.config.bootstrap_token, provider_instance_id=self._instance_id(), hostname=socket.gethostname(), agent_version=__version__)
+        )
+        backoff, give_up = self._backoff(), time.monotonic() + self.config.register_timeout_s
+        while True:
+            outcome = self.client.post(protocol.PATH_REGISTER, body)
+            if outcome.kind == DELIVERED:
+                return self._parse_register(outcome.answer, outcome.detail)
+            if outcome.kind == REFUSED:
+                raise AgentError(f"the control plane refused to register this agent (HTTP {outcome.status}): {outcome.detail[:500]} (the bootstrap token is single-use: a VM that registered once cannot register again)")
+            if time.monotonic() >= give_up:
+                raise AgentError(f"could not register with {self.config.control_plane_url} within {self.config.register_timeout_s}s: {outcome.detail[:500]}")
+            wait = backoff.next_wait()
+            log.info("register: control plane unavailable (%s %s); retrying in %.2fs", outcome.status or "", outcome.detail[:200], wait)
+            try:
+                event = self.events.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if event[0] == "notice" and event[1].kind == PREEMPT:
+                raise AgentError(f"preempted ({event[1].source}) before the control plane answered register; nothing to save")
+
+    def _parse_register(self, answer: dict | None, raw: str) -> protocol.RegisterAnswer:
+        try:
+            parsed = protocol.from_dict(protocol.RegisterAnswer, answer or {})
+            if not isinstance(parsed.agent_token, str) or not parsed.agent_token:
+                raise ValueError("agent_token is missing or empty")
+            if not isinstance(parsed.job, protocol.JobSpec):
+                raise ValueError("job is missing")
+            if not isinstance(parsed.job.command, list) or not all(isinstance(a, str) for a in parsed.job.command) or not parsed.job.command:
+                raise ValueError(f"job.command must be a non-empty list of strings, got {parsed.job.command!r}")
+        except (TypeError, ValueError) as exc:
+            raise AgentError(f"the control plane answered register with something unusable ({exc}): {raw[:1000]!r}") from None
+        return parsed
+
+    def _instance_id(self) -> str:
+        try:
+            return getattr(self.watcher, "instance_id")()
+        except (requests.RequestException, AttributeError) as exc:
+            log.info("could not read the instance id from %s: %s", self.config.metadata_url, exc)
+            return ""
+
+    # --- the supervision loop ---------------------------------------------------------
+    def supervise(self) -> protocol.ExitReport:
+        job = self.job
+        assert job is not None
+        try:
+            env = trainer_env(job, self.paths.env())
+            if self.checkpoint_interval_s:
+                write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
+            self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
+            self.trainer.start()
+        except (OSError, ValueError) as exc:
+            return protocol.ExitReport(reason=protocol.ExitReason.SETUP, output_tail=f"could not start the trainer {job.command!r}: {exc}", last_exception=str(exc))
+        if self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
+            self.validator = Validator(command=self.config.validate_command, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
+        now = time.monotonic()
+        next_heartbeat, next_logs = now, now + self.config.log_batch_interval_s
+        while True:
+            self._collect_checkpoints()
+            code = self.trainer.poll()
+            if code is not None:
+                break
+            now = time.monotonic()
+            if self.kill_at is not None and now >= self.kill_at:
+                self._agent_line("the trainer did not stop in time; killing it")
+                self.trainer.kill()
+                continue
+            if now >= next_logs:
+                self._ship_logs()
+                next_logs = now + self.config.log_batch_interval_s
+            if now >= next_heartbeat:
+                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat())
+                next_heartbeat = now + self.heartbeat_interval_s
+            try:
+                event = self.events.get(timeout=self.config.tick_s)
+            except queue.Empty:
+                continue
+            self._handle(event)
+        self._collect_checkpoints()
+        if self.notice is not None:
+            self._report_notice_outcome()
+        return self._exit_report(code)
+
+    def _handle(self, event: tuple) -> None:
+        if event[0] == "notice":
+            self._on_notice(event[1])
+        elif event[0] == "answer":
+            self._on_heartbeat_answer(event[1])
+
+    def _emit(self, notice: NoticeEvent) -> None:
+        self.events.put(("notice", notice))
+
+    def _on_answer(self, path: str, answer: dict | None) -> None:
+        if path == protocol.PATH_HEARTBEAT and answer is not None:
+            self.events.put(("answer", answer))
+
+    # --- notices ------------------------------------------------------------------
+    def budget_s(self) -> float:
+        assert self.job is not None
+        return self.config.notice_budget_s or self.job.notice_budget_s
+
+    def _on_notice(self, notice: NoticeEvent) -> None:
+        if notice.kind == REBALANCE:
+            # Reported (in the job's output), not acted on: most rebalance
+            # recommendations are not followed by a preemption.
+            self._agent_line(f"rebalance recommendation from {notice.source}: {notice.raw}")
+            return
+        if self.notice is not None:
+            log.info("another notice (%s) while handling one from %s; already stopping", notice.source, self.notice.source)
+            return
+        self.notice = notice
+        budget = notice.budget_s(self.budget_s())
+        working_deadline = utcnow() + timedelta(seconds=budget)
+        stated = notice.deadline or notice.notice_time + timedelta(seconds=self.budget_s())
+        self.reporter.report(
+            protocol.PATH_NOTICE,
+            protocol.Notice(source=notice.source, notice_time=notice.notice_time.isoformat(), deadline=stated.isoformat(), raw=notice.raw),
+        )
+        write_json_atomic(
+            self.paths.notice,
+            {"source": notice.source, "notice_time": notice.notice_time.isoformat(), "deadline": working_deadline.isoformat(), "cloud_deadline": notice.deadline.isoformat() if notice.deadline else None},
+        )
+        if self.validator is not None:
+            self.validator.stop()  # the CPU is the notice save's now
+            self.validator = None
+        self._signal_trainer(self.config.stop_signal)
+        self.kill_at = time.monotonic() + budget
+        self._agent_line(f"preemption notice from {notice.source}, deadline {stated.isoformat()}: checkpointing and stopping within {budget:.1f}s")
+
+    def _on_notice_commit(self, report: protocol.CheckpointReport) -> None:
+        self.notice_commit = report
+        if self.notice is not None and self.notice.acknowledge is not None:
+            try:
+                self.notice.acknowledge()
+            except requests.RequestException as exc:
+                log.warning("could not acknowledge the %s event: %s", self.notice.source, exc)
+
+    def _report_notice_outcome(self) -> None:
+        if self.notice_commit is not None:
+            self._agent_line(f"notice checkpoint committed at step {self.notice_commit.step}: {self.notice_commit.uri}")
+        else:
+            self._agent_line("no checkpoint committed within the notice budget; the job resumes from its previous checkpoint")
+
+    # --- heartbeat answers ----------------------------------------------------------
+    def _on_heartbeat_answer(self, answer: dict) -> None:
+        action = answer.get("action", protocol.Action.CONTINUE)
+        if action not in protocol.Action.ALL:
+            log.warning("heartbeat answer with an unknown action, ignored: %r", answer)
+            action = protocol.Action.CONTINUE
+        interval = finite_or_none(answer.get("checkpoint_interval_s"))
+        if interval is not None and interval > 0 and interval != self.checkpoint_interval_s:
+            self.checkpoint_interval_s = interval
+            write_json_atomic(self.paths.control, {"checkpoint_interval_s": interval})
+        elif answer.get("checkpoint_interval_s") is not None and interval is None:
+            log.warning("heartbeat answer with an unusable checkpoint_interval_s, ignored: %r", answer)
+        heartbeat = finite_or_none(answer.get("heartbeat_interval_s"))
+        if heartbeat is not None and heartbeat > 0:
+            self.heartbeat_interval_s = heartbeat
+        if action == protocol.Action.CHECKPOINT:
+            self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
+        elif action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP) and not (self.stopped_by_control_plane or self.notice):
+            self.stopped_by_control_plane = True
+            grace = self.budget_s() if action == protocol.Action.CHECKPOINT_AND_STOP else self.config.stop_grace_s
+            self._signal_trainer(self.config.stop_signal)
+            self.kill_at = time.monotonic() + grace
+            self._agent_line(f"control plane asked to {action}; stopping the trainer within {grace:.1f}s")
+
+    def _signal_trainer(self, name: str) -> None:
+        if self.trainer is not None:
+            self.trainer.signal(getattr(signal, name))
+
+    # --- reports from the trainer ------------------------------------------------------
+    def _collect_checkpoints(self) -> None:
+        for report in self.checkpoints.new_reports():
+            self.reporter.report(protocol.PATH_CHECKPOINTS, report)
+            if self.notice is not None and self.notice_commit is None and report.kind in NOTICE_COMMIT_KINDS:
+                self._on_notice_commit(report)
+            elif self.validator is not None:
+                self.validator.submit(report)
+        if self.validator is not None:
+            self.validator.poll()
+
+    def _report_validation(self, checkpoint_id: str, report: protocol.ValidationReport) -> None:
+        self.reporter.report(protocol.PATH_VALIDATION.format(checkpoint_id=checkpoint_id), report)
+
+    def _ship_logs(self, final: bool = False) -> None:
+        for batch in self.logs.batches(final=final):
+            self.reporter.report(protocol.PATH_LOGS, batch)
+
+    def _agent_line(self, message: str) -> None:
+        """A line in the job's output (shipped with it), so users see what the agent did and why."""
+        log.info("%s", message)
+        with open(self.log_path, "a") as f:
+            f.write(f"{AGENT_LINE_PREFIX} {datetime.now().astimezone().isoformat(timespec='seconds')} {message}\n")
+
+    def _exit_report(self, code: int) -> protocol.ExitReport:
+        if self.notice is not None:
+            reason = protocol.ExitReason.PREEMPTED
+        elif self.stopped_by_control_plane:
+            reason = protocol.ExitReason.STOPPED
+        else:
+            reason = protocol.ExitReason.COMPLETED if code == 0 else protocol.ExitReason.FAILED
+        self._ship_logs(final=True)
+        tail = output_tail(self.log_path)
+        status = self.status.read()
+        return protocol.ExitReport(
+            reason=reason,
+            exit_code=code,
+            final_step=int_or_none(status.get("step")),
+            output_tail=tail,
+            last_exception=last_exception_line(tail)[:MAX_EXCEPTION_CHARS] if reason == protocol.ExitReason.FAILED else "",
+            artifact_uri=str(status.get("artifact_uri") or ""),
+            artifact_digest=str(status.get("artifact_digest") or ""),
+        )
+
+    def _shut_down(self) -> None:
+        self.stop_watching.set()
+        if self.validator is not None:
+            self.validator.stop()
+        if self.trainer is not None and self.trainer.poll() is None:
+            self.trainer.kill()
+        if not self.reporter.drain(self.config.drain_timeout_s):
+            log.warning("%d report(s) not delivered yet; they stay in %s", self.journal.pending_count(), self.journal.directory)
+        self.reporter.stop()
+        self.journal.close()

@@ -1,0 +1,252 @@
+"""`respawn-agent preflight -- <training command>`: prove a script is spot-safe
+before paying for spot VMs.
+
+Four local runs of the command, each with the agent <-> trainer channel of
+agents/protocol.py, as the agent would start it on a VM:
+
+    reference   from scratch to the end, uninterrupted
+    notice      from scratch; after two checkpoints: notice file + SIGTERM; it must
+                commit a checkpoint and exit within the notice budget
+    resume      from the notice checkpoint; after one more checkpoint: SIGKILL
+    finish      from the newest checkpoint the SIGKILL left, to the end
+
+It passes when every resumed run continued after the step it resumed from, and
+every step seen in both the reference and the interrupted runs has the same
+loss (within a relative tolerance): the restart logic works, not just exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from agents import protocol
+from agents.agent.channel import ChannelPaths, CheckpointsTail, StatusReader, finite_or_none, int_or_none, output_tail, write_json_atomic
+from agents.agent.supervisor import TrainerProcess
+
+POLL_S = 0.005
+
+
+class PreflightFailure(Exception):
+    """The script is not spot-safe; the message says what went wrong and what to check."""
+
+
+@dataclass(kw_only=True)
+class PreflightConfig:
+    command: list[str]
+    steps: int = 300
+    """Total steps of each run (RESPAWN_TOTAL_STEPS)."""
+    checkpoint_interval_s: float = 1.0
+    """RESPAWN_CHECKPOINT_INTERVAL_S for every run: a few intervals fit in one run."""
+    notice_budget_s: float = 25.0
+    run_timeout_s: float = 300.0
+    tolerance: float = 1e-6
+    """Relative difference allowed between the losses of the same step."""
+    work_dir: str = ""
+
+    def __post_init__(self):
+        if not self.command:
+            raise ValueError("no training command: put it after `--`, e.g. respawn-agent preflight -- python train.py")
+        for name in ("steps", "checkpoint_interval_s", "notice_budget_s", "run_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.tolerance < 0:
+            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
+
+
+@dataclass
+class Run:
+    name: str
+    trajectory: dict[int, float] = field(default_factory=dict)  # step -> loss, as sampled from the status file
+    checkpoints: list[protocol.CheckpointReport] = field(default_factory=list)
+    exit_code: int | None = None
+    log_path: str = ""
+
+
+class Preflight:
+    def __init__(self, config: PreflightConfig, say=print):
+        self.config = config
+        self.say = say
+        self.root = config.work_dir or tempfile.mkdtemp(prefix="respawn-preflight-")
+        os.makedirs(self.root, exist_ok=True)
+
+    def run(self) -> None:
+        """Raises PreflightFailure with the reason when the script is not spot-safe."""
+        cfg = self.config
+        reference = self._start("reference", os.path.join(self.root, "ckpt-reference"))
+        self._finish(reference)
+        self.say(f"reference: {len(reference.trajectory)} steps sampled, {len(reference.checkpoints)} checkpoint(s)")
+
+        job_ckpt = os.path.join(self.root, "ckpt-interrupted")
+        notice = self._start("notice", job_ckpt)
+        self._until(notice, lambda: len(notice.checkpoints) >= 2, "two checkpoints")
+        before = len(notice.checkpoints)
+        self._deliver_notice(notice)
+        code = self._wait_exit(notice, cfg.notice_budget_s)
+        if code is None:
+            notice.process.kill()
+            raise PreflightFailure(f"the script did not exit within the notice budget ({cfg.notice_budget_s}s) after SIGTERM and the notice file; output:\n{self._tail(notice)}")
+        self._drain(notice)
+        if len(notice.checkpoints) == before:
+            raise PreflightFailure(f"the script exited (code {code}) after the notice without committing a checkpoint: on a spot VM the work since step {notice.checkpoints[-1].step} would be lost")
+        resume_from = notice.checkpoints[-1]
+        self.say(f"notice: checkpoint at step {resume_from.step} committed, exit code {code}")
+
+        resumed = self._start("resume", job_ckpt, resume_from)
+        self._until(resumed, lambda: any(c.step > resume_from.step for c in resumed.checkpoints), "a checkpoint after resuming")
+        resumed.process.kill()
+        self._drain(resumed)
+        self._check_resumed(resumed, resume_from)
+        last = max(resumed.checkpoints, key=lambda c: c.step)
+        self.say(f"resume: continued from step {resume_from.step}, killed (SIGKILL) after a checkpoint at step {last.step}")
+
+        finish = self._start("finish", job_ckpt, last)
+        self._finish(finish)
+        self._check_resumed(finish, last)
+        self.say(f"finish: continued from step {last.step} to the end")
+
+        self._compare(reference, [notice, resumed, finish])
+
+    # --- running the command -------------------------------------------------------
+    def _start(self, name: str, checkpoint_uri: str, resume: protocol.CheckpointReport | None = None) -> Run:
+        cfg = self.config
+        run_dir = os.path.join(self.root, name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        paths = ChannelPaths.in_dir(run_dir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
+        env.update(paths.env())
+        env.update(
+            {
+                protocol.ENV_CHECKPOINT_URI: checkpoint_uri,
+                protocol.ENV_CHECKPOINT_INTERVAL_S: str(cfg.checkpoint_interval_s),
+                protocol.ENV_TOTAL_STEPS: str(cfg.steps),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        if resume is not None:
+            env[protocol.ENV_RESUME_FROM] = resume.uri
+        run = Run(name, log_path=os.path.join(run_dir, "output.log"))
+        run.paths = paths
+        run.status = StatusReader(paths.status)
+        run.tail = CheckpointsTail(paths.checkpoints)
+        run.process = TrainerProcess(cfg.command, env=env, cwd=None, log_path=run.log_path)
+        try:
+            run.process.start()
+        except OSError as exc:
+            raise PreflightFailure(f"could not start {cfg.command!r}: {exc}") from None
+        run.deadline = time.monotonic() + cfg.run_timeout_s
+        return run
+
+    def _sample(self, run: Run) -> None:
+        status = run.status.read()
+        step, loss = int_or_none(status.get("step")), finite_or_none(status.get("loss"))
+        if step is not None and loss is not None:
+            run.trajectory.setdefault(step, loss)
+        run.checkpoints.extend(run.tail.new_reports())
+
+    def _until(self, run: Run, condition, what: str) -> None:
+        while not condition():
+            self._sample(run)
+            code = run.process.poll()
+            if code is not None:
+                self._drain(run)
+                if condition():
+                    return
+                raise PreflightFailure(f"{run.name} run: the script exited (code {code}) before {what}; raise --steps or lower --checkpoint-interval-s. Output:\n{self._tail(run)}")
+            if time.monotonic() > run.deadline:
+                run.process.kill()
+                raise PreflightFailure(f"{run.name} run: no {what} within {self.config.run_timeout_s}s (does the script report checkpoints to RESPAWN_CHECKPOINTS_FILE?)")
+            time.sleep(POLL_S)
+
+    def _finish(self, run: Run) -> None:
+        self._until(run, lambda: run.process.poll() is not None, "the end")
+        run.exit_code = run.process.poll()
+        if run.exit_code != 0:
+            raise PreflightFailure(f"{run.name} run: the script failed on its own (exit code {run.exit_code}). Output:\n{self._tail(run)}")
+
+    def _drain(self, run: Run) -> None:
+        self._sample(run)
+
+    def _wait_exit(self, run: Run, timeout_s: float) -> int | None:
+        end = time.monotonic() + timeout_s
+        while (code := run.process.poll()) is None and time.monotonic() < end:
+            self._sample(run)
+            time.sleep(POLL_S)
+        return code
+
+    def _deliver_notice(self, run: Run) -> None:
+        now = datetime.now(timezone.utc)
+        deadline = (now + timedelta(seconds=self.config.notice_budget_s)).isoformat()
+        write_json_atomic(run.paths.notice, {"source": protocol.NoticeSource.LOCAL, "notice_time": now.isoformat(), "deadline": deadline, "cloud_deadline": deadline})
+        run.process.signal(signal.SIGTERM)
+
+    def _tail(self, run: Run) -> str:
+        return output_tail(run.log_path, 2000)
+
+    # --- verdicts -----------------------------------------------------------------
+    def _check_resumed(self, run: Run, resume: protocol.CheckpointReport) -> None:
+        if not run.trajectory:
+            raise PreflightFailure(f"{run.name} run: no step reported to RESPAWN_STATUS_FILE after resuming")
+        first = min(run.trajectory)
+        if first <= resume.step:
+            raise PreflightFailure(
+                f"{run.name} run: started again at step {first} instead of continuing after step {resume.step} "
+                f"(does the script load RESPAWN_RESUME_FROM={resume.uri}?)"
+            )
+
+    def _compare(self, reference: Run, interrupted: list[Run]) -> None:
+        seen: dict[int, tuple[float, str]] = {}
+        for run in interrupted:  # later runs redo steps lost to the SIGKILL: they must agree too
+            for step, loss in run.trajectory.items():
+                seen[step] = (loss, run.name)
+        common = sorted(set(seen) & set(reference.trajectory))
+        if not common:
+            raise PreflightFailure("no step was reported by both the reference and the interrupted runs; report the status at every step (or at least the last)")
+        for step in common:
+            loss, name = seen[step]
+            ref = reference.trajectory[step]
+            if abs(loss - ref) > self.config.tolerance * max(1.0, abs(ref)):
+                hint = (
+                    "the script is not deterministic from scratch: seed every RNG and use torch.use_deterministic_algorithms(True)"
+                    if name == "notice"
+                    else "after resuming, training does not continue where it stopped: is the optimizer state (and scheduler, RNG, data position) saved and restored?"
+                )
+                raise PreflightFailure(f"loss at step {step} is {loss!r} in the {name} run but {ref!r} in the uninterrupted run: {hint}")
+        self.say(f"same loss trajectory at {len(common)} compared step(s), up to step {common[-1]}")
+
+
+def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = PreflightConfig(command=["-"])
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--checkpoint-interval-s", type=float, default=defaults.checkpoint_interval_s)
+    parser.add_argument("--notice-budget-s", type=float, default=defaults.notice_budget_s)
+    parser.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s)
+    parser.add_argument("--tolerance", type=float, default=defaults.tolerance)
+    parser.add_argument("--work-dir", default="", help="keep each run's output and checkpoints here (a temp dir otherwise)")
+    parser.add_argument("training_command", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- python train.py")
+
+
+def run_preflight(args: argparse.Namespace) -> int:
+    command = args.training_command[1:] if args.training_command[:1] == ["--"] else args.training_command
+    try:
+        config = PreflightConfig(
+            command=command, steps=args.steps, checkpoint_interval_s=args.checkpoint_interval_s, notice_budget_s=args.notice_budget_s,
+            run_timeout_s=args.run_timeout_s, tolerance=args.tolerance, work_dir=args.work_dir,
+        )
+    except ValueError as exc:
+        print(f"respawn-agent preflight: {exc}")
+        return 2
+    preflight = Preflight(config)
+    try:
+        preflight.run()
+    except PreflightFailure as exc:
+        print(f"PREFLIGHT FAILED: {exc}\n(runs kept in {preflight.root})")
+        return 1
+    print(f"PREFLIGHT PASSED: {' '.join(command)} resumes exactly after a notice and after SIGKILL")
+    return 0

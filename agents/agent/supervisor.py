@@ -1,0 +1,129 @@
+"""The trainer as a child process: its environment, its process group, its death.
+
+The trainer runs in a process group of its own (so a stop reaches the whole
+tree it started) and with PR_SET_PDEATHSIG = SIGKILL, so it dies when the agent
+dies, even of SIGKILL. The kernel sends that signal when the *thread* that forked
+the child exits, so `start()` must be called from the agent's main thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+
+from agents import protocol
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+# Variables only the agent needs; the trainer (user code) must not see them.
+AGENT_ONLY_ENV = ("RESPAWN_BOOTSTRAP_TOKEN", "RESPAWN_BOOTSTRAP_TOKEN_FILE", "RESPAWN_AGENT_TOKEN")
+
+
+def trainer_env(job: protocol.JobSpec, channel_env: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The trainer's environment: the agent's, the job's own, then the channel contract."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in AGENT_ONLY_ENV}
+    env.update({str(k): str(v) for k, v in job.env.items()})
+    env.update(channel_env)
+    env["PYTHONUNBUFFERED"] = "1"  # output reaches the log (and the dashboard) as it is printed
+    env[protocol.ENV_CHECKPOINT_URI] = job.checkpoint_uri
+    optional = {
+        protocol.ENV_RESUME_FROM: job.resume_from,
+        protocol.ENV_CHECKPOINT_INTERVAL_S: job.checkpoint_interval_s,
+        protocol.ENV_TOTAL_STEPS: job.total_steps,
+        protocol.ENV_VALIDATION_MODEL_FACTORY: job.validation.model_factory,
+        protocol.ENV_VALIDATION_BATCH_FACTORY: job.validation.batch_factory,
+    }
+    for name, value in optional.items():
+        if value not in (None, ""):
+            env[name] = str(value)
+        else:
+            env.pop(name, None)
+    env.update(gang_env(job))
+    return env
+
+
+def gang_env(job: protocol.JobSpec) -> dict[str, str]:
+    """torch.distributed's own variables for a multi-node job."""
+    env = {"RANK": str(job.rank), "WORLD_SIZE": str(job.world_size)}
+    if job.rendezvous_addr:
+        host, sep, port = job.rendezvous_addr.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"rendezvous address {job.rendezvous_addr!r} must look like 'host:port'")
+        env.update(MASTER_ADDR=host, MASTER_PORT=port)
+    return env
+
+
+def die_with_parent(parent_pid: int):
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent_pid:  # the agent died before prctl took effect
+            os._exit(126)
+
+    return preexec
+
+
+class TrainerProcess:
+    def __init__(self, command: list[str], *, env: dict[str, str], cwd: str | None, log_path: str):
+        if not command:
+            raise ValueError("the job's command is empty")
+        self.command = command
+        self.env = env
+        self.cwd = cwd or None
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Spawn the trainer; OSError (missing command, bad cwd) propagates for a `setup` exit."""
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.command,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
+            )
+        log.info("trainer started, pid %d: %s", self.proc.pid, self.command)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the trainer's whole process group (quietly, if it is gone)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.proc is None:
+            return None
+        end = time.monotonic() + timeout_s
+        while (code := self.proc.poll()) is None and time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        return code

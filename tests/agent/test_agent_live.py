@@ -1,0 +1,61 @@
+"""A real agent, a real trainer subprocess and the real control plane: a
+preemption notice from each cloud's metadata emulator (or a bare SIGTERM) ends
+in a committed notice checkpoint recorded before the deadline."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.metadata_server import MetadataServer
+from jobs.choices import EndReason, InstanceState
+from jobs.models import Checkpoint, Instance, InterruptionEvent
+from tests.agent.live import AgentProcess, alive, make_running_job
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("provider,flavour", [("aws", "aws"), ("gcp", "gcp"), ("azure", "azure"), ("local", "aws")])
+def test_a_notice_ends_in_a_committed_checkpoint_and_a_preempted_instance(provider, flavour, team_setup, child_env, web_server, tmp_path):
+    imds = MetadataServer(flavour).start()
+    job, setup = make_running_job(team_setup, tmp_path)
+    agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider=provider, metadata_url=imds.url).start()
+    try:
+        instance = setup.instance
+        wait_until(lambda: Instance.objects.get(pk=instance.pk).last_step > 20, timeout=60, what="training progress in heartbeats", proc=agent)
+        trainer = agent.trainer_pid()
+        imds.schedule_notice(deadline_in_s=30)
+        wait_until(lambda: Instance.objects.get(pk=instance.pk).state == InstanceState.ENDED, timeout=60, what="instance ended", proc=None)
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+        imds.stop()
+    instance.refresh_from_db()
+    assert instance.end_reason == EndReason.PREEMPTED, agent.output()[-3000:]
+    event = InterruptionEvent.objects.get(instance=instance)
+    assert event.checkpoint_saved is True
+    assert event.source == {"aws": "aws_imds", "gcp": "gcp_metadata", "azure": "azure_scheduled_events", "local": "local"}[provider]
+    notice_ckpt = Checkpoint.objects.get(instance=instance, kind="notice")
+    assert notice_ckpt.committed_at <= event.deadline
+    assert agent.proc.returncode == 0
+    assert trainer is not None and not alive(trainer)
+    if provider == "azure":
+        assert imds.snapshot()["acknowledged"] == [imds.snapshot()["event_id"]]
+
+
+def test_sigterm_to_the_agent_is_a_notice(team_setup, child_env, web_server, tmp_path):
+    imds = MetadataServer("aws").start()
+    job, setup = make_running_job(team_setup, tmp_path)
+    agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
+    try:
+        instance = setup.instance
+        wait_until(lambda: Instance.objects.get(pk=instance.pk).last_step > 20, timeout=60, what="training progress in heartbeats", proc=agent)
+        agent.terminate()
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+        imds.stop()
+    instance.refresh_from_db()
+    assert instance.state == InstanceState.ENDED and instance.end_reason == EndReason.PREEMPTED, agent.output()[-3000:]
+    event = InterruptionEvent.objects.get(instance=instance)
+    assert event.source == "sigterm" and event.checkpoint_saved is True
