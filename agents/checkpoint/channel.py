@@ -1,9 +1,10 @@
 """The trainer's side of the agent <-> trainer channel (agents/protocol.py, end).
 
 Every piece is optional: without the environment variables the library runs
-standalone. Files the agent writes (control, notice) are read cheaply (a stat at
-most once a second); files the trainer writes are replaced atomically (status)
-or appended one whole JSON line at a time (checkpoints).
+standalone. Files the agent writes (control, notice) are read cheaply: one stat
+per step (microseconds), a read only when the file was replaced. Files the
+trainer writes are replaced atomically (status) or appended one whole JSON line
+at a time (checkpoints).
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from datetime import datetime
 from pathlib import Path
 
 from agents import protocol
-
-POLL_EVERY_S = 1.0
-
 
 def env_float(name: str) -> float | None:
     value = os.environ.get(name, "").strip()
@@ -42,22 +40,21 @@ class ControlFile:
 
     def __init__(self, path: str | None):
         self.path = Path(path) if path else None
-        self._mtime: float | None = None
-        self._next_poll = 0.0
+        self._seen: tuple | None = None
 
     def new_interval(self) -> float | None:
         """A changed `checkpoint_interval_s`, or None when there is nothing new."""
-        now = time.monotonic()
-        if self.path is None or now < self._next_poll:
+        if self.path is None:
             return None
-        self._next_poll = now + POLL_EVERY_S
         try:
-            mtime = self.path.stat().st_mtime_ns
+            st = self.path.stat()
         except FileNotFoundError:
             return None
-        if mtime == self._mtime:
+        # An atomic replace changes the inode even within one mtime tick.
+        seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if seen == self._seen:
             return None
-        self._mtime = mtime
+        self._seen = seen
         try:
             value = json.loads(self.path.read_text()).get("checkpoint_interval_s")
         except (OSError, ValueError):

@@ -47,6 +47,9 @@ def _in_child(work: Callable[[], int]) -> int:
         code = 1
         try:
             torch.set_num_threads(1)
+            # A SIGTERM landing after the run closed its Checkpointer (handlers restored)
+            # must not count as a crash of the trial: the run is over by then.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             code = work()
         except BaseException as exc:  # the parent only sees the exit status
             print(f"crash trial child failed: {type(exc).__name__}: {exc}", flush=True)

@@ -1,0 +1,11 @@
+"""Factories named by `module:function` in tests."""
+
+from torch import nn
+
+from agents.examples import tiny
+
+
+def wide_model() -> nn.Module:
+    model = tiny.make_model()
+    model[0] = nn.Linear(tiny.FEATURES, tiny.HIDDEN * 2)
+    return model

@@ -1,0 +1,157 @@
+"""The on-disk commit protocol (DESIGN §6): what exists, what loads, what never loads."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agents.checkpoint import (
+    Checkpointer,
+    ConfigError,
+    CorruptCheckpointError,
+    FactoryError,
+    IncompatibleCheckpointError,
+    ValidationSettings,
+    validate,
+)
+from agents.checkpoint import layout
+from agents.checkpoint.reader import CheckpointRef, committed, load
+from agents.checkpoint.storage import UnknownSchemeError, open_storage
+from agents.checkpoint.storage.local import LocalStorage
+from agents.examples import tiny
+
+from .conftest import config, train
+from .factories import wide_model
+
+
+def saved_checkpoint(root, state, data, steps=5) -> str:
+    ckpt = Checkpointer(state, config(root))
+    train(state, data, ckpt, 0, steps)
+    ckpt.close()
+    return f"{root}/{layout.step_dir(steps)}"
+
+
+def test_a_committed_checkpoint_has_data_state_and_a_manifest_naming_every_file(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    names = sorted(os.listdir(uri))
+    assert names == ["MANIFEST.json", "data-r0-0.bin", "data-r0-1.bin", "state.json"]
+    body = json.loads(Path(uri, "MANIFEST.json").read_text())
+    assert body["digest_algorithm"] == "xxh3_128"
+    assert set(body["files"]) == {"data-r0-0.bin", "data-r0-1.bin", "state.json"}
+    for name, entry in body["files"].items():
+        assert entry["size"] == os.path.getsize(Path(uri, name))
+    assert Path(root, "LATEST").read_text() == layout.step_dir(5)
+
+
+def test_loading_restores_the_saved_weights_exactly(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    fresh = tiny.build()
+    step = Checkpointer(fresh, config(root)).load_latest()
+    assert step == 5
+    for name, tensor in state.model.state_dict().items():
+        assert fresh.model.state_dict()[name].equal(tensor), name
+    assert fresh.sampler.state_dict() == state.sampler.state_dict()
+    assert Path(uri).exists()
+
+
+def test_a_directory_without_manifest_is_never_loaded(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    os.remove(Path(uri, "MANIFEST.json"))
+    with pytest.raises(CorruptCheckpointError, match=r"step-00000005.*no MANIFEST.json"):
+        load(CheckpointRef(LocalStorage(root), layout.step_dir(5)))
+    assert Checkpointer(tiny.build(), config(root)).load_latest() == 0
+
+
+def test_a_flipped_byte_fails_the_digest(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    path = Path(uri, "data-r0-0.bin")
+    raw = bytearray(path.read_bytes())
+    raw[100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptCheckpointError, match=r"step-00000005: file data-r0-0.bin fails its xxh3_128 digest"):
+        load(CheckpointRef(LocalStorage(root), layout.step_dir(5)))
+
+
+def test_a_truncated_file_is_named(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    path = Path(uri, "data-r0-1.bin")
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(CorruptCheckpointError, match=r"data-r0-1.bin is \d+ bytes, manifest says \d+ \(truncated"):
+        load(CheckpointRef(LocalStorage(root), layout.step_dir(5)))
+
+
+def test_a_manifest_naming_a_missing_file_is_refused(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    os.remove(Path(uri, "data-r0-1.bin"))
+    with pytest.raises(CorruptCheckpointError, match=r"step-00000005: file data-r0-1.bin named in the manifest is missing"):
+        load(CheckpointRef(LocalStorage(root), layout.step_dir(5)))
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint_and_marks_it(root, state, data):
+    ckpt = Checkpointer(state, config(root))
+    train(state, data, ckpt, 0, 5)
+    ckpt.wait()
+    train(state, data, ckpt, 5, 10)
+    ckpt.close()
+    Path(root, layout.step_dir(10), "data-r0-0.bin").write_bytes(b"garbage")
+    assert Checkpointer(tiny.build(), config(root)).load_latest() == 5
+    marked = json.loads(Path(root, layout.step_dir(10), layout.VALIDATION).read_text())
+    assert marked["result"] == "invalid" and "data-r0-0.bin" in marked["message"]
+
+
+def test_a_checkpoint_of_another_model_is_a_shape_error_naming_it(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    wide = tiny.build()
+    wide.model = wide_model()
+    settings = ValidationSettings("tests.checkpoint.factories:wide_model", tiny.VALIDATION.batch_factory)
+    with pytest.raises(IncompatibleCheckpointError, match=r"step-00000005: 0.weight has shape \(64, 16\), the model expects \(128, 16\)"):
+        validate(uri, settings)
+    with pytest.raises(IncompatibleCheckpointError, match="step-00000005"):
+        Checkpointer(wide, config(root, validation=None)).load_latest()
+
+
+def test_an_unimportable_factory_is_named(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    settings = ValidationSettings("no_such_module.models:build", tiny.VALIDATION.batch_factory)
+    with pytest.raises(FactoryError, match=r"cannot import module 'no_such_module.models' of factory 'no_such_module.models:build'"):
+        validate(uri, settings)
+    with pytest.raises(FactoryError, match="must look like 'package.module:function'"):
+        ValidationSettings("just_a_name", "x:y")
+
+
+def test_an_unknown_storage_scheme_is_refused():
+    with pytest.raises(UnknownSchemeError, match=r"unknown storage URI scheme 'ftp' in 'ftp://host/ckpt'"):
+        open_storage("ftp://host/ckpt")
+
+
+def test_keeping_one_checkpoint_is_refused(root):
+    with pytest.raises(ConfigError, match="keep at least 2"):
+        config(root, keep=1)
+
+
+def test_rotation_keeps_the_last_k(root, state, data):
+    ckpt = Checkpointer(state, config(root, keep=2))
+    for start in range(0, 20, 5):
+        train(state, data, ckpt, start, start + 5)
+        ckpt.wait()
+    ckpt.close()
+    assert [r.step for r in committed(LocalStorage(root))] == [15, 20]
+
+
+def test_rotation_keeps_the_newest_valid_until_a_successor_validates(root, state, data):
+    ckpt = Checkpointer(state, config(root, keep=2))
+    train(state, data, ckpt, 0, 5)
+    ckpt.wait()
+    assert validate(f"{root}/{layout.step_dir(5)}").valid
+    for start in range(5, 20, 5):
+        train(state, data, ckpt, start, start + 5)
+        ckpt.wait()
+    steps = [r.step for r in committed(LocalStorage(root))]
+    assert steps == [5, 15, 20]  # K newest pending + the newest valid
+    assert validate(f"{root}/{layout.step_dir(20)}").valid
+    train(state, data, ckpt, 20, 25)
+    ckpt.close()
+    assert [r.step for r in committed(LocalStorage(root))] == [20, 25]
