@@ -131,11 +131,6 @@ SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-SILENCED_SYSTEM_CHECKS = [
-    # TLS is terminated by the proxy in front of gunicorn; redirect/HSTS are opt-in there.
-    "security.W004",
-    "security.W008",
-]
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -157,6 +152,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "CheckpointKindEnum": "agents.protocol.CheckpointKind.ALL",
+        "InterruptionKindEnum": "jobs.choices.InterruptionKind.CHOICES",
+    },
 }
 
 # --- Celery ---
