@@ -50,6 +50,9 @@ class LaunchRequest:
     client_token: str  # a UUID made when the Instance row is created, before the call
     placement: Placement
     user_data: str  # the boot script: installs and starts the agent
+    # What the boot script carries, for providers that start the agent themselves (local).
+    bootstrap_token: str = ""
+    control_plane_url: str = ""
     max_price_per_hour: float | None = None
     image: str = ""  # AMI / image family / image URN; provider default when empty
     extra_tags: dict[str, str] = field(default_factory=dict)
