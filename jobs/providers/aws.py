@@ -42,12 +42,20 @@ ERROR_CODES = ErrorCodes(
             "InsufficientHostCapacity",
             "InsufficientReservedInstanceCapacity",
             "SpotMaxPriceTooLow",
-            "MaxSpotInstanceCountExceeded",
         }
     ),
     # "Unsupported": this type or market is not offered in this zone; another zone may have it.
     capacity_prefixes=("Unsupported",),
-    precheck=frozenset({"UnauthorizedOperation", "AuthFailure", "InvalidParameterValue", "InvalidParameterCombination", "OptInRequired"}),
+    precheck=frozenset(
+        {
+            "UnauthorizedOperation",
+            "AuthFailure",
+            "InvalidParameterValue",
+            "InvalidParameterCombination",
+            "OptInRequired",
+            "MaxSpotInstanceCountExceeded",  # the account's spot limit: a quota
+        }
+    ),
     precheck_prefixes=("InvalidAMIID.", "InvalidInstanceType", "InvalidKeyPair.", "InvalidSubnetID.", "InvalidGroup."),
     precheck_suffixes=("LimitExceeded",),  # VcpuLimitExceeded, InstanceLimitExceeded, ...
 )

@@ -32,7 +32,7 @@ from jobs.providers.errors import ErrorCodes
 from jobs.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
-    transient=frozenset({"TooManyRequests", "InternalServerError", "InternalExecutionError", "ServerBusy", "RetryableError"}),
+    transient=frozenset({"TooManyRequests", "InternalServerError", "InternalExecutionError"}),
     capacity=frozenset(
         {
             "AllocationFailed",
@@ -40,7 +40,6 @@ ERROR_CODES = ErrorCodes(
             "SkuNotAvailable",
             "OverconstrainedAllocationRequest",
             "OverconstrainedZonalAllocationRequest",
-            "SpotVMCapacityUnavailable",
         }
     ),
     precheck=frozenset(
@@ -114,11 +113,11 @@ def translated_errors() -> Iterator[None]:
 
     try:
         yield
-    except ClientAuthenticationError as exc:  # no usable credential, or ARM refused its token
-        raise PrecheckError(f"Azure credentials refused: {exc.message}", code="AuthenticationFailed") from exc
     except HttpResponseError as exc:
         code = (exc.error.code if exc.error else "") or ""
         message = exc.error.message if exc.error and exc.error.message else exc.message
+        if isinstance(exc, ClientAuthenticationError):  # no usable credential, or ARM refused its token
+            raise PrecheckError(f"Azure credentials refused: {message}", code=code or "AuthenticationFailed") from exc
         raise ERROR_CODES.classify(code, message, http_status=exc.status_code) from exc
     except (ServiceRequestError, ServiceResponseError) as exc:
         raise TransientError(f"Azure Resource Manager unreachable: {exc}") from exc
@@ -224,7 +223,7 @@ class AzureProvider(Provider):
             ),
             priority="Spot" if spot else "Regular",
             eviction_policy=self.config.eviction_policy if spot else None,
-            billing_profile=m.BillingProfile(max_price=request.max_price_per_hour or -1) if spot else None,
+            billing_profile=m.BillingProfile(max_price=_max_price(request)) if spot else None,
         )
         return m.VirtualMachine(
             location=placement.region,
@@ -256,6 +255,11 @@ class AzureProvider(Provider):
             tagged = [vm for vm in self._vms.list(self.config.resource_group) if TAG_INSTANCE in (vm.tags or {})]
             # The list carries no power state; a deallocated VM must not read as running.
             return [_cloud_instance(vm, self._vms.instance_view(self.config.resource_group, vm.name).statuses) for vm in tagged]
+
+
+def _max_price(request: LaunchRequest) -> float:
+    # -1: pay up to the on-demand price, never evicted for price (Azure's convention).
+    return -1 if request.max_price_per_hour is None else request.max_price_per_hour
 
 
 def _state(statuses) -> str:

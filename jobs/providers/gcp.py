@@ -32,7 +32,7 @@ from jobs.providers.errors import ErrorCodes
 from jobs.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
-    transient=frozenset({"rateLimitExceeded", "userRateLimitExceeded", "backendError", "internalError", "RESOURCE_NOT_READY"}),
+    transient=frozenset({"rateLimitExceeded", "userRateLimitExceeded", "backendError", "internalError", "resourceNotReady"}),
     capacity=frozenset(
         {
             "ZONE_RESOURCE_POOL_EXHAUSTED",

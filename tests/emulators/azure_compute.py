@@ -14,6 +14,7 @@ or Failed. From the test's side: `fail_next_create` (allocation failure, quota..
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import itertools
@@ -78,6 +79,10 @@ class AzureComputeEmulator(JsonHttpEmulator):
             else:
                 del self.vms[name]
                 self.power.pop(name, None)
+
+    def custom_data(self, name: str) -> str:
+        """The boot script a created VM would run (to run it locally, as the VM would)."""
+        return base64.b64decode(self.vms[name]["properties"]["osProfile"]["customData"]).decode()
 
     def create_bodies(self) -> list[tuple[dict[str, str], dict]]:
         """(query, body) of every VM PUT received, in order."""

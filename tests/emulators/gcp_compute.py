@@ -66,6 +66,11 @@ class GcpComputeEmulator(JsonHttpEmulator):
             else:
                 del self.instances[(zone, name)]
 
+    def startup_script(self, zone: str, name: str) -> str:
+        """The boot script a launched VM would run (to run it locally, as the VM would)."""
+        items = self.instances[(zone, name)]["metadata"]["items"]
+        return next(item["value"] for item in items if item["key"] == "startup-script")
+
     def insert_bodies(self) -> list[tuple[dict[str, str], dict]]:
         """(query, body) of every insert received, in order."""
         return [(r.query, r.body) for r in self.requests_to("POST", "/instances") if not r.path.endswith("/wait")]

@@ -61,7 +61,7 @@ def test_it_creates_a_spot_vm_with_eviction_policy_max_price_custom_data_and_tag
     [(query, body)] = arm.create_bodies()
     props = body["properties"]
     assert (props["priority"], props["evictionPolicy"], props["billingProfile"]["maxPrice"]) == ("Spot", "Delete", 0.35)
-    assert base64.b64decode(props["osProfile"]["customData"]).decode() == USER_DATA
+    assert base64.b64decode(props["osProfile"]["customData"]).decode() == USER_DATA == arm.custom_data(name)
     assert body["tags"] == {TAG_JOB: "7", TAG_INSTANCE: "11", "team": "ml"}
     assert (body["location"], body["zones"], props["hardwareProfile"]["vmSize"]) == ("eastus", ["2"], "Standard_NC4as_T4_v3")
     assert query["api-version"]
@@ -140,7 +140,14 @@ def test_it_lists_only_tagged_vms(azure, arm):
 
 
 @pytest.mark.parametrize(
-    "code", ["AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest", "SkuNotAvailable"]
+    "code",
+    [
+        "AllocationFailed",
+        "ZonalAllocationFailed",
+        "OverconstrainedAllocationRequest",
+        "OverconstrainedZonalAllocationRequest",
+        "SkuNotAvailable",
+    ],
 )
 def test_it_reports_an_allocation_failure_as_capacity_and_leaves_nothing_behind(azure, arm, code):
     arm.fail_next_create(code, message=f"Allocation failed ({code}). Please try another size or region.")
@@ -159,8 +166,15 @@ def test_it_reports_an_allocation_failure_as_capacity_and_leaves_nothing_behind(
         (409, "QuotaExceeded", PrecheckError),
         (409, "OperationNotAllowed", PrecheckError),
         (403, "AuthorizationFailed", PrecheckError),
+        (401, "InvalidAuthenticationToken", PrecheckError),
+        (400, "InvalidParameter", PrecheckError),
+        (404, "PlatformImageNotFound", PrecheckError),
+        (404, "ImageNotFound", PrecheckError),
+        (409, "SubscriptionNotRegistered", PrecheckError),
         (429, "TooManyRequests", TransientError),
         (500, "InternalServerError", TransientError),
+        (500, "InternalExecutionError", TransientError),
+        (503, "SomethingNew", TransientError),
     ],
 )
 def test_it_classifies_errors_answered_on_the_create_itself(azure, arm, status, code, kind):

@@ -42,7 +42,7 @@ def test_it_inserts_a_spot_vm_deleted_on_preemption_with_labels_and_startup_scri
     assert body["scheduling"]["provisioningModel"] == "SPOT"
     assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert body["labels"] == {LABEL_JOB: "7", LABEL_INSTANCE: "11", "team": "ml"}
-    assert metadata(body)["startup-script"] == USER_DATA
+    assert metadata(body)["startup-script"] == USER_DATA == gce.startup_script(ZONE, "respawn-11")
     assert body["machineType"] == f"zones/{ZONE}/machineTypes/g2-standard-4"
     assert gcp.describe(vm_id).state == CloudState.RUNNING  # the insert's operation was polled to DONE
 
@@ -102,7 +102,16 @@ def test_it_lists_only_labelled_vms_across_zones_and_pages(gce):
     assert gcp.find_by_instance_id(99) is None
 
 
-@pytest.mark.parametrize("code", ["ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "STOCKOUT",
+        "resourcePoolExhausted",
+        "UNSUPPORTED_OPERATION",
+    ],
+)
 def test_it_reports_a_stockout_in_the_operation_as_a_capacity_error(gcp, gce, code):
     gce.fail_next_insert(code, http_status=503, message=f"The zone does not have enough resources ({code})")
 
@@ -125,10 +134,16 @@ def test_it_reports_quota_exceeded_in_the_operation_as_a_precheck_with_the_cloud
     [
         (403, "forbidden", PrecheckError),
         (403, "quotaExceeded", PrecheckError),
+        (403, "accessNotConfigured", PrecheckError),
+        (403, "PERMISSIONS_ERROR", PrecheckError),
         (403, "rateLimitExceeded", TransientError),  # Compute says 403 for throttling too
+        (403, "userRateLimitExceeded", TransientError),
         (429, "rateLimitExceeded", TransientError),
         (503, "backendError", TransientError),
+        (500, "internalError", TransientError),
+        (400, "resourceNotReady", TransientError),
         (400, "invalid", PrecheckError),
+        (400, "somethingNew", PrecheckError),
     ],
 )
 def test_it_classifies_errors_answered_on_the_insert_itself(gcp, gce, status, reason, kind):
