@@ -64,8 +64,8 @@ def azurite_connection_string(tmp_path_factory):
         f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
         f"BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
     )
-    process.terminate()
-    process.wait(timeout=10)
+    process.kill()  # a throwaway emulator: SIGTERM waits on idle keep-alive connections
+    process.wait()
 
 
 def _wait_for_line(process: subprocess.Popen, pattern: re.Pattern) -> str:

@@ -67,7 +67,7 @@ def _client(uri: str) -> storage.Client:
 class _NoCommitOnDrop(BlobWriter):
     # io.IOBase's finaliser calls close(), and BlobWriter.close() finalises the
     # upload: a writer dropped mid-stream would publish a partial object.
-    def __del_disabled__(self) -> None:
+    def __del__(self) -> None:
         if not self.closed:
             try:
                 self.terminate()
