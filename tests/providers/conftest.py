@@ -3,55 +3,28 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import os
-from urllib.parse import parse_qsl
 
 import pytest
 import requests
 
-from jobs.providers.base import LaunchRequest, Placement, render_user_data
+from tests.providers.helpers import MotoRecorder
 
 
 @pytest.fixture(scope="session")
 def moto_url():
-    # Real errors for unknown AMIs and instance types instead of moto's silent acceptance.
-    os.environ["MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION"] = "1"
-    os.environ["MOTO_ENABLE_AMI_VALIDATION"] = "1"
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per call otherwise
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-class MotoRecorder:
-    """What the moto server received, through its own request recorder."""
-
-    def __init__(self, url: str):
-        self.url = url
-
-    def start(self) -> None:
-        requests.post(f"{self.url}/moto-api/recorder/reset-recording", timeout=5).raise_for_status()
-        requests.post(f"{self.url}/moto-api/recorder/start-recording", timeout=5).raise_for_status()
-
-    def calls(self, action: str) -> list[dict[str, str]]:
-        """The form parameters of every recorded call of this EC2 action, in order."""
-        text = requests.get(f"{self.url}/moto-api/recorder/download-recording", timeout=5).text
-        found = []
-        for line in filter(None, text.splitlines()):
-            entry = json.loads(line)
-            body = base64.b64decode(entry["body"]).decode() if entry.get("body_encoded") else entry.get("body") or ""
-            params = dict(parse_qsl(body))
-            if params.get("Action") == action:
-                found.append(params)
-        return found
+    with pytest.MonkeyPatch.context() as env:
+        # Real errors for unknown AMIs and instance types instead of moto's silent acceptance.
+        env.setenv("MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION", "1")
+        env.setenv("MOTO_ENABLE_AMI_VALIDATION", "1")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        yield f"http://{host}:{port}"
+        server.stop()
 
 
 @pytest.fixture
@@ -61,17 +34,3 @@ def moto(moto_url):
     recorder.start()
     yield recorder
     requests.post(f"{moto_url}/moto-api/recorder/stop-recording", timeout=5)
-
-
-USER_DATA = render_user_data(control_plane_url="http://127.0.0.1:8000", bootstrap_token="boot-tok-1", provider="test")
-
-
-def make_request(*, provider: str, region: str, zone: str, instance_type: str, market: str, instance_id: int = 11, **kw) -> LaunchRequest:
-    kw.setdefault("client_token", f"ctok-{instance_id}")
-    return LaunchRequest(
-        job_id=7,
-        instance_id=instance_id,
-        placement=Placement(provider=provider, region=region, zone=zone, instance_type=instance_type, market=market),
-        user_data=USER_DATA,
-        **kw,
-    )

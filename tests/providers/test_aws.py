@@ -13,7 +13,7 @@ import pytest
 
 from jobs.providers.aws import AwsConfig, AwsCredentials, AwsProvider
 from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
-from tests.providers.conftest import USER_DATA, make_request
+from tests.providers.helpers import USER_DATA, make_request
 
 REGION = "us-east-1"
 CREDS = AwsCredentials(access_key_id="testing", secret_access_key="testing")

@@ -12,7 +12,7 @@ from azure.core.credentials import AccessToken
 from jobs.providers.azure import AzureConfig, AzureProvider
 from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
 from tests.emulators.azure_compute import AzureComputeEmulator
-from tests.providers.conftest import USER_DATA, make_request
+from tests.providers.helpers import USER_DATA, make_request
 
 SUBNET = "/subscriptions/sub-1/resourceGroups/rg-net/providers/Microsoft.Network/virtualNetworks/vnet/subnets/default"
 

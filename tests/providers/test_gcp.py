@@ -8,7 +8,7 @@ from google.auth.credentials import AnonymousCredentials
 from jobs.providers.base import LABEL_INSTANCE, LABEL_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
 from jobs.providers.gcp import GcpConfig, GcpProvider
 from tests.emulators.gcp_compute import GcpComputeEmulator
-from tests.providers.conftest import USER_DATA, make_request
+from tests.providers.helpers import USER_DATA, make_request
 
 PROJECT = "respawn-test"
 ZONE = "us-central1-a"
