@@ -1,6 +1,7 @@
 """Settings from environment variables (12-factor), each with a default that works
 on one laptop: no variables set means a SQLite file and a server-less broker."""
 
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -206,6 +207,12 @@ RESPAWN = {
     # How the agents (and the reconciler's health probe) reach the API.
     "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
+    # Per-provider constructor settings (JSON), e.g. {"aws": {"endpoint_url": "..."}, "gcp": {"project": "p"}}.
+    "PROVIDER_CONFIG": json.loads(os.environ.get("RESPAWN_PROVIDER_CONFIG", "{}")),
+    "SCHEDULE_BATCH": int(os.environ.get("RESPAWN_SCHEDULE_BATCH", 50)),
+    "PLACEMENT_BACKOFF_S": env_float("RESPAWN_PLACEMENT_BACKOFF_S", 900.0),
+    # An instance that has not registered this long after its launch request is replaced.
+    "PROVISION_TIMEOUT_S": env_float("RESPAWN_PROVISION_TIMEOUT_S", 900.0),
     "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),
 }
 

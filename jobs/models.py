@@ -331,3 +331,20 @@ class ServiceBeat(models.Model):
     name = models.CharField(max_length=30, primary_key=True)
     last_seen = models.DateTimeField()
     serving_since = models.DateTimeField()
+
+
+class PlacementBackoff(models.Model):
+    """A placement that just failed (capacity error, preemption burst) is skipped
+    until `until`, so a relaunch tries elsewhere first."""
+
+    provider = models.CharField(max_length=20)
+    region = models.CharField(max_length=50)
+    zone = models.CharField(max_length=50, blank=True)
+    instance_type = models.CharField(max_length=50)
+    market = models.CharField(max_length=10, choices=MARKET_CHOICES)
+    until = models.DateTimeField(db_index=True)
+    reason = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-until"]

@@ -44,9 +44,23 @@ def usable_checkpoint(job: Job) -> Checkpoint | None:
     return job.checkpoints.exclude(validation=ValidationResult.INVALID).order_by("-step", "-committed_at").first()
 
 
+def nudge_schedule() -> None:
+    """Ask a worker to schedule now (after commit); beat's periodic run is the safety net."""
+    from jobs.tasks import schedule
+
+    transaction.on_commit(lambda: schedule.delay())
+
+
+def enqueue_terminate(instance_id: int) -> None:
+    from jobs.tasks import terminate_instance
+
+    transaction.on_commit(lambda: terminate_instance.delay(instance_id))
+
+
 def create_job(**fields) -> Job:
     job = Job.objects.create(**fields)
     log_job_event(job.pk, f"submitted by {job.owner}")
+    nudge_schedule()
     return job
 
 
@@ -60,6 +74,8 @@ def cancel_job(job: Job, *, by) -> bool:
                 return True
         elif job.status in JobStatus.ACTIVE:
             if transition_job(job.pk, job.status, JobStatus.CANCELLING, message=f"cancelled by {by}"):
+                for pk in Instance.objects.filter(job_id=job.pk, state__in=InstanceState.LIVE).values_list("pk", flat=True):
+                    enqueue_terminate(pk)
                 finish_cancelling(job.pk)
                 return True
         else:
@@ -209,7 +225,8 @@ def _after_interruption(job: Job, end_reason: str) -> None:
     request_action(job.pk, Action.STOP if end_reason == EndReason.LOST else Action.CHECKPOINT_AND_STOP)
     if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
         counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.CAPACITY_ERROR else {}
-        transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {end_reason}", **counted)
+        if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {end_reason}", **counted):
+            nudge_schedule()
 
 
 def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool) -> None:
@@ -222,8 +239,9 @@ def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bo
         transition_job(job.pk, job.status, JobStatus.FAILED, message=why, failure_cause=cause,
                        failure_message=f"{signature}\n{output_tail}"[-8000:])
     else:
-        transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"user code failed ({signature})",
-                       failure_restarts=F("failure_restarts") + 1, last_failure_signature=signature)
+        if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"user code failed ({signature})",
+                          failure_restarts=F("failure_restarts") + 1, last_failure_signature=signature):
+            nudge_schedule()
 
 
 @transaction.atomic

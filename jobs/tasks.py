@@ -11,9 +11,11 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from jobs import orchestration
 from jobs.choices import InstanceState
 from jobs.models import Instance, ProcessedEvent, ServiceBeat
-from jobs.services import heartbeat_timeout, mark_lost
+from jobs.providers.base import TransientError
+from jobs.services import heartbeat_timeout
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +52,49 @@ def api_served_long_enough(now) -> bool:
     return fresh and now - beat.serving_since >= heartbeat_timeout()
 
 
+# Cloud calls that fail transiently (throttling, 5xx) are retried with back-off.
+CLOUD_RETRY = dict(autoretry_for=(TransientError,), retry_backoff=1, retry_backoff_max=60, max_retries=8,
+                   retry_jitter=True)
+
+
+@shared_task(name="jobs.tasks.schedule", ignore_result=True)
+def schedule() -> int:
+    return len(orchestration.schedule())
+
+
+@shared_task(name="jobs.tasks.launch_instance", ignore_result=True, **CLOUD_RETRY)
+def launch_instance(instance_id: int) -> None:
+    orchestration.launch(instance_id)
+
+
+@shared_task(name="jobs.tasks.terminate_instance", ignore_result=True, **CLOUD_RETRY)
+def terminate_instance(instance_id: int) -> None:
+    orchestration.terminate(instance_id)
+
+
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)
 def reconcile() -> int:
-    """Mark instances whose heartbeat deadline passed as lost, oldest first.
+    """The safety net, in bounded batches: silent instances confirmed with the
+    cloud (gone: preempted; still there: terminated and lost), provisioning stuck
+    past its timeout retried, VMs tagged by us that the database does not know
+    terminated, and anything a lost broker message left behind scheduled again.
 
-    Not while the API itself has been down recently: agents could not reach it,
-    so their silence says nothing about the VMs (DESIGN §4)."""
+    Silent instances only while the API has served a full heartbeat timeout:
+    agents could not reach it before, so their silence says nothing (DESIGN §4)."""
     probe_api()
     now = timezone.now()
-    if not api_served_long_enough(now):
-        return 0
-    overdue = (
-        Instance.objects.select_related("job")
-        .filter(state__in=InstanceState.LIVE, heartbeat_deadline__lt=now)
-        .order_by("heartbeat_deadline")[: settings.RESPAWN["RECONCILE_BATCH"]]
-    )
-    lost = sum(mark_lost(instance) for instance in overdue)
+    handled = 0
+    if api_served_long_enough(now):
+        overdue = (
+            Instance.objects.select_related("job")
+            .filter(state__in=InstanceState.LIVE, heartbeat_deadline__lt=now)
+            .order_by("heartbeat_deadline")[: settings.RESPAWN["RECONCILE_BATCH"]]
+        )
+        for instance in overdue:
+            orchestration.confirm_silent(instance)
+            handled += 1
+    handled += orchestration.retry_stuck_provisioning()
+    orchestration.reap_orphans()
+    orchestration.schedule()
     ProcessedEvent.objects.filter(received_at__lt=now - PROCESSED_EVENT_RETENTION).delete()
-    return lost
+    return handled

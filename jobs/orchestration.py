@@ -1,0 +1,247 @@
+"""Turning queued jobs into running ones and keeping them running.
+
+Everything here runs in Celery workers (the web process only records intent).
+Each step re-reads the rows it acts on and is safe to run twice: an Instance row
+with its client token exists before any cloud call, so a worker dying mid-call
+leaves a row the next attempt (or the reconciler) finds, and providers look a VM
+up by our tag before making another."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from jobs import placement as placements
+from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
+from jobs.models import Instance, InterruptionEvent, Job
+from jobs.providers.base import CapacityError, CloudState, LaunchRequest, PrecheckError, render_user_data
+from jobs.cloud import provider_for
+from jobs.services import after_instance_ended, enqueue_terminate, nudge_schedule
+from jobs.tokens import BOOTSTRAP_PREFIX, hash_token
+from jobs.transitions import end_instance, transition_instance, transition_job
+
+log = logging.getLogger(__name__)
+
+
+def bootstrap_token_for(instance: Instance) -> str:
+    """Derived from the instance's client token with the server's secret, so a
+    retried launch renders the same user data and only the digest is stored."""
+    mac = hmac.new(settings.SECRET_KEY.encode(), f"bootstrap:{instance.client_token}".encode(), hashlib.sha256)
+    return BOOTSTRAP_PREFIX + base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+
+def gpus_in_use(team_id: int) -> int:
+    live = Instance.objects.filter(job__team_id=team_id, state__in=InstanceState.LIVE)
+    return live.aggregate(n=Sum("job__accelerator_count"))["n"] or 0
+
+
+def schedulable_jobs():
+    """Queued jobs by priority then age, and recovering jobs whose VMs have all ended."""
+    queued = Job.objects.filter(status=JobStatus.QUEUED).order_by("-priority", "created_at")
+    recovering = Job.objects.filter(status=JobStatus.RECOVERING).exclude(
+        instances__state__in=InstanceState.LIVE).order_by("-priority", "created_at")
+    return list(recovering) + list(queued)
+
+
+def schedule() -> list[int]:
+    """Start what can start now; returns the ids of the instances created."""
+    created = []
+    for job in schedulable_jobs()[: settings.RESPAWN["SCHEDULE_BATCH"]]:
+        created += provision(job)
+    return created
+
+
+def provision(job: Job) -> list[int]:
+    """Place the job's N nodes and record their Instance rows (launch happens after commit)."""
+    team = job.team
+    wanted = job.nodes * job.accelerator_count
+    if team.max_concurrent_gpus is not None and gpus_in_use(team.pk) + wanted > team.max_concurrent_gpus:
+        _wait(job, f"waiting: team GPU limit ({gpus_in_use(team.pk)} of {team.max_concurrent_gpus} in use)")
+        return []
+    if job.max_preemptions is not None and job.preemptions > job.max_preemptions:
+        transition_job(job.pk, job.status, JobStatus.FAILED, message="too many preemptions",
+                       failure_cause=FailureCause.NO_CAPACITY)
+        return []
+    options = placements.candidates(job, placements.market_for(job))
+    if not options:
+        _wait(job, "waiting: no placement available now (all allowed placements on back-off or over max price)")
+        return []
+    chosen = options[0]
+    with transaction.atomic():
+        if not transition_job(job.pk, job.status, JobStatus.PROVISIONING,
+                              message=f"placing {job.nodes} node(s) on {chosen.placement.provider} "
+                                      f"{chosen.placement.zone} {chosen.placement.instance_type} "
+                                      f"({chosen.placement.market}, ${chosen.usd_per_hour}/h)"):
+            return []  # someone else moved the job first
+        ids = [_new_instance(job, rank, chosen) for rank in range(job.nodes)]
+        transaction.on_commit(lambda: _enqueue_launches(ids))
+    return ids
+
+
+def _wait(job: Job, reason: str) -> None:
+    if job.status == JobStatus.QUEUED:
+        Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(status_reason=reason)
+    elif job.status == JobStatus.RECOVERING:
+        transition_job(job.pk, JobStatus.RECOVERING, JobStatus.PROVISIONING, message=reason)
+        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.QUEUED, message=reason)
+
+
+def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement) -> int:
+    p = chosen.placement
+    instance = Instance(job=job, rank=rank, world_size=job.nodes, provider=p.provider, region=p.region, zone=p.zone,
+                        instance_type=p.instance_type, market=p.market, price_per_hour_at_launch=chosen.usd_per_hour)
+    instance.bootstrap_token_hash = hash_token(bootstrap_token_for(instance))
+    instance.save()
+    return instance.pk
+
+
+def _enqueue_launches(instance_ids: list[int]) -> None:
+    from jobs.tasks import launch_instance
+
+    for instance_id in instance_ids:
+        launch_instance.delay(instance_id)
+
+
+def launch(instance_id: int) -> None:
+    """Start the VM of a `requested` instance (safe to run twice)."""
+    instance = Instance.objects.select_related("job").filter(pk=instance_id).first()
+    if instance is None or instance.state != InstanceState.REQUESTED:
+        return
+    placement = placements.Placement(provider=instance.provider, region=instance.region, zone=instance.zone,
+                                     instance_type=instance.instance_type, market=instance.market)
+    token = bootstrap_token_for(instance)
+    url = settings.RESPAWN["API_URL"]
+    request = LaunchRequest(
+        job_id=instance.job_id, instance_id=instance.pk, client_token=str(instance.client_token), placement=placement,
+        user_data=render_user_data(control_plane_url=url, bootstrap_token=token, provider=instance.provider),
+        bootstrap_token=token, control_plane_url=url,
+        max_price_per_hour=float(instance.job.max_price_per_hour) if instance.job.max_price_per_hour else None,
+        image=instance.job.image,
+    )
+    try:
+        vm_id = provider_for(instance.provider, instance.region).launch(request)
+    except CapacityError as exc:
+        _capacity_error(instance, placement, str(exc))
+        return
+    except PrecheckError as exc:
+        _precheck_failed(instance, str(exc))
+        return
+    transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING,
+                        message=f"launched {vm_id}", provider_instance_id=vm_id)
+    log.info("instance %s of job %s launched as %s in %s", instance.pk, instance.job_id, vm_id, instance.zone)
+
+
+def _capacity_error(instance: Instance, placement, message: str) -> None:
+    """Try the next placement at once; this one backs off."""
+    log.warning("no capacity for instance %s in %s %s: %s", instance.pk, placement.zone, placement.instance_type,
+                message)
+    placements.back_off(placement, f"capacity error: {message}")
+    with transaction.atomic():
+        InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.CAPACITY_ERROR,
+                                         source="provider_api", raw=message[:16384])
+        _end_gang(instance.job_id, EndReason.CAPACITY_ERROR, f"capacity error in {placement.zone}: {message}")
+        job = Job.objects.get(pk=instance.job_id)
+        if job.status == JobStatus.PROVISIONING:
+            transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RECOVERING,
+                           message=f"no capacity in {placement.zone}; trying elsewhere")
+    nudge_schedule()
+
+
+def _precheck_failed(instance: Instance, message: str) -> None:
+    with transaction.atomic():
+        _end_gang(instance.job_id, EndReason.FAILED, f"launch refused: {message}")
+        transition_job(instance.job_id, JobStatus.PROVISIONING, JobStatus.FAILED, message="launch refused by the cloud",
+                       failure_cause=FailureCause.PRECHECKS, failure_message=message[:8000])
+
+
+def _end_gang(job_id: int, end_reason: str, message: str) -> None:
+    """A gang launches all or none: end every not-yet-running node of the job."""
+    for other in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE):
+        if other.state in (InstanceState.REQUESTED, InstanceState.BOOTING):
+            end_instance(other, end_reason, message=message)
+            if other.provider_instance_id:
+                enqueue_terminate(other.pk)
+
+
+def terminate(instance_id: int) -> None:
+    """Stop a VM's billing. A live instance ends `cancelled` (its job is cancelling)
+    or `fenced`; an ended one is terminated in case its VM still runs."""
+    instance = Instance.objects.select_related("job").filter(pk=instance_id).first()
+    if instance is None:
+        return
+    if instance.provider_instance_id:
+        provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
+    if instance.state in InstanceState.LIVE:
+        reason = EndReason.CANCELLED if instance.job.status == JobStatus.CANCELLING else EndReason.FENCED
+        with transaction.atomic():
+            if end_instance(instance, reason, message="terminated by the control plane"):
+                after_instance_ended(instance.job_id, reason)
+
+
+def confirm_silent(instance: Instance) -> None:
+    """The heartbeat deadline passed: ask the cloud before replacing the VM. Gone
+    means preempted; still there means lost, and it is terminated first (fencing)."""
+    from jobs.services import mark_lost
+
+    if not instance.provider_instance_id:  # never heard of a VM: nothing to ask or fence
+        mark_lost(instance)
+        return
+    cloud = provider_for(instance.provider, instance.region)
+    if cloud.describe(instance.provider_instance_id).state == CloudState.GONE:
+        with transaction.atomic():
+            if end_instance(instance, EndReason.PREEMPTED, message="heartbeat deadline passed; the cloud says gone"):
+                InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
+                                                 source="provider_api", checkpoint_saved=False)
+                after_instance_ended(instance.job_id, EndReason.PREEMPTED)
+    else:
+        cloud.terminate(instance.provider_instance_id)
+        mark_lost(instance)
+    nudge_schedule()
+
+
+def reap_orphans() -> int:
+    """Terminate VMs carrying our tags that the database does not know as live."""
+    live = set(Instance.objects.filter(state__in=InstanceState.LIVE).values_list("pk", flat=True))
+    reaped = 0
+    for name in settings.RESPAWN["PROVIDERS"]:
+        for region in _regions_in_use(name):
+            cloud = provider_for(name, region)
+            for vm in cloud.list_ours():
+                if vm.state != CloudState.GONE and vm.instance_id not in live:
+                    log.warning("terminating orphan VM %s (instance %s) on %s", vm.provider_instance_id,
+                                vm.instance_id, name)
+                    cloud.terminate(vm.provider_instance_id)
+                    reaped += 1
+    return reaped
+
+
+def _regions_in_use(provider: str) -> list[str]:
+    recent = timezone.now() - timedelta(days=7)
+    regions = Instance.objects.filter(provider=provider, requested_at__gte=recent).values_list("region", flat=True)
+    return sorted(set(regions)) or [""]
+
+
+def retry_stuck_provisioning() -> int:
+    """Instances that never registered within the provisioning timeout are fenced
+    and their job re-placed."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN["PROVISION_TIMEOUT_S"])
+    stuck = Instance.objects.filter(state__in=(InstanceState.REQUESTED, InstanceState.BOOTING), requested_at__lt=cutoff)
+    count = 0
+    for instance in stuck[: settings.RESPAWN["RECONCILE_BATCH"]]:
+        if instance.provider_instance_id:
+            provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
+        with transaction.atomic():
+            if end_instance(instance, EndReason.CAPACITY_ERROR, message="never registered: provisioning timed out"):
+                after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR)
+                count += 1
+    if count:
+        nudge_schedule()
+    return count

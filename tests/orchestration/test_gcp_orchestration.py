@@ -1,0 +1,149 @@
+"""Scheduling, launching, failover, fencing and orphan reaping, driven through
+the real google-cloud-compute client against the Compute emulator."""
+
+import pytest
+from django.utils import timezone
+
+from jobs import orchestration
+from jobs.choices import EndReason, FailureCause, InstanceState, JobStatus
+from jobs.cloud import provider_for
+from jobs.models import Instance, InterruptionEvent, Job, PlacementBackoff, PriceQuote
+from jobs.tokens import hash_token
+from tests.emulators.gcp_compute import GcpComputeEmulator
+from tests.factories import make_job, make_team_with_members
+
+PROJECT = "respawn-test"
+
+
+@pytest.fixture(scope="module")
+def gce():
+    with GcpComputeEmulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def gcp(settings, gce):
+    gce.instances.clear()
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["gcp"], "PROVIDER_CONFIG": {"gcp": {
+        "project": PROJECT, "api_endpoint": gce.endpoint, "credentials": "anonymous", "poll_interval_s": 0}}}
+    provider_for.cache_clear()
+    yield gce
+    provider_for.cache_clear()
+
+
+@pytest.fixture
+def team(db):
+    return make_team_with_members()
+
+
+def gcp_job(team, **fields):
+    return make_job(team.team, team.people["member"].user, allowed_clouds=["gcp"],
+                    instance_types=["a2-highgpu-1g"], **fields)
+
+
+def launched(job):
+    orchestration.schedule()
+    instance = Instance.objects.get(job=job, state=InstanceState.REQUESTED)
+    orchestration.launch(instance.pk)
+    instance.refresh_from_db()
+    return instance
+
+
+def test_a_queued_job_is_placed_on_the_cheapest_zone_and_launched(gcp, team):
+    job = gcp_job(team)
+    instance = launched(job)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.PROVISIONING
+    assert instance.state == InstanceState.BOOTING and instance.provider_instance_id
+    cheapest = PriceQuote.objects.filter(provider="gcp", instance_type="a2-highgpu-1g", market="spot").order_by(
+        "usd_per_hour").first()
+    assert instance.region == cheapest.region and instance.price_per_hour_at_launch == cheapest.usd_per_hour
+    (zone, name), vm = next(iter(gcp.instances.items()))
+    assert vm["scheduling"]["provisioningModel"] == "SPOT"
+    assert vm["labels"]["respawn-instance"] == str(instance.pk)
+    token = gcp.startup_script(zone, name).split("printf '%s' ")[1].split(" ")[0].strip("'")
+    assert hash_token(token) == instance.bootstrap_token_hash  # the VM's user data carries our bootstrap token
+
+
+def test_launching_twice_makes_one_vm(gcp, team):
+    instance = launched(gcp_job(team))
+    Instance.objects.filter(pk=instance.pk).update(state=InstanceState.REQUESTED)  # as if the first try's reply was lost
+    orchestration.launch(instance.pk)
+    assert len(gcp.instances) == 1
+
+
+def test_queue_order_is_priority_then_age_within_the_gpu_limit(gcp, team):
+    team.team.max_concurrent_gpus = 1
+    team.team.save()
+    low = gcp_job(team, name="low", priority=0)
+    high = gcp_job(team, name="high", priority=10)
+    orchestration.schedule()
+    assert Job.objects.get(pk=high.pk).status == JobStatus.PROVISIONING
+    low.refresh_from_db()
+    assert low.status == JobStatus.QUEUED and "GPU limit (1 of 1 in use)" in low.status_reason
+
+
+def test_a_stock_out_backs_the_zone_off_and_fails_over_to_the_next(gcp, team):
+    job = gcp_job(team)
+    gcp.fail_next_insert("ZONE_RESOURCE_POOL_EXHAUSTED")
+    first = launched(job)
+    assert first.state == InstanceState.ENDED and first.end_reason == EndReason.CAPACITY_ERROR
+    assert PlacementBackoff.objects.filter(zone=first.zone).exists()
+    assert InterruptionEvent.objects.get(instance=first).kind == "capacity_error"
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING
+    second = launched(job)
+    assert second.state == InstanceState.BOOTING and second.zone != first.zone
+
+
+def test_a_quota_error_fails_the_job_with_the_clouds_message(gcp, team):
+    job = gcp_job(team)
+    gcp.fail_next_insert("QUOTA_EXCEEDED", http_status=403, message="Quota 'NVIDIA_A100_GPUS' exceeded. Limit: 0.0")
+    launched(job)
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.failure_cause == FailureCause.PRECHECKS
+    assert "NVIDIA_A100_GPUS" in job.failure_message
+
+
+def test_a_silent_instance_the_cloud_says_is_gone_counts_as_preempted(gcp, team):
+    job = gcp_job(team)
+    instance = launched(job)
+    Instance.objects.filter(pk=instance.pk).update(state=InstanceState.RUNNING, heartbeat_deadline=timezone.now())
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
+    (zone, name), _ = next(iter(gcp.instances.items()))
+    gcp.preempt(zone, name)
+    orchestration.confirm_silent(Instance.objects.get(pk=instance.pk))
+    instance.refresh_from_db()
+    assert instance.end_reason == EndReason.PREEMPTED
+    job.refresh_from_db()
+    assert job.status == JobStatus.RECOVERING and job.preemptions == 1
+
+
+def test_a_silent_instance_still_running_is_terminated_before_it_is_replaced(gcp, team):
+    job = gcp_job(team)
+    instance = launched(job)
+    Instance.objects.filter(pk=instance.pk).update(state=InstanceState.RUNNING, heartbeat_deadline=timezone.now())
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
+    orchestration.confirm_silent(Instance.objects.get(pk=instance.pk))
+    assert Instance.objects.get(pk=instance.pk).end_reason == EndReason.LOST
+    assert not gcp.instances  # fenced: no two VMs train the same slot
+
+
+def test_vms_the_database_does_not_know_are_terminated(gcp, team):
+    instance = launched(gcp_job(team))
+    Instance.objects.filter(pk=instance.pk).update(state=InstanceState.ENDED, end_reason=EndReason.FENCED)
+    assert orchestration.reap_orphans() == 1
+    assert not gcp.instances
+
+
+def test_cancel_terminates_every_live_vm(gcp, team, django_capture_on_commit_callbacks):
+    from jobs.services import cancel_job
+
+    job = gcp_job(team)
+    instance = launched(job)
+    with django_capture_on_commit_callbacks() as callbacks:
+        cancel_job(job, by="tester")
+    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLING
+    orchestration.terminate(instance.pk)  # what the enqueued terminate task does
+    assert not gcp.instances
+    assert Instance.objects.get(pk=instance.pk).end_reason == EndReason.CANCELLED
+    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+    assert callbacks  # the web side only enqueued work
