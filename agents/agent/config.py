@@ -56,7 +56,7 @@ class AgentConfig:
     validate: bool = True
     """Validate each committed checkpoint in a separate low-priority process."""
     validate_command: str = DEFAULT_VALIDATE_COMMAND
-    """The checkpoint library's validate entry point; `{uri}` is replaced by the checkpoint's URI."""
+    """The checkpoint library's validate entry point; `{uri}`, `{model_factory}`, `{batch_factory}`, `{tolerance}` are filled in."""
 
     def __post_init__(self):
         if not self.control_plane_url.startswith(("http://", "https://")):

@@ -174,7 +174,7 @@ class Agent:
         except (OSError, ValueError) as exc:
             return protocol.ExitReport(reason=protocol.ExitReason.SETUP, output_tail=f"could not start the trainer {job.command!r}: {exc}", last_exception=str(exc))
         if self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
-            self.validator = Validator(command=self.config.validate_command, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
+            self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
         now = time.monotonic()
         next_heartbeat, next_logs = now, now + self.config.log_batch_interval_s
         while True:

@@ -5,7 +5,10 @@ fresh model (the job's model and validation-batch factories) and prints its
 verdict as a JSON object (`result`, `loss`, `reference_loss`, `message`) on
 the last line of its output. One validation runs at a time, under `nice`, so
 it never competes with training for the CPU; the result is reported as soon as
-it is known, so a bad checkpoint is known before it is needed.
+it is known, so a bad checkpoint is known before it is needed. When checkpoints
+commit faster than they validate, only the newest waiting one is validated
+(it is the one a resume would use), and a checkpoint that could not be read
+after a newer one committed is taken as rotated away, not as invalid.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,7 +28,8 @@ from agents.agent.supervisor import die_with_parent
 
 log = logging.getLogger(__name__)
 
-DEFAULT_COMMAND = f"{shlex.quote(sys.executable)} -m agents.checkpoint.validate {{uri}}"
+# `{uri}`, `{model_factory}`, `{batch_factory}` and `{tolerance}` are filled in per checkpoint.
+DEFAULT_COMMAND = f"{shlex.quote(sys.executable)} -m agents.checkpoint.validate {{uri}} --model-factory {{model_factory}} --batch-factory {{batch_factory}} --tolerance {{tolerance}}"
 NICENESS = 19
 MAX_MESSAGE_CHARS = 500  # what the control plane stores
 
@@ -34,12 +37,13 @@ MAX_MESSAGE_CHARS = 500  # what the control plane stores
 @dataclass
 class _Running:
     checkpoint_id: str
+    step: int
     proc: subprocess.Popen
     output: "tempfile._TemporaryFileWrapper"
 
 
-def parse_verdict(output: str, exit_code: int) -> protocol.ValidationReport:
-    """The verdict on the last JSON line of the validator's output; a crash is `invalid`."""
+def parse_verdict(output: str, exit_code: int) -> protocol.ValidationReport | None:
+    """The verdict on the last JSON line of the validator's output; None when there is none."""
     for line in reversed(output.strip().splitlines()):
         try:
             doc = json.loads(line)
@@ -53,23 +57,23 @@ def parse_verdict(output: str, exit_code: int) -> protocol.ValidationReport:
                 reference_loss=float(ref) if isinstance(ref, (int, float)) else None,
                 message=str(doc.get("message", ""))[:MAX_MESSAGE_CHARS],
             )
-    return protocol.ValidationReport(
-        result=protocol.ValidationResult.INVALID,
-        message=f"validator exited {exit_code} without a verdict: {output[-400:]}"[:MAX_MESSAGE_CHARS],
-    )
+    return None
 
 
 class Validator:
-    def __init__(self, *, command: str, env: dict[str, str], cwd: str | None, on_result: Callable[[str, protocol.ValidationReport], None]):
+    def __init__(self, *, command: str, spec: protocol.ValidationSpec, env: dict[str, str], cwd: str | None, on_result: Callable[[str, protocol.ValidationReport], None]):
         self.command = command
+        self.spec = spec
         self.env = env
         self.cwd = cwd
         self.on_result = on_result
-        self._queue: deque[protocol.CheckpointReport] = deque()
+        self._waiting: protocol.CheckpointReport | None = None
         self._running: _Running | None = None
+        self._newest_step = -1
 
     def submit(self, report: protocol.CheckpointReport) -> None:
-        self._queue.append(report)
+        self._waiting = report
+        self._newest_step = max(self._newest_step, report.step)
         self.poll()
 
     def poll(self) -> None:
@@ -81,13 +85,23 @@ class Validator:
             self._running.output.seek(0)
             output = self._running.output.read().decode("utf-8", errors="replace")
             self._running.output.close()
-            checkpoint_id, self._running = self._running.checkpoint_id, None
-            self.on_result(checkpoint_id, parse_verdict(output, code))
-        if self._queue:
-            self._start(self._queue.popleft())
+            running, self._running = self._running, None
+            self._conclude(running, parse_verdict(output, code), output, code)
+        if self._waiting is not None:
+            report, self._waiting = self._waiting, None
+            self._start(report)
+
+    def _conclude(self, running: "_Running", verdict: protocol.ValidationReport | None, output: str, code: int) -> None:
+        if verdict is None and running.step < self._newest_step:
+            log.info("checkpoint at step %d could not be validated after a newer one committed (rotated away?): %s", running.step, output[-300:])
+            return
+        if verdict is None:
+            verdict = protocol.ValidationReport(result=protocol.ValidationResult.INVALID, message=f"validator exited {code} without a verdict: {output[-400:]}"[:MAX_MESSAGE_CHARS])
+        self.on_result(running.checkpoint_id, verdict)
 
     def _start(self, report: protocol.CheckpointReport) -> None:
-        argv = ["nice", "-n", str(NICENESS), *shlex.split(self.command.format(uri=report.uri))]
+        values = {"uri": report.uri, "model_factory": self.spec.model_factory, "batch_factory": self.spec.batch_factory, "tolerance": self.spec.tolerance}
+        argv = ["nice", "-n", str(NICENESS), *(arg.format(**values) for arg in shlex.split(self.command))]
         output = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
@@ -95,14 +109,11 @@ class Validator:
             output.close()
             self.on_result(report.checkpoint_id, protocol.ValidationReport(result=protocol.ValidationResult.INVALID, message=f"could not start the validator {argv}: {exc}"[:MAX_MESSAGE_CHARS]))
             return
-        self._running = _Running(report.checkpoint_id, proc, output)
-
-    def busy(self) -> bool:
-        return self._running is not None or bool(self._queue)
+        self._running = _Running(report.checkpoint_id, report.step, proc, output)
 
     def stop(self) -> None:
         """Abandon validation (the VM is going away): results would come too late."""
-        self._queue.clear()
+        self._waiting = None
         if self._running is not None:
             self._running.proc.kill()
             self._running.proc.wait()

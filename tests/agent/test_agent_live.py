@@ -4,6 +4,8 @@ in a committed notice checkpoint recorded before the deadline."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from agents.metadata_server import MetadataServer
@@ -59,3 +61,25 @@ def test_sigterm_to_the_agent_is_a_notice(team_setup, child_env, web_server, tmp
     assert instance.state == InstanceState.ENDED and instance.end_reason == EndReason.PREEMPTED, agent.output()[-3000:]
     event = InterruptionEvent.objects.get(instance=instance)
     assert event.source == "sigterm" and event.checkpoint_saved is True
+
+
+def test_library_checkpoints_are_validated_at_low_priority_and_reported(team_setup, child_env, web_server, tmp_path):
+    imds = MetadataServer("aws").start()
+    job, setup = make_running_job(
+        team_setup, tmp_path, checkpoint_interval_s=4,
+        validation_model_factory="agents.examples.tiny:make_model", validation_batch_factory="agents.examples.tiny:validation_batch",
+    )
+    job.command = [sys.executable, "-m", "agents.examples.tiny", "--steps", "100000", "--step-delay", "0.01"]
+    job.save(update_fields=["command"])
+    agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
+    instance = setup.instance
+    try:
+        wait_until(lambda: Checkpoint.objects.filter(instance=instance, validation="valid").exists(), timeout=90, what="a validated checkpoint", proc=agent)
+        imds.schedule_notice(deadline_in_s=30)
+        wait_until(lambda: Instance.objects.get(pk=instance.pk).state == InstanceState.ENDED, timeout=60, what="instance ended")
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+        imds.stop()
+    assert not Checkpoint.objects.filter(instance=instance, validation="invalid").exists()
+    assert InterruptionEvent.objects.get(instance=instance).checkpoint_saved is True, agent.output()[-3000:]
