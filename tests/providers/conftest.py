@@ -13,13 +13,16 @@ from tests.providers.helpers import MotoRecorder
 
 @pytest.fixture(scope="session")
 def moto_url():
+    from moto import settings as moto_settings
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one access-log line per call otherwise
-    with pytest.MonkeyPatch.context() as env:
-        # Real errors for unknown AMIs and instance types instead of moto's silent acceptance.
-        env.setenv("MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION", "1")
-        env.setenv("MOTO_ENABLE_AMI_VALIDATION", "1")
+    with pytest.MonkeyPatch.context() as patch:
+        # Real errors for unknown AMIs and instance types instead of moto's silent
+        # acceptance. moto reads its MOTO_* variables once, at import, and another
+        # test may have imported it already: set the values it reads at call time.
+        patch.setattr(moto_settings, "EC2_ENABLE_INSTANCE_TYPE_VALIDATION", True)
+        patch.setattr(moto_settings, "ENABLE_AMI_VALIDATION", True)
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
