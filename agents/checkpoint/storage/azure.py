@@ -47,7 +47,8 @@ def _azure_errors(url: str, container: str) -> Iterator[None]:
     except ServiceRequestError as exc:
         raise StorageError(f"{url}: cannot reach the Azure Blob endpoint ({exc})") from exc
     except HttpResponseError as exc:
-        raise StorageError(f"{url}: Azure Blob error {exc.error_code or exc.status_code}: {exc.reason}") from exc
+        code = getattr(exc.error_code, "value", exc.error_code) or exc.status_code  # an enum for known codes
+        raise StorageError(f"{url}: Azure Blob error {code}: {exc.reason}") from exc
     except AzureError as exc:
         raise StorageError(f"{url}: {exc}") from exc
 
