@@ -101,3 +101,19 @@ MARKET_CHOICES = [(m, m) for m in Market.ALL]
 CHECKPOINT_KIND_CHOICES = [(k, k) for k in CheckpointKind.ALL]
 VALIDATION_CHOICES = [(v, v) for v in ValidationResult.ALL]
 NOTICE_SOURCE_CHOICES = [(s, s) for s in NoticeSource.ALL]
+
+
+class AuditAction:
+    """What the audit log records (who did it is on the row)."""
+
+    JOB_SUBMITTED = "job.submitted"
+    JOB_CANCELLED = "job.cancelled"
+    LIMITS_CHANGED = "team.limits_changed"
+    MEMBER_ADDED = "member.added"
+    MEMBER_ROLE_CHANGED = "member.role_changed"
+    MEMBER_REMOVED = "member.removed"
+    TOKEN_CREATED = "token.created"
+    TOKEN_REVOKED = "token.revoked"
+    ALL = (JOB_SUBMITTED, JOB_CANCELLED, LIMITS_CHANGED, MEMBER_ADDED, MEMBER_ROLE_CHANGED, MEMBER_REMOVED,
+           TOKEN_CREATED, TOKEN_REVOKED)
+    CHOICES = [(a, a) for a in ALL]

@@ -10,6 +10,7 @@ from django.db.models import Q
 
 from jobs.choices import (
     CHECKPOINT_KIND_CHOICES,
+    AuditAction,
     MARKET_CHOICES,
     NOTICE_SOURCE_CHOICES,
     VALIDATION_CHOICES,
@@ -348,3 +349,28 @@ class PlacementBackoff(models.Model):
 
     class Meta:
         ordering = ["-until"]
+
+
+class AuditEvent(models.Model):
+    """Who did what to which object, and when. Rows are only ever added.
+
+    `team` is empty for a person's own affairs (their API tokens); the actor's
+    username is copied so the record outlives the account."""
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    actor_username = models.CharField(max_length=150)
+    team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events")
+    action = models.CharField(max_length=30, choices=AuditAction.CHOICES)
+    target = models.CharField(max_length=200, help_text="'kind:id' of what was acted on, e.g. 'job:12', 'user:alice'.")
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["team", "-created_at"], name="audit_team_time_idx"),
+            models.Index(fields=["actor", "-created_at"], name="audit_actor_time_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.actor_username} {self.action} {self.target}"
