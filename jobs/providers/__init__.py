@@ -13,6 +13,7 @@ PROVIDERS: dict[str, tuple[str, str, str]] = {
     "aws": ("jobs.providers.aws", "AwsProvider", "AwsConfig"),
     "gcp": ("jobs.providers.gcp", "GcpProvider", "GcpConfig"),
     "azure": ("jobs.providers.azure", "AzureProvider", "AzureConfig"),
+    "local": ("jobs.providers.local", "LocalProvider", "LocalConfig"),
 }
 
 
