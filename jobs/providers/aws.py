@@ -153,12 +153,13 @@ class AwsProvider(Provider):
             "MaxCount": 1,
             "ClientToken": request.client_token,
             "UserData": request.user_data,  # boto3 base64-encodes it
-            "Placement": {"AvailabilityZone": placement.zone},
             "TagSpecifications": [
                 {"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
                 for kind in ("instance", "volume")
             ],
         }
+        if placement.zone:  # none: EC2 picks a zone of the region
+            params["Placement"] = {"AvailabilityZone": placement.zone}
         if placement.market == Market.SPOT:
             params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": self._spot_options(request)}
         with translated_errors():

@@ -120,6 +120,8 @@ class GcpProvider(Provider):
 
     def launch(self, request: LaunchRequest) -> str:
         zone = request.placement.zone
+        if not zone:
+            raise ValueError("a GCP placement needs a zone: Compute VMs are zonal")
         name = self.vm_name(request.instance_id)
         insert = self._compute.InsertInstanceRequest(
             project=self.config.project,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import uuid
 from dataclasses import dataclass
 
 from tests.emulators.json_http import JsonHttpEmulator
@@ -80,6 +81,8 @@ class GcpComputeEmulator(JsonHttpEmulator):
     def _insert(self, m, query, body):
         zone, project = m["zone"], m["project"]
         request_id = query.get("requestId")
+        if request_id is not None and not _is_request_id(request_id):
+            return _error(400, "invalid", f"Invalid value for field 'requestId': '{request_id}'. The request id must be a valid UUID.")
         if request_id in self._ops_by_request_id:  # Compute dedups a retried request id
             return 200, self._ops_by_request_id[request_id], {}
         name = body["name"]
@@ -168,6 +171,14 @@ class GcpComputeEmulator(JsonHttpEmulator):
             op["httpErrorStatusCode"] = detail.http_status
             op["httpErrorMessage"] = detail.message
             op["error"] = {"errors": [{"code": detail.code, "message": detail.message}]}
+
+
+def _is_request_id(value: str) -> bool:
+    """Compute accepts any UUID but the zero one."""
+    try:
+        return uuid.UUID(value).int != 0
+    except ValueError:
+        return False
 
 
 def _zone_url(endpoint: str, project: str, zone: str) -> str:

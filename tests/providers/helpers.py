@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import uuid
 from urllib.parse import parse_qsl
 
 import requests
@@ -38,8 +39,13 @@ class MotoRecorder:
 USER_DATA = render_user_data(control_plane_url="http://127.0.0.1:8000", bootstrap_token="boot-tok-1", provider="test")
 
 
+def client_token(instance_id: int) -> str:
+    """The UUID the control plane would have made for this Instance row (stable per id here)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"respawn-test-instance/{instance_id}"))
+
+
 def make_request(*, provider: str, region: str, zone: str, instance_type: str, market: str, instance_id: int = 11, **kw) -> LaunchRequest:
-    kw.setdefault("client_token", f"ctok-{instance_id}")
+    kw.setdefault("client_token", client_token(instance_id))
     return LaunchRequest(
         job_id=7,
         instance_id=instance_id,

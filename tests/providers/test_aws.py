@@ -13,7 +13,7 @@ import pytest
 
 from jobs.providers.aws import AwsConfig, AwsCredentials, AwsProvider
 from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
-from tests.providers.helpers import USER_DATA, make_request
+from tests.providers.helpers import USER_DATA, client_token, make_request
 
 REGION = "us-east-1"
 CREDS = AwsCredentials(access_key_id="testing", secret_access_key="testing")
@@ -51,7 +51,7 @@ def test_it_launches_a_one_time_spot_vm_with_our_tags_user_data_and_token(aws, e
     vm_id = aws.launch(aws_request(max_price_per_hour=0.42, extra_tags={"team": "ml"}))
 
     sent = moto.calls("RunInstances")[-1]
-    assert sent["ClientToken"] == "ctok-11"
+    assert sent["ClientToken"] == client_token(11)
     assert sent["InstanceMarketOptions.MarketType"] == "spot"
     assert sent["InstanceMarketOptions.SpotOptions.SpotInstanceType"] == "one-time"
     assert sent["InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior"] == "terminate"
@@ -253,3 +253,12 @@ def test_it_reports_missing_credentials_as_a_precheck(moto, monkeypatch, tmp_pat
 
     with pytest.raises(PrecheckError, match="no AWS credentials"):
         provider.list_ours()
+
+
+def test_it_lets_ec2_pick_the_zone_when_the_placement_names_none(aws, moto):
+    request = make_request(provider="aws", region=REGION, zone="", instance_type="t3.micro", market=Market.SPOT)
+
+    vm_id = aws.launch(request)
+
+    assert not any(key.startswith("Placement") for key in moto.calls("RunInstances")[-1])
+    assert aws.describe(vm_id).zone.startswith(REGION)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
 from jobs.providers.base import LABEL_INSTANCE, LABEL_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
 from jobs.providers.gcp import GcpConfig, GcpProvider
 from tests.emulators.gcp_compute import GcpComputeEmulator
-from tests.providers.helpers import USER_DATA, make_request
+from tests.providers.helpers import USER_DATA, client_token, make_request
 
 PROJECT = "respawn-test"
 ZONE = "us-central1-a"
@@ -38,7 +40,7 @@ def test_it_inserts_a_spot_vm_deleted_on_preemption_with_labels_and_startup_scri
 
     assert vm_id == f"{ZONE}/respawn-11"
     [(query, body)] = gce.insert_bodies()
-    assert query["requestId"] == "ctok-11"
+    assert query["requestId"] == client_token(11)
     assert body["scheduling"]["provisioningModel"] == "SPOT"
     assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
     assert body["labels"] == {LABEL_JOB: "7", LABEL_INSTANCE: "11", "team": "ml"}
@@ -58,7 +60,7 @@ def test_it_inserts_an_on_demand_vm_as_standard(gcp, gce):
 def test_it_never_makes_a_second_vm_for_the_same_instance(gcp, gce):
     first = gcp.launch(gcp_request())
     again = gcp.launch(gcp_request())
-    retried_elsewhere = gcp.launch(gcp_request(client_token="ctok-new"))  # a new request id: the name conflicts
+    retried_elsewhere = gcp.launch(gcp_request(client_token=str(uuid.uuid4())))  # a new request id: the name conflicts
 
     assert first == again == retried_elsewhere
     assert list(gce.instances) == [(ZONE, "respawn-11")]
@@ -169,3 +171,11 @@ def test_it_validates_its_config_and_ids(gcp):
         GcpConfig(project=PROJECT, name_prefix="Respawn_VMs")
     with pytest.raises(ValueError, match="<zone>/<name>"):
         gcp.describe("respawn-11")
+
+
+def test_it_sends_the_client_token_as_a_request_id_compute_accepts(gcp, gce):
+    # Compute refuses a request id that is not a UUID; the control plane's client tokens are UUIDs.
+    with pytest.raises(PrecheckError, match="requestId"):
+        gcp.launch(gcp_request(client_token="not-a-uuid"))
+    with pytest.raises(ValueError, match="zone"):
+        gcp.launch(gcp_request(zone=""))
