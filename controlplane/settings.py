@@ -209,6 +209,8 @@ RESPAWN = {
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
     # Per-provider constructor settings (JSON), e.g. {"aws": {"endpoint_url": "..."}, "gcp": {"project": "p"}}.
     "PROVIDER_CONFIG": json.loads(os.environ.get("RESPAWN_PROVIDER_CONFIG", "{}")),
+    # GPUs the whole deployment may hold at once (an org's cloud quota); teams share it fairly.
+    "MAX_CONCURRENT_GPUS": int(os.environ["RESPAWN_MAX_CONCURRENT_GPUS"]) if os.environ.get("RESPAWN_MAX_CONCURRENT_GPUS") else None,
     "SCHEDULE_BATCH": int(os.environ.get("RESPAWN_SCHEDULE_BATCH", 50)),
     "PLACEMENT_BACKOFF_S": env_float("RESPAWN_PLACEMENT_BACKOFF_S", 900.0),
     # An instance that has not registered this long after its launch request is replaced.

@@ -38,25 +38,52 @@ def bootstrap_token_for(instance: Instance) -> str:
     return BOOTSTRAP_PREFIX + base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
 
 
-def gpus_in_use(team_id: int) -> int:
-    live = Instance.objects.filter(job__team_id=team_id, state__in=InstanceState.LIVE)
+def gpus_in_use(team_id: int | None = None) -> int:
+    """GPUs held by live instances, of one team or of the whole deployment."""
+    live = Instance.objects.filter(state__in=InstanceState.LIVE)
+    if team_id is not None:
+        live = live.filter(job__team_id=team_id)
     return live.aggregate(n=Sum("job__accelerator_count"))["n"] or 0
 
 
-def schedulable_jobs():
-    """Queued jobs by priority then age, and recovering jobs whose VMs have all ended."""
-    queued = Job.objects.filter(status=JobStatus.QUEUED).order_by("-priority", "created_at")
-    recovering = Job.objects.filter(status=JobStatus.RECOVERING).exclude(
+def schedulable_jobs(per_team: int) -> list[Job]:
+    """Queued jobs, and recovering jobs whose VMs have all ended: each team's
+    first `per_team` by priority and age, so one team's long queue cannot crowd
+    another's out of a bounded batch."""
+    waiting = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RECOVERING)).exclude(
         instances__state__in=InstanceState.LIVE).order_by("-priority", "created_at")
-    return list(recovering) + list(queued)
+    taken: dict[int, int] = {}
+    ids = []
+    for job_id, team_id in waiting.values_list("pk", "team_id"):
+        if taken.get(team_id, 0) < per_team:
+            taken[team_id] = taken.get(team_id, 0) + 1
+            ids.append(job_id)
+    return list(Job.objects.select_related("team").filter(pk__in=ids))
 
 
 def schedule() -> list[int]:
-    """Start what can start now; returns the ids of the instances created."""
+    """Start what can start now; returns the ids of the instances created.
+
+    Order: recovering jobs first (their work is in flight), then the team using
+    the smallest share of its GPU allowance, then priority, then age. Shares are
+    updated as jobs start, so two busy teams alternate rather than one draining
+    the deployment's allowance."""
+    pending = schedulable_jobs(per_team=settings.RESPAWN["SCHEDULE_BATCH"])
+    usage = {job.team_id: gpus_in_use(job.team_id) for job in pending}
     created = []
-    for job in schedulable_jobs()[: settings.RESPAWN["SCHEDULE_BATCH"]]:
-        created += provision(job)
+    while pending:
+        job = min(pending, key=lambda j: (j.status != JobStatus.RECOVERING, _share(j.team, usage[j.team_id]),
+                                          -j.priority, j.created_at))
+        pending.remove(job)
+        ids = provision(job)
+        usage[job.team_id] += len(ids) * job.accelerator_count
+        created += ids
     return created
+
+
+def _share(team, in_use: int) -> float:
+    allowance = team.max_concurrent_gpus or settings.RESPAWN["MAX_CONCURRENT_GPUS"] or 1
+    return in_use / allowance
 
 
 def provision(job: Job) -> list[int]:
@@ -65,6 +92,10 @@ def provision(job: Job) -> list[int]:
     wanted = job.nodes * job.accelerator_count
     if team.max_concurrent_gpus is not None and gpus_in_use(team.pk) + wanted > team.max_concurrent_gpus:
         _wait(job, f"waiting: team GPU limit ({gpus_in_use(team.pk)} of {team.max_concurrent_gpus} in use)")
+        return []
+    deployment_limit = settings.RESPAWN["MAX_CONCURRENT_GPUS"]
+    if deployment_limit is not None and gpus_in_use() + wanted > deployment_limit:
+        _wait(job, f"waiting: deployment GPU limit ({gpus_in_use()} of {deployment_limit} in use)")
         return []
     if job.max_preemptions is not None and job.preemptions > job.max_preemptions:
         transition_job(job.pk, job.status, JobStatus.FAILED, message="too many preemptions",
