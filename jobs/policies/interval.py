@@ -35,7 +35,7 @@ class IntervalOverride:
     def __post_init__(self):
         if (self.seconds is None) == (self.steps is None):
             raise ValueError("an interval override gives exactly one of seconds or steps")
-        if (self.seconds or self.steps) <= 0:
+        if (self.seconds if self.seconds is not None else self.steps) <= 0:
             raise ValueError("an interval override must be positive")
 
 

@@ -13,9 +13,12 @@ so a deadline is missed only if on-demand itself cannot make it.
   straight line from start to deadline; once on on-demand, stay until 2 restart
   overheads ahead of the line.
 - `deadline_aware` (ours): spot while the slack covers the expected overhead of
-  finishing the rest on spot (interruptions, restarts, waiting for capacity), wait for
-  spot while it does, on-demand when it no longer does, and back to spot when the
-  slack covers that overhead again plus the restart it costs to move.
+  finishing the rest on spot (waiting for capacity, restarts, lost work; estimated
+  from the observed rates), wait for spot while it does, on-demand when it no longer
+  does, back to spot when the slack covers it again plus the restarts of moving. It
+  never keeps more reserve than even pacing would (it waits whenever Uniform Progress
+  would), and it pauses on-demand only when well ahead, because each pause and resume
+  costs a restart.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from dataclasses import dataclass
 
 SPOT = "spot"
 ON_DEMAND = "on_demand"
+PAUSE_BAND_OF_SLACK = 0.1
+"""How far ahead of even progress (as a share of the job's slack) on-demand must be before
+it is paused to wait for spot again."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,19 +86,35 @@ def uniform_progress(clock: JobClock) -> str | None:
     return ON_DEMAND if ahead < 0 else None
 
 
+def even_progress_lead(clock: JobClock) -> float:
+    """Work (seconds) done beyond the straight line from start to deadline (negative: behind)."""
+    elapsed = (clock.now - clock.started_at) / (clock.deadline - clock.started_at)
+    return (clock.total_work_s - clock.remaining_work_s) - clock.total_work_s * elapsed
+
+
 def deadline_aware(clock: JobClock, *, spot_overhead_fraction: float) -> str | None:
     """`spot_overhead_fraction`: expected extra wall time per second of work when relying
-    on spot here (from the estimated interruption rate and capacity), e.g. 0.4."""
+    on spot here (waiting for capacity, restarts, lost work), e.g. 0.4 for 40 %.
+
+    The reserve it keeps is never larger than even pacing would keep: it waits for spot
+    whenever Uniform Progress would, and also while behind the line if the slack still
+    covers the expected spot overhead of the rest; it leaves on-demand for spot as soon as
+    either allows; and it pauses on-demand only when well ahead, since each pause and
+    resume costs a restart.
+    """
     if safety_net(clock):
         return ON_DEMAND
-    reserve = clock.remaining_work_s * spot_overhead_fraction + clock.decision_period_s
     if clock.running == SPOT:
         return SPOT
+    reserve = clock.remaining_work_s * spot_overhead_fraction + clock.decision_period_s
+    slack = on_demand_slack(clock, moving=True)
+    lead = even_progress_lead(clock)
     if clock.running == ON_DEMAND:
-        # leaving on-demand costs a restart now and possibly one to come back
-        if clock.spot_available and on_demand_slack(clock, moving=True) - clock.restart_s >= reserve:
-            return SPOT
-        return ON_DEMAND
+        if clock.spot_available:
+            # leaving costs a restart now and one more if the job has to come back
+            return SPOT if slack - 2 * clock.restart_s >= reserve or lead >= 2 * clock.restart_s else ON_DEMAND
+        band = max(2 * clock.restart_s, PAUSE_BAND_OF_SLACK * (clock.deadline - clock.started_at - clock.total_work_s))
+        return None if lead >= band else ON_DEMAND
     if clock.spot_available:
         return SPOT
-    return None if on_demand_slack(clock, moving=True) >= reserve else ON_DEMAND
+    return None if slack >= reserve or lead >= 0 else ON_DEMAND

@@ -121,9 +121,10 @@ def on_demand_rate() -> RateEstimate:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AvailabilityPrior:
-    fraction: float = 0.5
-    """Share of the time spot capacity is there, before anything is observed."""
-    weight_s: float = 12 * 3600.0
+    fraction: float = 0.8
+    """Share of the time spot capacity is there, before anything is observed: optimistic,
+    because the deadline rule's safety net, not this guess, is what protects a deadline."""
+    weight_s: float = 2 * 3600.0
 
     def __post_init__(self):
         if not 0 < self.fraction <= 1 or self.weight_s <= 0:

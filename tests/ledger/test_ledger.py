@@ -91,6 +91,8 @@ def histories(draw):
         for _ in range(draw(st.integers(0, 4))):
             quotes.append(quote(draw(prices), moment(), zone=draw(st.sampled_from(ZONES + [""])),
                                 market=draw(st.sampled_from(["spot", "spot", "on_demand"])), itype=itype))
+    # two different prices for one key at one instant are refused (tested below), so keep one
+    quotes = list({(q.key(), q.observed_at): q for q in reversed(quotes)}.values())
     intervals, cursor = [], 0
     for n in range(draw(st.integers(1, 4))):  # relaunches, possibly on another type/zone/market
         start_s = cursor + draw(st.integers(0, 1800))
@@ -162,6 +164,12 @@ def test_it_refuses_a_moment_without_a_price_naming_the_instance():
     with pytest.raises(LedgerError, match="instance i-1: no spot price .* in force at 2026-03-01 00:00:00"):
         build_ledger([instance(t0, t0 + dt.timedelta(hours=1))],
                      [quote("1", t0 + dt.timedelta(minutes=5))], now=t0)
+
+
+def test_it_refuses_two_different_prices_for_the_same_key_and_instant():
+    t0 = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    with pytest.raises(LedgerError, match="two quotes for .*us-east-1a.* disagree \\(1 vs 2\\)"):
+        build_ledger([], [quote("1", t0), quote("2", t0)], now=t0)
 
 
 def test_it_refuses_naive_times_and_backwards_intervals():

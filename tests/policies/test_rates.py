@@ -1,0 +1,65 @@
+import random
+
+import pytest
+
+from jobs.policies.rates import (AvailabilityPrior, Lifetime, RatePrior, estimate_availability,
+                                 estimate_rate, on_demand_rate)
+
+
+def synthetic_lifetimes(rate_per_hour, n, *, seed, censor_after_hours=24.0, notice_share=0.0):
+    """Exponential lifetimes; instances still alive after `censor_after_hours` end without an event."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        life = rng.expovariate(rate_per_hour)
+        if life >= censor_after_hours:
+            out.append(Lifetime(hours=censor_after_hours, interrupted=False))
+        else:
+            out.append(Lifetime(hours=life, interrupted=True, usable_notice=rng.random() < notice_share))
+    return out
+
+
+@pytest.mark.parametrize("true_rate", [0.01, 0.05, 0.3])
+def test_it_recovers_a_known_rate_from_censored_lifetimes(true_rate):
+    est = estimate_rate(synthetic_lifetimes(true_rate, 4000, seed=7), RatePrior.from_bucket("10-15%"))
+    assert est.per_hour == pytest.approx(true_rate, rel=0.1)
+    assert est.mtbi_hours == pytest.approx(1 / true_rate, rel=0.1)
+
+
+def test_it_recovers_the_share_of_interruptions_with_a_usable_notice():
+    est = estimate_rate(synthetic_lifetimes(0.2, 3000, seed=3, notice_share=0.7), RatePrior.from_bucket())
+    assert est.usable_notice_fraction == pytest.approx(0.7, abs=0.05)
+    assert est.unnoticed_per_hour == pytest.approx(0.2 * 0.3, rel=0.15)
+
+
+def test_a_new_zone_gets_its_bucket_rate_not_zero():
+    prior = RatePrior.from_bucket(">20%")
+    est = estimate_rate([], prior)
+    assert est.per_hour == prior.per_hour > 0
+    # 25 % of instances interrupted within a 730-hour month
+    assert 1 - (1 - est.per_hour) ** 730 == pytest.approx(0.25, abs=0.01)
+    assert est.usable_notice_fraction == 0  # notices must be seen before they count
+
+
+def test_a_little_data_moves_the_estimate_only_a_little():
+    prior = RatePrior.from_bucket("<5%")
+    one_bad_hour = estimate_rate([Lifetime(hours=1, interrupted=True)], prior)
+    assert prior.per_hour < one_bad_hour.per_hour < 0.01
+
+
+def test_it_refuses_unknown_buckets_and_impossible_lifetimes():
+    with pytest.raises(ValueError, match="unknown interruption-frequency bucket '7%'"):
+        RatePrior.from_bucket("7%")
+    with pytest.raises(ValueError, match="must not be negative"):
+        Lifetime(hours=-1, interrupted=False)
+    with pytest.raises(ValueError, match="usable_notice only makes sense"):
+        Lifetime(hours=1, interrupted=False, usable_notice=True)
+
+
+def test_on_demand_is_never_interrupted_and_availability_blends_its_prior():
+    assert on_demand_rate().per_hour == 0
+    assert estimate_availability(available_s=0, observed_s=0) == AvailabilityPrior().fraction
+    many = estimate_availability(available_s=30 * 86400 * 0.25, observed_s=30 * 86400)
+    assert many == pytest.approx(0.25, abs=0.01)
+    with pytest.raises(ValueError, match="available_s <= observed_s"):
+        estimate_availability(available_s=2, observed_s=1)
