@@ -12,7 +12,9 @@ agents/protocol.py, as the agent would start it on a VM:
 
 It passes when every resumed run continued after the step it resumed from, and
 every step seen in both the reference and the interrupted runs has the same
-loss (within a relative tolerance): the restart logic works, not just exists.
+loss (within a relative tolerance): the training loss from the status file, and
+the reference (validation) loss of checkpoints where the script records one.
+The restart logic works, not just exists.
 """
 
 from __future__ import annotations
@@ -111,7 +113,10 @@ class Preflight:
         self._check_resumed(finish, last)
         self.say(f"finish: continued from step {last.step} to the end")
 
-        self._compare(reference, [notice, resumed, finish])
+        compared = self._compare("loss", lambda r: r.trajectory, reference, [notice, resumed, finish])
+        compared += self._compare("checkpoint reference loss", lambda r: {c.step: c.reference_loss for c in r.checkpoints if c.reference_loss is not None}, reference, [notice, resumed, finish])
+        if not compared:
+            raise PreflightFailure("no step was reported by both the reference and the interrupted runs; report the status at every step (or at least the last) to RESPAWN_STATUS_FILE")
 
     # --- running the command -------------------------------------------------------
     def _start(self, name: str, checkpoint_uri: str, resume: protocol.CheckpointReport | None = None) -> Run:
@@ -200,25 +205,27 @@ class Preflight:
                 f"(does the script load RESPAWN_RESUME_FROM={resume.uri}?)"
             )
 
-    def _compare(self, reference: Run, interrupted: list[Run]) -> None:
+    def _compare(self, what: str, losses, reference: Run, interrupted: list[Run]) -> int:
+        """Check `losses(run)` (step -> loss) of the interrupted runs against the reference; the number of steps compared."""
         seen: dict[int, tuple[float, str]] = {}
         for run in interrupted:  # later runs redo steps lost to the SIGKILL: they must agree too
-            for step, loss in run.trajectory.items():
+            for step, loss in losses(run).items():
                 seen[step] = (loss, run.name)
-        common = sorted(set(seen) & set(reference.trajectory))
-        if not common:
-            raise PreflightFailure("no step was reported by both the reference and the interrupted runs; report the status at every step (or at least the last)")
+        expected = losses(reference)
+        common = sorted(set(seen) & set(expected))
         for step in common:
             loss, name = seen[step]
-            ref = reference.trajectory[step]
+            ref = expected[step]
             if abs(loss - ref) > self.config.tolerance * max(1.0, abs(ref)):
                 hint = (
                     "the script is not deterministic from scratch: seed every RNG and use torch.use_deterministic_algorithms(True)"
                     if name == "notice"
                     else "after resuming, training does not continue where it stopped: is the optimizer state (and scheduler, RNG, data position) saved and restored?"
                 )
-                raise PreflightFailure(f"loss at step {step} is {loss!r} in the {name} run but {ref!r} in the uninterrupted run: {hint}")
-        self.say(f"same loss trajectory at {len(common)} compared step(s), up to step {common[-1]}")
+                raise PreflightFailure(f"{what} at step {step} is {loss!r} in the {name} run but {ref!r} in the uninterrupted run: {hint}")
+        if common:
+            self.say(f"same {what} at {len(common)} compared step(s), up to step {common[-1]}")
+        return len(common)
 
 
 def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
