@@ -301,6 +301,11 @@ class RegisterView(APIView):
         return Response(protocol.to_dict(answer))
 
 
+def job_storage_uri(job: Job) -> str:
+    """Each job checkpoints under its own prefix of the storage root (DESIGN §6)."""
+    return f"{job.checkpoint_uri.rstrip('/')}/job-{job.pk}"
+
+
 def job_spec(instance: Instance) -> protocol.JobSpec:
     job = instance.job
     resume = instance.resume_checkpoint
@@ -310,7 +315,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         command=job.command,
         working_dir=job.working_dir,
         env=job.env,
-        checkpoint_uri=job.checkpoint_uri,
+        checkpoint_uri=job_storage_uri(job),
         resume_from=resume.uri if resume else None,
         resume_step=resume.step if resume else None,
         total_steps=job.total_steps,
