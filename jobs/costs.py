@@ -1,0 +1,306 @@
+"""Money from the database (DESIGN §8): rows → `jobs.ledger` inputs → per job,
+per team, per UTC month.
+
+The ledger itself is pure (`jobs.ledger`); this module only decides what each
+instance's interval and work were, from what the control plane recorded:
+
+- Billing starts when the launch was fulfilled: the instance's move to `booting`
+  (its InstanceEvent), else its registration; an instance that never got a VM
+  (still `requested`, or a capacity error before launch) is never billed.
+  Billing ends at `ended_at`, or now while it lives.
+- Seconds per step are measured on the instance from its MetricPoints
+  (first to last heartbeat); an instance with too few points borrows the mean
+  of its job's measured instances.
+- Kept steps follow the chain of checkpoints resumed from, per node slot: the
+  newest instance keeps what it did past its resume step; each earlier one keeps
+  what it did between its own resume step and the step the next kept instance
+  resumed from. Work past that was lost and is not kept.
+- Recomputed steps: what an instance ran again that an earlier instance of the
+  same slot had already reached.
+- Boot/restore: billed time before the instance's first heartbeat (all of it
+  when it never sent one). Checkpoint stalls: Σ Checkpoint.stall_s.
+
+Every function here issues a fixed number of queries whatever the number of
+jobs, instances or metric points, so list pages stay flat.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import reduce
+from operator import or_
+
+from django.db.models import Count, F, Max, Min, Q, Sum
+from django.utils import timezone
+
+from jobs import ledger
+from jobs.choices import InstanceState
+from jobs.models import Checkpoint, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint, PriceQuote
+
+MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
+
+
+class CostError(ValueError):
+    """A request the ledger cannot answer; the message names what is wrong."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstanceWork:
+    """What the ledger was told about one instance, for display beside its money."""
+
+    instance_id: int
+    job_id: int
+    rank: int
+    billed_from: dt.datetime
+    billed_to: dt.datetime | None
+    resume_step: int
+    last_step: int
+    steps_kept: int
+    recomputed_steps: int
+    seconds_per_step: Decimal
+    boot_restore_seconds: Decimal
+    checkpoint_stall_seconds: Decimal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobCost:
+    job_id: int
+    ledger: ledger.Ledger
+    work: dict[int, InstanceWork]
+    now: dt.datetime
+
+
+def parse_month(text: str | None, now: dt.datetime) -> tuple[str, dt.datetime, dt.datetime]:
+    """'YYYY-MM' (or None for the current UTC month) -> (label, first instant, first instant of next)."""
+    if text is None or text == "":
+        now = now.astimezone(dt.UTC)
+        year, month = now.year, now.month
+    else:
+        match = MONTH_RE.match(text)
+        if not match or not 1 <= int(match.group(2)) <= 12:
+            raise CostError(f"month must look like YYYY-MM, e.g. 2026-11 (got {text!r})")
+        year, month = int(match.group(1)), int(match.group(2))
+    start = dt.datetime(year, month, 1, tzinfo=dt.UTC)
+    end = dt.datetime(year + month // 12, month % 12 + 1, 1, tzinfo=dt.UTC)
+    return f"{year:04d}-{month:02d}", start, end
+
+
+# ---- rows -> ledger inputs ------------------------------------------------------------------
+
+def _billing_starts(instances) -> dict[int, dt.datetime]:
+    launched = dict(
+        InstanceEvent.objects.filter(instance_id__in=[i.pk for i in instances], to_state=InstanceState.BOOTING)
+        .values("instance_id").annotate(at=Min("created_at")).values_list("instance_id", "at")
+    )
+    starts = {}
+    for instance in instances:
+        start = launched.get(instance.pk) or instance.registered_at or instance.running_at
+        if start is not None:
+            starts[instance.pk] = start
+    return starts
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    first_heartbeat: dt.datetime
+    seconds_per_step: Decimal | None
+
+
+def _measurements(instance_ids) -> dict[int, _Measured]:
+    rows = (MetricPoint.objects.filter(instance_id__in=instance_ids).values("instance_id")
+            .annotate(t0=Min("time"), t1=Max("time"), s0=Min("step"), s1=Max("step")))
+    measured = {}
+    for row in rows:
+        steps = row["s1"] - row["s0"]
+        seconds = Decimal((row["t1"] - row["t0"]).total_seconds())
+        rate = (seconds / steps).quantize(Decimal("0.000001")) if steps > 0 else None
+        measured[row["instance_id"]] = _Measured(row["t0"], rate)
+    return measured
+
+
+def _stalls(instance_ids) -> dict[int, Decimal]:
+    rows = (Checkpoint.objects.filter(instance_id__in=instance_ids, stall_s__isnull=False)
+            .values("instance_id").annotate(total=Sum("stall_s")).values_list("instance_id", "total"))
+    return {pk: Decimal(str(total)) for pk, total in rows}
+
+
+def _kept_and_recomputed(slot: list[Instance]) -> dict[int, tuple[int, int]]:
+    """For one node slot's billed instances in launch order: (steps kept, steps recomputed)."""
+    result = {}
+    reached = 0
+    for instance in slot:
+        redone = max(0, min(instance.last_step, reached) - instance.resume_step)
+        result[instance.pk] = [0, redone]
+        reached = max(reached, instance.last_step)
+    frontier = None  # the step the next kept instance resumed from
+    for instance in reversed(slot):
+        top = instance.last_step if frontier is None else min(instance.last_step, frontier)
+        if top > instance.resume_step:
+            result[instance.pk][0] = top - instance.resume_step
+            frontier = instance.resume_step
+        elif frontier is None:
+            frontier = instance.resume_step
+    return {pk: (kept, redone) for pk, (kept, redone) in result.items()}
+
+
+def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
+    starts = _billing_starts(instances)
+    billed = [i for i in instances if i.pk in starts]
+    ids = [i.pk for i in billed]
+    measured, stalls = _measurements(ids), _stalls(ids)
+
+    job_rates: dict[int, list[Decimal]] = defaultdict(list)
+    for instance in billed:
+        m = measured.get(instance.pk)
+        if m is not None and m.seconds_per_step is not None:
+            job_rates[instance.job_id].append(m.seconds_per_step)
+
+    slots: dict[tuple[int, int], list[Instance]] = defaultdict(list)
+    for instance in sorted(billed, key=lambda i: (starts[i.pk], i.pk)):
+        slots[(instance.job_id, instance.rank)].append(instance)
+    steps = {}
+    for slot in slots.values():
+        steps.update(_kept_and_recomputed(slot))
+
+    work = {}
+    for instance in billed:
+        start, end = starts[instance.pk], instance.ended_at
+        m = measured.get(instance.pk)
+        rates = job_rates[instance.job_id]
+        rate = m.seconds_per_step if m and m.seconds_per_step is not None else (
+            (sum(rates) / len(rates)).quantize(Decimal("0.000001")) if rates else Decimal(0))
+        until = m.first_heartbeat if m else (end or now)
+        booting = max(Decimal(0), Decimal(str((min(until, end or now) - start).total_seconds())))
+        kept, redone = steps[instance.pk]
+        work[instance.pk] = InstanceWork(
+            instance_id=instance.pk, job_id=instance.job_id, rank=instance.rank, billed_from=start, billed_to=end,
+            resume_step=instance.resume_step, last_step=instance.last_step, steps_kept=kept, recomputed_steps=redone,
+            seconds_per_step=rate, boot_restore_seconds=booting,
+            checkpoint_stall_seconds=stalls.get(instance.pk, Decimal(0)),
+        )
+    return work
+
+
+def _interval(instance: Instance, work: InstanceWork) -> ledger.InstanceInterval:
+    return ledger.InstanceInterval(
+        instance_id=str(instance.pk), provider=instance.provider, region=instance.region, zone=instance.zone,
+        instance_type=instance.instance_type, market=instance.market, start=work.billed_from, end=work.billed_to,
+        steps_kept=work.steps_kept, seconds_per_step=work.seconds_per_step,
+        boot_restore_seconds=work.boot_restore_seconds, checkpoint_stall_seconds=work.checkpoint_stall_seconds,
+        recomputed_steps=work.recomputed_steps,
+    )
+
+
+def price_index(instances, now: dt.datetime) -> ledger.PriceIndex:
+    """Every quote that can be in force for these instances (both markets: the baseline needs on-demand)."""
+    keys = {(i.provider, i.region, i.instance_type) for i in instances}
+    if not keys:
+        return ledger.PriceIndex([])
+    where = reduce(or_, (Q(provider=p, region=r, instance_type=t) for p, r, t in keys))
+    rows = PriceQuote.objects.filter(where, observed_at__lte=now).values_list(
+        "provider", "region", "zone", "instance_type", "market", "usd_per_hour", "observed_at")
+    return ledger.PriceIndex(
+        ledger.PriceQuote(provider=p, region=r, zone=z, instance_type=t, market=m, usd_per_hour=price,
+                          observed_at=at)
+        for p, r, z, t, m, price, at in rows)
+
+
+def _instances_of_jobs(job_ids) -> list[Instance]:
+    return list(Instance.objects.filter(job_id__in=job_ids)
+                .annotate(resume_step=F("resume_checkpoint__step"))
+                .only("id", "job_id", "rank", "provider", "region", "zone", "instance_type", "market",
+                      "registered_at", "running_at", "ended_at", "last_step", "requested_at"))
+
+
+def _prepared(job_ids, now):
+    instances = _instances_of_jobs(job_ids)
+    for instance in instances:
+        instance.resume_step = instance.resume_step or 0
+    work = _work(instances, now)
+    billed = [i for i in instances if i.pk in work]
+    return billed, work, price_index(billed, now)
+
+
+# ---- answers ----------------------------------------------------------------------------------
+
+def job_costs(job_ids, now: dt.datetime | None = None) -> dict[int, JobCost]:
+    """Money of each job in `job_ids` (every one gets an answer, zero when never billed)."""
+    now = now or timezone.now()
+    job_ids = list(job_ids)
+    billed, work, prices = _prepared(job_ids, now)
+    by_job: dict[int, list[Instance]] = defaultdict(list)
+    for instance in billed:
+        by_job[instance.job_id].append(instance)
+    answers = {}
+    for job_id in job_ids:
+        mine = by_job.get(job_id, [])
+        try:
+            job_ledger = ledger.build_ledger([_interval(i, work[i.pk]) for i in mine], prices, now)
+        except ledger.LedgerError as exc:
+            raise CostError(f"job {job_id}: {exc}") from exc
+        answers[job_id] = JobCost(job_id=job_id, ledger=job_ledger, work={i.pk: work[i.pk] for i in mine}, now=now)
+    return answers
+
+
+def job_cost(job: Job | int, now: dt.datetime | None = None) -> JobCost:
+    job_id = job if isinstance(job, int) else job.pk
+    return job_costs([job_id], now)[job_id]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TeamMonthCost:
+    team_id: int
+    month: str
+    spent: Decimal
+    baseline: Decimal
+    waste: Decimal
+    gpu_hours: Decimal
+    jobs: int
+    budget: Decimal | None
+    now: dt.datetime
+
+    @property
+    def savings(self) -> Decimal:
+        return self.baseline - self.spent
+
+
+def team_month_cost(team, month: str | None = None, now: dt.datetime | None = None) -> TeamMonthCost:
+    """A team's spend, on-demand baseline, savings and waste in one UTC month.
+
+    Kept work needs each job's whole history, so every instance of a job that was
+    billed in the month enters the ledger; only the month's share is reported."""
+    now = now or timezone.now()
+    label, start, end = parse_month(month, now)
+    job_ids = list(Job.objects.filter(team=team).filter(
+        Q(instances__ended_at__isnull=True) | Q(instances__ended_at__gte=start),
+        instances__requested_at__lt=end).values_list("pk", flat=True).distinct())
+    billed, work, prices = _prepared(job_ids, now)
+    try:
+        month_ledger = ledger.build_ledger([_interval(i, work[i.pk]) for i in billed], prices, now)
+    except ledger.LedgerError as exc:
+        raise CostError(f"team {team.pk}: {exc}") from exc
+    row = month_ledger.by_month.get(label) or ledger.MonthCost(
+        spent=Decimal(0), baseline=Decimal(0), waste=Decimal(0))
+    accelerators = dict(Job.objects.filter(pk__in=job_ids).values_list("pk", "accelerator_count"))
+    gpu_seconds = sum((cost.seconds_by_month.get(label, 0) * accelerators[i.job_id]
+                       for i, cost in zip(billed, month_ledger.instances)), 0)
+    return TeamMonthCost(
+        team_id=team.pk, month=label, spent=row.spent, baseline=row.baseline, waste=row.waste,
+        gpu_hours=(Decimal(gpu_seconds) / 3600).quantize(Decimal("0.01")),
+        jobs=len(job_ids), budget=team.monthly_budget_usd, now=now,
+    )
+
+
+def interruptions_by_placement(team, month: str | None = None, now: dt.datetime | None = None) -> list[dict]:
+    """Interruptions received in the month, counted per cloud / zone / instance type / kind."""
+    _, start, end = parse_month(month, now or timezone.now())
+    return list(
+        InterruptionEvent.objects.filter(instance__job__team=team, received_at__gte=start, received_at__lt=end)
+        .values(cloud=F("instance__provider"), zone=F("instance__zone"), instance_type=F("instance__instance_type"),
+                kind_name=F("kind"))
+        .annotate(count=Count("id")).order_by("cloud", "zone", "instance_type", "kind_name")
+    )

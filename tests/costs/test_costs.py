@@ -1,0 +1,142 @@
+"""jobs.costs against the hand-computed history in tests/costs/history.py."""
+
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from jobs import costs
+from jobs.choices import InstanceState
+from tests.costs.history import T, heartbeats, launched, make_history, seed_prices
+from tests.factories import make_job, make_team_with_members
+
+NOW = T(11, 29, 12)
+D = Decimal
+
+
+@pytest.fixture
+def history(db):
+    setup = make_team_with_members()
+    job, a, b, never = make_history(setup.team, setup.people["member"].user)
+    return setup, job, a, b, never
+
+
+def test_it_prices_a_job_across_a_price_change_and_a_month_boundary(history):
+    _, job, a, b, never = history
+    cost = costs.job_cost(job, NOW)
+    assert cost.ledger.spent == D("1.80")
+    assert cost.ledger.baseline == D("2.33333333")
+    assert cost.ledger.savings == D("0.53333333")
+    spent = {int(i.instance_id): i.spent for i in cost.ledger.instances}
+    assert spent == {a.pk: D("1.08"), b.pk: D("0.72")}
+    assert never.pk not in cost.work, "an instance that never got a VM is not billed"
+
+
+def test_it_keeps_work_along_the_checkpoints_resumed_from(history):
+    _, job, a, b, _ = history
+    work = costs.job_cost(job, NOW).work
+    assert (work[a.pk].steps_kept, work[a.pk].recomputed_steps) == (900, 0)
+    assert (work[b.pk].steps_kept, work[b.pk].recomputed_steps) == (600, 100)
+    assert (work[a.pk].seconds_per_step, work[b.pk].seconds_per_step) == (D(6), D(5))
+
+
+def test_it_splits_waste_into_recomputed_boot_and_stalls(history):
+    _, job, a, b, _ = history
+    cost = costs.job_cost(job, NOW)
+    waste = cost.ledger.waste
+    assert waste.boot_restore == D("0.15")
+    assert waste.checkpoint_stalls == D("0.0015")
+    assert waste.recomputed == D("0.10")
+    assert cost.work[a.pk].boot_restore_seconds == D(600)
+    assert cost.work[a.pk].checkpoint_stall_seconds == D(10)
+
+
+def test_it_reports_each_utc_month(history):
+    _, job, *_ = history
+    months = costs.job_cost(job, NOW).ledger.by_month
+    assert (months["2026-02"].spent, months["2026-02"].baseline) == (D("0.36"), D("0.75"))
+    assert (months["2026-03"].spent, months["2026-03"].baseline) == (D("1.44"), D("1.58333333"))
+
+
+def test_team_month_counts_only_that_month_and_that_team(history):
+    setup, *_ = history
+    make_job(setup.other_team, setup.people["outsider"].user)  # nothing of it may show up
+    march = costs.team_month_cost(setup.team, "2026-03", NOW)
+    assert (march.spent, march.baseline, march.savings) == (D("1.44"), D("1.58333333"), D("0.14333333"))
+    assert march.gpu_hours == D("2.00")
+    assert march.budget == D(1000)
+    february = costs.team_month_cost(setup.team, "2026-02", NOW)
+    assert february.spent == D("0.36") and february.gpu_hours == D("1.00")
+    assert costs.team_month_cost(setup.other_team, "2026-03", NOW).spent == 0
+
+
+def test_a_running_instance_is_billed_up_to_now(db):
+    setup = make_team_with_members()
+    seed_prices()
+    job = make_job(setup.team, setup.people["member"].user)
+    running = launched(job, at=T(3, 2, 10), state=InstanceState.RUNNING, last_step=50)
+    heartbeats(running, [(T(3, 2, 10, 1), 0), (T(3, 2, 10, 6), 50)])
+    cost = costs.job_cost(job, now=T(3, 2, 10, 30))
+    assert cost.ledger.spent == D("0.36")  # half an hour at 0.72
+    assert cost.work[running.pk].steps_kept == 50
+    assert cost.ledger.baseline == (D(50 * 6) / 3600).quantize(D("0.00000001"))  # 300 s at 1.00 $/h
+
+
+def test_a_relaunch_on_another_type_is_priced_machine_by_machine(history):
+    setup, job, a, b, _ = history
+    from jobs.models import PriceQuote
+
+    PriceQuote.objects.create(provider="aws", region="hand-1", zone="", instance_type="hand.gpu4",
+                              market="on_demand", usd_per_hour=D("3.06"), observed_at=T(1, 1))
+    c = launched(job, at=T(3, 1, 4), ended=T(3, 1, 5), end_reason="completed", last_step=1600, resume=None,
+                 market="on_demand")
+    from jobs.models import Instance
+
+    Instance.objects.filter(pk=c.pk).update(instance_type="hand.gpu4")
+    heartbeats(c, [(T(3, 1, 4, 1), 1500), (T(3, 1, 4, 11), 1600)])
+    from jobs.models import Checkpoint
+
+    Instance.objects.filter(pk=c.pk).update(resume_checkpoint=Checkpoint.objects.create(
+        checkpoint_id="00000000-0000-4000-8000-0000000000cc", job=job, instance=b, step=1500, uri="/c", bytes=1,
+        manifest_digest="d", committed_at=T(3, 1, 3)))
+    cost = costs.job_cost(job, NOW)
+    assert cost.work[c.pk].steps_kept == 100 and cost.work[c.pk].seconds_per_step == D(6)
+    spent_c = {int(i.instance_id): i for i in cost.ledger.instances}[c.pk]
+    assert spent_c.spent == D("3.06")  # one hour on-demand p3
+    assert spent_c.baseline == D("0.51")  # 600 s × 3.06 / 3600
+
+
+def test_a_month_that_is_not_yyyy_mm_is_refused_by_name(db):
+    with pytest.raises(costs.CostError, match="month must look like YYYY-MM"):
+        costs.parse_month("2026-13", NOW)
+    with pytest.raises(costs.CostError, match="month"):
+        costs.parse_month("march", NOW)
+
+
+def test_a_billed_second_without_a_price_is_an_error_naming_the_instance(db):
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user)
+    instance = launched(job, at=T(3, 2, 10), ended=T(3, 2, 11), end_reason="completed")
+    with pytest.raises(costs.CostError, match=f"instance {instance.pk}: no spot price"):
+        costs.job_cost(job, NOW)
+
+
+def test_queries_do_not_grow_with_jobs(history, django_assert_max_num_queries):
+    setup, job, *_ = history
+    more = [make_history_job(setup) for _ in range(3)]
+    with django_assert_max_num_queries(6):
+        answers = costs.job_costs([job.pk, *more], NOW)
+    assert len(answers) == 4
+
+
+def make_history_job(setup):
+    job = make_job(setup.team, setup.people["member"].user)
+    instance = launched(job, at=T(3, 5, 1), ended=T(3, 5, 2), end_reason="completed", last_step=10)
+    heartbeats(instance, [(T(3, 5, 1, 1), 0), (T(3, 5, 1, 2), 10)])
+    return job.pk
+
+
+def test_month_edges_are_utc():
+    label, start, end = costs.parse_month("2026-12", NOW)
+    assert (label, start, end) == ("2026-12", T(12, 1), dt.datetime(2027, 1, 1, tzinfo=dt.UTC))
+    assert costs.parse_month(None, NOW)[0] == "2026-11"
