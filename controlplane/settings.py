@@ -117,6 +117,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT", VAR_DIR / "static"))
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise expects it even when serving through finders
 # Finders serve app static directly, so `make demo` needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/login/"
