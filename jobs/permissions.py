@@ -18,10 +18,12 @@ PERMISSIONS: dict[str, str] = {
     "checkpoint.view": Role.VIEWER,
     "interruption.view": Role.VIEWER,
     "team.manage": Role.ADMIN,
+    "audit.view": Role.ADMIN,
 }
 
-# Readable by any signed-in person, whatever their teams: public list prices.
-OPEN_ACTIONS = frozenset({"price.view"})
+# Open to any signed-in person, whatever their teams: public list prices, and
+# their own API tokens (a person's, not a team's: other people's tokens are 404).
+OPEN_ACTIONS = frozenset({"price.view", "token.manage"})
 
 
 def role_allows(role: str | None, action: str) -> bool:

@@ -7,6 +7,7 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
@@ -180,3 +181,23 @@ class LoginSerializer(serializers.Serializer):
 class TokenAnswerSerializer(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once; only its digest is stored.")
     name = serializers.CharField()
+
+
+LOGS_AFTER_PARAMETER = OpenApiParameter(
+    "after", str, description="The `next` of the previous answer; empty or absent: from the first line."
+)
+
+
+class LogLineSerializer(serializers.Serializer):
+    instance = serializers.IntegerField()
+    rank = serializers.IntegerField()
+    offset = serializers.IntegerField(help_text="Line number in that instance's output.")
+    line = serializers.CharField()
+
+
+class JobLogsSerializer(serializers.Serializer):
+    lines = LogLineSerializer(many=True)
+    next = serializers.CharField(help_text="Pass as `after` to read on from here.")
+    more = serializers.BooleanField(help_text="More lines are ready now: read again at once.")
+    job_status = serializers.CharField()
+    finished = serializers.BooleanField(help_text="The job has ended and every line has been returned.")

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, views
+from jobs.api import agent, audit, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -10,8 +10,15 @@ router.register("checkpoints", views.CheckpointViewSet, basename="checkpoint")
 router.register("interruptions", views.InterruptionViewSet, basename="interruption")
 router.register("teams", views.TeamViewSet, basename="team")
 router.register("prices", views.PriceQuoteViewSet, basename="price")
+router.register("tokens", tokens.ApiTokenViewSet, basename="token")
+router.register(r"teams/(?P<team_pk>\d+)/members", teamadmin.MemberViewSet, basename="team-member")
+router.register("audit", audit.AuditEventViewSet, basename="audit")
 
-people_urlpatterns = [path("auth/token/", views.TokenView.as_view(), name="auth-token"), *router.urls]
+people_urlpatterns = [
+    path("auth/token/", views.TokenView.as_view(), name="auth-token"),
+    path("teams/<int:team_pk>/limits/", teamadmin.TeamLimitsView.as_view(), name="team-limits"),
+    *router.urls,
+]
 
 agent_urlpatterns = [
     path("register", agent.RegisterView.as_view(), name="agent-register"),

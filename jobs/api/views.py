@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_filters
 from django.contrib.auth import authenticate
+from django.db import transaction
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -14,12 +15,14 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from jobs.api import serializers as s
+from jobs.administration import issue_token
 from jobs.api.errors import Unauthorized
-from jobs.choices import JobStatus
-from jobs.models import ApiToken, Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
+from jobs.audit import record_audit
+from jobs.choices import AuditAction, JobStatus
+from jobs.joblogs import BadCursor, read_job_logs
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
 from jobs.permissions import can, visible_team_ids
 from jobs.services import cancel_job
-from jobs.tokens import PERSONAL_PREFIX, new_token
 
 
 class TeamRolePermission(permissions.BasePermission):
@@ -70,6 +73,7 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         "create": "job.create",
         "cancel": "job.cancel",
         "events": "job.view",
+        "logs": "job.view",
     }
 
     def perform_create(self, serializer):
@@ -78,14 +82,18 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
             raise Http404("No Team matches the given query.")
         if not can(self.request.user, "job.create", team.pk):
             raise PermissionDenied("Your role in this team cannot submit jobs.")
-        serializer.save(owner=self.request.user)
+        with transaction.atomic():
+            job = serializer.save(owner=self.request.user)
+            record_audit(self.request.user, AuditAction.JOB_SUBMITTED, f"job:{job.pk}", team=team, name=job.name)
 
     @extend_schema(request=None, responses={202: s.JobSerializer, 409: None})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = self.get_object()
-        if not cancel_job(job, by=request.user.username):
-            return Response({"detail": f"job is already {job.status}"}, status=status.HTTP_409_CONFLICT)
+        with transaction.atomic():
+            if not cancel_job(job, by=request.user.username):
+                return Response({"detail": f"job is already {job.status}"}, status=status.HTTP_409_CONFLICT)
+            record_audit(request.user, AuditAction.JOB_CANCELLED, f"job:{job.pk}", team=job.team_id, name=job.name)
         job.refresh_from_db()
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 
@@ -95,6 +103,16 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         job = self.get_object()
         page = self.paginate_queryset(job.events.all())
         return self.get_paginated_response(s.JobEventSerializer(page, many=True).data)
+
+    @extend_schema(parameters=[s.LOGS_AFTER_PARAMETER], responses=s.JobLogsSerializer)
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The trainer output of the job's instances in order, from the cursor `after` on."""
+        try:
+            page = read_job_logs(self.get_object(), request.query_params.get("after", ""))
+        except BadCursor as e:
+            return Response({"detail": str(e), "errors": {"after": [str(e)]}}, status=status.HTTP_400_BAD_REQUEST)
+        return Response(s.JobLogsSerializer(page).data)
 
 
 class InstanceViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
@@ -155,7 +173,6 @@ class TokenView(APIView):
         user = authenticate(request, username=body.validated_data["username"], password=body.validated_data["password"])
         if user is None:
             raise Unauthorized("Wrong username or password.")
-        token, digest = new_token(PERSONAL_PREFIX)
         name = body.validated_data["token_name"]
-        ApiToken.objects.create(user=user, name=name, key_hash=digest, prefix=token[:8])
+        _, token = issue_token(user, name, via="login")
         return Response({"token": token, "name": name}, status=status.HTTP_201_CREATED)

@@ -5,11 +5,13 @@ import pytest
 from rest_framework.test import APIClient
 
 from jobs.choices import Role
-from jobs.models import Checkpoint, InterruptionEvent
-from jobs.permissions import PERMISSIONS, role_allows
-from tests.factories import make_instance, make_job, make_team_with_members
+from jobs.audit import record_audit
+from jobs.choices import AuditAction
+from jobs.models import ApiToken, Checkpoint, InterruptionEvent
+from jobs.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
+from tests.factories import make_instance, make_job, make_person, make_team_with_members
 
-# (name, method, url template, action, success status, body builder)
+# (name, method, url template, action, success status); request bodies in BODIES
 ENDPOINTS = [
     ("jobs-list", "get", "/api/v1/jobs/", "job.view", 200),
     ("jobs-create", "post", "/api/v1/jobs/", "job.create", 201),
@@ -25,16 +27,48 @@ ENDPOINTS = [
     ("teams-list", "get", "/api/v1/teams/", "team.view", 200),
     ("teams-detail", "get", "/api/v1/teams/{team}/", "team.view", 200),
     ("prices-list", "get", "/api/v1/prices/", "price.view", 200),
+    ("jobs-logs", "get", "/api/v1/jobs/{job}/logs/", "job.view", 200),
+    ("tokens-list", "get", "/api/v1/tokens/", "token.manage", 200),
+    ("tokens-create", "post", "/api/v1/tokens/", "token.manage", 201),
+    ("tokens-detail", "get", "/api/v1/tokens/{token}/", "token.manage", 200),
+    ("tokens-revoke", "post", "/api/v1/tokens/{token}/revoke/", "token.manage", 200),
+    ("members-list", "get", "/api/v1/teams/{team}/members/", "team.view", 200),
+    ("members-detail", "get", "/api/v1/teams/{team}/members/{viewer}/", "team.view", 200),
+    ("members-add", "post", "/api/v1/teams/{team}/members/", "team.manage", 201),
+    ("members-change", "patch", "/api/v1/teams/{team}/members/{viewer}/", "team.manage", 200),
+    ("members-remove", "delete", "/api/v1/teams/{team}/members/{viewer}/", "team.manage", 204),
+    ("limits-detail", "get", "/api/v1/teams/{team}/limits/", "team.view", 200),
+    ("limits-change", "patch", "/api/v1/teams/{team}/limits/", "team.manage", 200),
+    ("audit-list", "get", "/api/v1/audit/", "audit.view", 200),
 ]
+JOB_BODY = {"name": "x", "command": ["python", "t.py"]}
+BODIES = {
+    "jobs-create": JOB_BODY,
+    "tokens-create": {"name": "laptop"},
+    "members-add": {"username": "newbie", "role": Role.VIEWER},
+    "members-change": {"role": Role.MEMBER},
+    "limits-change": {"max_concurrent_gpus": 4},
+}
+# A person's token is theirs alone: the row's {token} belongs to the member.
+TOKEN_OWNER = Role.MEMBER
 WHO = [Role.VIEWER, Role.MEMBER, Role.ADMIN, "outsider", "anonymous"]
-LIST_ENDPOINTS = {name for name, _, url, _, _ in ENDPOINTS if "{" not in url and name != "jobs-create"}
+LIST_ENDPOINTS = {name for name, _, url, _, _ in ENDPOINTS if "{" not in url and name.endswith("-list")}
+CREATE_ENDPOINTS = {"jobs-create", "tokens-create"}
 
 
-def expected_status(action, who, success, is_list):
+def holds_somewhere(who, action):
+    """The outsider is admin of their own team, so holds every action there."""
+    return who == "outsider" or role_allows(who, action)
+
+
+def expected_status(action, who, success, is_list, is_create=False):
     if who == "anonymous":
         return 401
+    if action == "token.manage":
+        return success if is_list or is_create or who == TOKEN_OWNER else 404
     if is_list or action == "price.view":
-        return success  # lists answer 200 and simply hide other teams' rows
+        # lists hide other teams' rows; one nobody may read in any team is refused
+        return success if holds_somewhere(who, action) else 403
     if who == "outsider":
         return 404  # another team's object does not exist for you
     return success if role_allows(who, action) else 403
@@ -47,8 +81,12 @@ def objects_of(setup):
         checkpoint_id="00000000-0000-4000-8000-000000000001", job=job, instance=instance, step=10, uri="/x",
         bytes=1, manifest_digest="d", committed_at="2026-01-01T00:00:00Z")
     interruption = InterruptionEvent.objects.create(instance=instance, kind="notice", source="aws_imds")
+    make_person("newbie")
+    member = setup.people[TOKEN_OWNER].user
+    audit = record_audit(member, AuditAction.JOB_SUBMITTED, f"job:{job.pk}", team=setup.team)
     return {"job": job.pk, "instance": instance.pk, "checkpoint": checkpoint.pk, "interruption": interruption.pk,
-            "team": setup.team.pk}
+            "team": setup.team.pk, "token": ApiToken.objects.get(user=member).pk, "audit": audit.pk,
+            "viewer": setup.people[Role.VIEWER].user.username}
 
 
 @pytest.mark.parametrize("who", WHO)
@@ -59,12 +97,14 @@ def test_authorization_matrix(db, name, method, url, action, success, who):
     client = APIClient()
     if who != "anonymous":
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {setup.people[who].token}")
-    body = {"team": setup.team.pk, "name": "x", "command": ["python", "t.py"]} if method == "post" else None
+    body = {"team": setup.team.pk, **BODIES[name]} if name == "jobs-create" else BODIES.get(name)
     response = getattr(client, method)(url.format(**ids), body, format="json")
-    assert response.status_code == expected_status(action, who, success, name in LIST_ENDPOINTS), response.content
+    expected = expected_status(action, who, success, name in LIST_ENDPOINTS, name in CREATE_ENDPOINTS)
+    assert response.status_code == expected, response.content
     if name in LIST_ENDPOINTS and who == "outsider" and name != "prices-list":
         listed = {row["id"] for row in response.json()["results"]}
-        assert ids[name.removesuffix("s-list")] not in listed, "another team's row leaked into a list"
+        key = name.removesuffix("-list").removesuffix("s")
+        assert ids[key] not in listed, "another team's (or person's) row leaked into a list"
 
 
 def test_creating_in_another_team_is_404(db):
@@ -77,5 +117,4 @@ def test_creating_in_another_team_is_404(db):
 
 def test_every_action_in_the_table_is_exercised():
     exercised = {action for _, _, _, action, _ in ENDPOINTS}
-    # team.manage belongs to team administration endpoints, not yet built.
-    assert set(PERMISSIONS) - exercised <= {"team.manage"}
+    assert set(PERMISSIONS) | OPEN_ACTIONS <= exercised
