@@ -332,6 +332,7 @@ def write_png(summary: dict, path: Path) -> None:
     axes[0].set_ylabel("cost / on-demand cost (mean over folders)")
     axes[0].legend()
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
 
@@ -339,7 +340,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES if DEFAULT_TRACES.is_dir() else FALLBACK_TRACES,
                         help="folder of trace JSON files (searched recursively)")
-    parser.add_argument("--png", type=Path, default=Path("bench/simulate.png"), help="where to write the plot")
+    parser.add_argument("--png", type=Path, default=Path("var/bench/simulate.png"), help="where to write the plot")
     parser.add_argument("--check", action="store_true", help="exit 1 unless ours meets every deadline and beats UP")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--offsets", type=int, default=OFFSETS, help=argparse.SUPPRESS)  # tests only

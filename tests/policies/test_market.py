@@ -1,27 +1,13 @@
 import dataclasses
-import functools
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs.policies import market
 from jobs.policies.market import ON_DEMAND, SPOT, JobClock, deadline_aware, greedy, uniform_progress
 
 HOUR = 3600.0
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "simulate.py"
-
-
-@functools.cache
-def load_simulator():
-    spec = importlib.util.spec_from_file_location("bench_simulate", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def clock(**changes):
@@ -53,7 +39,7 @@ def test_uniform_progress_uses_on_demand_only_behind_the_line_and_leaves_it_two_
     behind = clock(now=20 * HOUR, remaining_work_s=95 * HOUR)   # line: 10 h done, we did 5
     ahead = clock(now=20 * HOUR, remaining_work_s=85 * HOUR)    # we did 15
     assert uniform_progress(behind) == ON_DEMAND
-    assert uniform_progress(behind.__class__(**{**dataclasses.asdict(behind), "spot_available": True})) == SPOT
+    assert uniform_progress(dataclasses.replace(behind, spot_available=True)) == SPOT
     assert uniform_progress(ahead) is None
     assert uniform_progress(dataclasses.replace(behind, running=ON_DEMAND, spot_available=True)) == ON_DEMAND
     assert uniform_progress(dataclasses.replace(ahead, running=ON_DEMAND, spot_available=True)) == SPOT
@@ -75,11 +61,11 @@ def test_ours_goes_back_to_spot_when_slack_recovers_and_pauses_on_demand_only_we
     assert deadline_aware(barely, spot_overhead_fraction=2.0) == ON_DEMAND
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), p_up=st.floats(0.0, 1.0), factor=st.sampled_from([1.2, 1.5, 2.0]))
-def test_every_rule_meets_the_deadline_on_random_availability(seed, p_up, factor):
+def test_every_rule_meets_the_deadline_on_random_availability(simulator, seed, p_up, factor):
     """A tiny simulator run: Markov on/off spot capacity, preemptions without notice."""
-    sim = load_simulator()
+    sim = simulator
     rng = random.Random(seed)
     available, up = [], rng.random() < p_up
     for _ in range(1500):
