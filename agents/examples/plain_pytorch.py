@@ -19,7 +19,6 @@ loss trajectory as an uninterrupted run.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -29,10 +28,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+import xxhash
 import torch.nn.functional as F
 from torch import nn
 
-FEATURES, CLASSES, BATCH = 32, 8, 64
+FEATURES, CLASSES = 32, 8
 requests_ = {"checkpoint": False, "stop": False}
 
 
@@ -41,13 +41,13 @@ def on_signal(signum, frame) -> None:
 
 
 def make_model(hidden: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES))
+    return nn.Sequential(nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, CLASSES))
 
 
-def batch_for(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_for(step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The data of step `step`, a pure function of it, so resuming needs no sampler state."""
     g = torch.Generator().manual_seed(10_000 + step)
-    x = torch.randn(BATCH, FEATURES, generator=g)
+    x = torch.randn(batch, FEATURES, generator=g)
     return x, (x[:, :CLASSES].argmax(dim=1))
 
 
@@ -78,24 +78,38 @@ def newest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
+class DigestingFile:
+    """A file that digests what is written to it, so the checkpoint is not read back to hash it."""
+
+    def __init__(self, f):
+        self.f, self.digest = f, xxhash.xxh3_128()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save(directory: Path, payload: dict, kind: str, started: float) -> dict:
     path = directory / f"step-{payload['step']:08d}.pt"
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        torch.save(payload, f)
+        out = DigestingFile(f)
+        torch.save(payload, out)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fd = os.open(directory, os.O_RDONLY)
     os.fsync(fd)
     os.close(fd)
-    data = path.read_bytes()
     record = {
         "checkpoint_id": str(uuid.uuid4()),
         "step": payload["step"],
         "uri": str(path),
-        "bytes": len(data),
-        "manifest_digest": "sha256:" + hashlib.sha256(data).hexdigest(),
+        "bytes": path.stat().st_size,
+        "manifest_digest": "xxh3_128:" + out.digest.hexdigest(),
         "kind": kind,
         "committed_at": datetime.now(timezone.utc).isoformat(),
         "save_s": time.monotonic() - started,
@@ -133,7 +147,8 @@ def notice_given() -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=int(os.environ.get("RESPAWN_TOTAL_STEPS") or 500))
-    parser.add_argument("--hidden", type=int, default=64, help="hidden width (8192 makes a model of a few hundred MB)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden width (4096: ~200 MB of weights and Adam state)")
+    parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-delay-s", type=float, default=0.0, help="sleep per step, to stretch a demo")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, on_signal)
@@ -157,13 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     last_ckpt_step = step if resume else None
     while step < args.steps:
         started = time.monotonic()
-        x, y = batch_for(step)
+        x, y = batch_for(step, args.batch)
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
         step += 1
-        write_status({"step": step, "loss": loss.item(), "samples_per_s": BATCH / max(time.monotonic() - started, 1e-9), "last_checkpoint_step": last_ckpt_step})
+        write_status({"step": step, "loss": loss.item(), "samples_per_s": args.batch / max(time.monotonic() - started, 1e-9), "last_checkpoint_step": last_ckpt_step})
         if args.step_delay_s:
             time.sleep(args.step_delay_s)
         stop = requests_["stop"] or notice_given()

@@ -1,0 +1,201 @@
+"""How fast a preemption notice becomes a report and a committed checkpoint.
+
+    python bench/notice.py [--check] [--trials 6] [--poll-s 1.0] [--hidden 4096]
+
+A real agent (subprocess) with a real trainer, the AWS metadata emulator and a
+recording stand-in for the control plane's agent API, all on 127.0.0.1:
+
+1. notice -> first report: the notice becomes visible at a random moment of the
+   poll period; latency = arrival of the agent's `notice` report - that moment,
+   divided by the poll interval (detection can take up to one interval, so the
+   ideal worst case is 1.0). --check: worst trial <= 1.2.
+2. notice -> committed checkpoint, for a model of a few hundred MB (weights +
+   Adam state) trained by the plain PyTorch example (--trainer plain) or the
+   checkpoint library's example (--trainer library): from the agent's notice
+   time to the notice checkpoint's commit, divided by the time a raw sequential
+   write + fsync of the same number of bytes takes in the same directory, run
+   just after. The trainer can only save between steps, so a small batch keeps
+   the step short against the write. --check: <= 1.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from agents import protocol
+from agents.metadata_server import MetadataServer
+
+MAX_LATENCY_RATIO = 1.2
+MAX_COMMIT_RATIO = 1.5
+
+
+class RecordingControlPlane:
+    """Answers the agent API like the control plane would and records arrivals."""
+
+    def __init__(self, job: protocol.JobSpec):
+        self.job = job
+        self.arrivals: list[tuple[float, str, dict]] = []  # (epoch, path, body)
+        self.cond = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                arrived = time.time()
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                path = self.path.removeprefix(protocol.API_PREFIX)
+                with outer.cond:
+                    outer.arrivals.append((arrived, path, body))
+                    outer.cond.notify_all()
+                if path == protocol.PATH_REGISTER:
+                    answer = protocol.to_dict(protocol.RegisterAnswer(agent_token="bench-agent-token", job=outer.job))
+                elif path == protocol.PATH_HEARTBEAT:
+                    answer = protocol.to_dict(protocol.HeartbeatAnswer())
+                else:
+                    answer = protocol.to_dict(protocol.Ack())
+                raw = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = "http://%s:%d" % self.httpd.server_address[:2]
+
+    def wait_for(self, predicate, timeout: float, what: str):
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [a for a in self.arrivals if predicate(a)]
+                if found:
+                    return found[0]
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise SystemExit(f"bench: no {what} within {timeout}s")
+                self.cond.wait(left)
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def run_agent(work: Path, job: protocol.JobSpec, poll_s: float, on_running) -> RecordingControlPlane:
+    """One agent life: start, wait for training, let `on_running(imds)` deliver the notice, wait for exit."""
+    plane = RecordingControlPlane(job)
+    imds = MetadataServer("aws").start()
+    token = work / "bootstrap-token"
+    token.write_text("bench-bootstrap")
+    token.chmod(0o600)
+    argv = [
+        sys.executable, "-m", "agents", "run", "--control-plane-url", plane.url, "--bootstrap-token-file", str(token),
+        "--provider", "aws", "--work-dir", str(work / "agent"), "--metadata-url", imds.url, "--notice-poll-s", str(poll_s),
+        "--heartbeat-interval-s", "0.5", "--tick-s", "0.05", "--no-validate",
+    ]
+    with open(work / "agent.log", "ab") as log:
+        agent = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        plane.wait_for(lambda a: a[1] == protocol.PATH_HEARTBEAT and a[2].get("step", 0) > 2, 120, "training heartbeat")
+        on_running(imds)
+        plane.wait_for(lambda a: a[1] == protocol.PATH_EXIT, 120, "exit report")
+        agent.wait(60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        imds.stop()
+        plane.stop()
+    return plane
+
+
+def job_spec(work: Path, command: list[str], env: dict[str, str] | None = None) -> protocol.JobSpec:
+    return protocol.JobSpec(job_id=1, instance_id=1, command=command, checkpoint_uri=str(work / "ckpt"), checkpoint_interval_s=3600, heartbeat_interval_s=0.5, env=env or {}, validation=protocol.ValidationSpec(enabled=False))
+
+
+def latency_trial(root: Path, poll_s: float) -> float:
+    work = Path(tempfile.mkdtemp(dir=root))
+    job = job_spec(work, [sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", "1000000", "--step-delay-s", "0.01"])
+    visible_at = {}
+
+    def notice(imds):
+        state = imds.schedule_notice(in_s=random.uniform(0, poll_s), deadline_in_s=120)
+        visible_at["t"] = state["preempt_at"]
+
+    plane = run_agent(work, job, poll_s, notice)
+    arrived = plane.wait_for(lambda a: a[1] == protocol.PATH_NOTICE, 1, "notice report")[0]
+    return (arrived - visible_at["t"]) / poll_s
+
+
+def raw_write_s(directory: Path, nbytes: int) -> float:
+    chunk = os.urandom(64 << 20)
+    path = directory / "raw-write.bin"
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            f.write(chunk[: min(left, len(chunk))])
+            left -= len(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - started
+    path.unlink()
+    return elapsed
+
+
+TRAINERS = {
+    "plain": lambda hidden: ([sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", "1000000", "--hidden", str(hidden), "--batch", "1"], {}),
+    "library": lambda hidden: ([sys.executable, "-m", "agents.examples.tiny", "--steps", "1000000"], {"TINY_HIDDEN": str(hidden)}),
+}
+
+
+def commit_trial(root: Path, trainer: str, hidden: int) -> tuple[float, float, int]:
+    work = Path(tempfile.mkdtemp(dir=root))
+    command, env = TRAINERS[trainer](hidden)
+    job = job_spec(work, command, env)
+    plane = run_agent(work, job, 0.1, lambda imds: imds.schedule_notice(deadline_in_s=120))
+    notice = plane.wait_for(lambda a: a[1] == protocol.PATH_NOTICE, 1, "notice report")[2]
+    ckpt = plane.wait_for(lambda a: a[1] == protocol.PATH_CHECKPOINTS and a[2].get("kind") == protocol.CheckpointKind.NOTICE, 1, "notice checkpoint")[2]
+    to_commit = (datetime.fromisoformat(ckpt["committed_at"]) - datetime.fromisoformat(notice["notice_time"])).total_seconds()
+    raw = min(raw_write_s(work, ckpt["bytes"]) for _ in range(2))  # the disk at its best: a conservative ratio
+    return to_commit, raw, ckpt["bytes"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a ratio is over its bound")
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--poll-s", type=float, default=1.0)
+    parser.add_argument("--hidden", type=int, default=4096, help="width of the example's hidden layer (4096: ~200 MB with Adam state)")
+    parser.add_argument("--trainer", choices=sorted(TRAINERS), default="plain")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="respawn-bench-notice-"))
+    ratios = [latency_trial(root, args.poll_s) for _ in range(args.trials)]
+    print(f"notice -> first report, / poll interval {args.poll_s}s: worst {max(ratios):.3f}, mean {sum(ratios) / len(ratios):.3f} over {len(ratios)} trials (bound {MAX_LATENCY_RATIO})")
+    to_commit, raw, nbytes = commit_trial(root, args.trainer, args.hidden)
+    commit_ratio = to_commit / raw
+    print(f"notice -> committed checkpoint ({args.trainer} trainer) of {nbytes / 1e6:.0f} MB: {to_commit:.2f}s; raw write + fsync of the same bytes: {raw:.2f}s; ratio {commit_ratio:.2f} (bound {MAX_COMMIT_RATIO})")
+    ok = max(ratios) <= MAX_LATENCY_RATIO and commit_ratio <= MAX_COMMIT_RATIO
+    if args.check and not ok:
+        print("bench/notice.py: FAILED a bound")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
