@@ -69,7 +69,7 @@ class S3Writer(PartedWriter):
         with _s3_errors(self.url, self._bucket):
             response = self._client.upload_part(
                 Bucket=self._bucket, Key=self._name, UploadId=self._upload_id, PartNumber=number,
-                Body=bytes(data), ChecksumAlgorithm=CHECKSUM,
+                Body=data, ChecksumAlgorithm=CHECKSUM,
             )
         part = {"PartNumber": number, "ETag": response["ETag"]}
         if f"Checksum{CHECKSUM}" in response:
