@@ -91,7 +91,7 @@ class AwsConfig:
     image: str = ""
     """Default AMI id, used when a launch request names none."""
     max_attempts: int = 3
-    """botocore's attempts per call (its own retry of throttling and 5xx)."""
+    """Attempts per call, the first included: botocore retries throttling and 5xx itself."""
     list_page_size: int = 500
     """Instances per DescribeInstances page when listing ours (EC2 allows 5 to 1000)."""
 
@@ -132,7 +132,7 @@ class AwsProvider(Provider):
             aws_access_key_id=creds.access_key_id if creds else None,
             aws_secret_access_key=creds.secret_access_key if creds else None,
             aws_session_token=creds.session_token if creds else None,
-            config=Config(retries={"mode": "standard", "max_attempts": config.max_attempts}),
+            config=Config(retries={"mode": "standard", "total_max_attempts": config.max_attempts}),
         )
 
     def launch(self, request: LaunchRequest) -> str:

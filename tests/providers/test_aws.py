@@ -1,18 +1,15 @@
 """AwsProvider with the real boto3 client against moto's server on 127.0.0.1,
-and against a stub EC2 endpoint for the errors moto cannot produce."""
+and through a fault-injecting proxy in front of it for the errors moto never makes."""
 
 from __future__ import annotations
 
 import base64
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl
-
 import boto3
 import pytest
 
 from jobs.providers.aws import AwsConfig, AwsCredentials, AwsProvider
 from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
+from tests.emulators.ec2_faults import Ec2FaultProxy
 from tests.providers.helpers import USER_DATA, client_token, make_request
 
 REGION = "us-east-1"
@@ -144,41 +141,18 @@ def test_it_refuses_a_placement_in_another_region(aws):
         aws.launch(request)
 
 
-# --- errors moto cannot produce: a stub EC2 endpoint answering with the real error shape ---
+# --- errors moto cannot produce: a proxy in front of moto answers with EC2's real error shape ---
 
 
-class StubEc2(BaseHTTPRequestHandler):
-    """Answers DescribeInstances with nothing and RunInstances with the error set on the server."""
-
-    def do_POST(self):
-        params = dict(parse_qsl(self.rfile.read(int(self.headers["Content-Length"])).decode()))
-        if params["Action"] == "DescribeInstances":
-            self.answer(200, "<DescribeInstancesResponse><requestId>r</requestId><reservationSet/></DescribeInstancesResponse>")
-        else:
-            status, code = self.server.error
-            self.answer(
-                status,
-                f"<Response><Errors><Error><Code>{code}</Code><Message>stub says {code}</Message></Error></Errors>"
-                "<RequestID>r</RequestID></Response>",
-            )
-
-    def answer(self, status, body):
-        self.send_response(status)
-        self.send_header("Content-Type", "text/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body.encode())
-
-    def log_message(self, *args):
-        pass
+@pytest.fixture
+def faulty_ec2(moto):
+    with Ec2FaultProxy(moto.url) as proxy:
+        yield proxy
 
 
-@pytest.fixture(scope="module")
-def stub_ec2():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StubEc2)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+@pytest.fixture
+def aws_behind_faults(faulty_ec2, ami):
+    return AwsProvider(AwsConfig(region=REGION, endpoint_url=faulty_ec2.endpoint, credentials=CREDS, image=ami, max_attempts=1))
 
 
 @pytest.mark.parametrize(
@@ -213,22 +187,40 @@ def stub_ec2():
         (400, "SomethingNewAndInvalid", PrecheckError),
     ],
 )
-def test_it_classifies_ec2_errors_from_the_wire(stub_ec2, status, code, kind):
-    stub_ec2.error = (status, code)
-    host, port = stub_ec2.server_address
-    provider = AwsProvider(
-        AwsConfig(region=REGION, endpoint_url=f"http://{host}:{port}", credentials=CREDS, image="ami-1", max_attempts=1)
-    )
+def test_it_classifies_ec2_errors_from_the_wire(faulty_ec2, aws_behind_faults, status, code, kind):
+    faulty_ec2.fail_run_instances(code, status=status, message=f"EC2 says {code}")
 
     with pytest.raises(kind) as caught:
-        provider.launch(aws_request())
+        aws_behind_faults.launch(aws_request())
 
     assert type(caught.value) is kind
     assert caught.value.code == code
-    assert f"stub says {code}" in str(caught.value)
+    assert f"EC2 says {code}" in str(caught.value)
+    assert aws_behind_faults.list_ours() == []
 
 
-def test_it_reports_an_unreachable_endpoint_as_transient(stub_ec2):
+def test_it_launches_in_another_zone_after_a_capacity_error(faulty_ec2, aws_behind_faults):
+    faulty_ec2.fail_run_instances("InsufficientInstanceCapacity", status=500, zone="us-east-1a", times=None)
+    in_zone_a = make_request(provider="aws", region=REGION, zone="us-east-1a", instance_type="t3.micro", market=Market.SPOT, instance_id=21)
+
+    with pytest.raises(CapacityError, match="InsufficientInstanceCapacity"):
+        aws_behind_faults.launch(in_zone_a)
+    vm_id = aws_behind_faults.launch(aws_request(instance_id=22))  # the next placement, us-east-1b
+
+    assert [(vm.provider_instance_id, vm.zone) for vm in aws_behind_faults.list_ours()] == [(vm_id, "us-east-1b")]
+
+
+def test_it_lets_botocore_retry_a_throttled_call_within_max_attempts(faulty_ec2, ami):
+    aws = AwsProvider(AwsConfig(region=REGION, endpoint_url=faulty_ec2.endpoint, credentials=CREDS, image=ami, max_attempts=2))
+    faulty_ec2.fail_run_instances("RequestLimitExceeded", status=503, times=1)
+
+    vm_id = aws.launch(aws_request())
+
+    assert len(faulty_ec2.refused) == 1
+    assert aws.describe(vm_id).state == CloudState.RUNNING
+
+
+def test_it_reports_an_unreachable_endpoint_as_transient():
     provider = AwsProvider(AwsConfig(region=REGION, endpoint_url="http://127.0.0.1:9", credentials=CREDS, max_attempts=1))
     with pytest.raises(TransientError, match="unreachable"):
         provider.describe("i-0123456789abcdef0")
