@@ -145,7 +145,8 @@ class AwsProvider(Provider):
         existing = self.find_by_instance_id(request.instance_id)
         if existing is not None:
             return existing.provider_instance_id
-        tags = {TAG_JOB: str(request.job_id), TAG_INSTANCE: str(request.instance_id), **request.extra_tags}
+        # Ours last: an extra tag must never hide which job and instance a VM belongs to.
+        tags = {**request.extra_tags, TAG_JOB: str(request.job_id), TAG_INSTANCE: str(request.instance_id)}
         params = {
             "ImageId": image,
             "InstanceType": placement.instance_type,

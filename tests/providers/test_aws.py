@@ -45,7 +45,7 @@ def vm(ec2, instance_id):
 
 
 def test_it_launches_a_one_time_spot_vm_with_our_tags_user_data_and_token(aws, ec2, moto):
-    vm_id = aws.launch(aws_request(max_price_per_hour=0.42, extra_tags={"team": "ml"}))
+    vm_id = aws.launch(aws_request(max_price_per_hour=0.42, extra_tags={"team": "ml", TAG_JOB: "999"}))
 
     sent = moto.calls("RunInstances")[-1]
     assert sent["ClientToken"] == client_token(11)
