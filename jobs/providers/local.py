@@ -246,12 +246,14 @@ class LocalProvider(Provider):
 
     def _boot(self, vm: VmDir) -> None:
         """Start the supervisor detached (it forks into a session of its own) and wait
-        until it has recorded itself, so a lookup right after sees a live VM."""
+        until it has recorded itself, so a lookup right after sees a live VM. The VM
+        starts in this process's working directory: the checkout is the VM's image,
+        and a job's relative paths and `python -m` modules resolve there."""
         with open(vm.supervisor_log, "ab") as out:
             try:
                 launcher = subprocess.Popen(
                     [self.config.python, "-m", "jobs.providers.local_vm", str(vm.path)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=vm.path, start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                 )
                 code = launcher.wait(self.config.boot_timeout_s)
             except OSError as exc:

@@ -278,7 +278,7 @@ class Supervisor:
         ]
         with open(self.vm.agent_log, "ab") as out:
             proc = subprocess.Popen(
-                argv, env={**os.environ, **spec.agent_env}, cwd=self.vm.path, stdin=subprocess.DEVNULL,
+                argv, env={**os.environ, **spec.agent_env}, stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(os.getpid()),
             )
         self.agent_pid = proc.pid
