@@ -1,0 +1,98 @@
+"""The agent acts on heartbeat answers from the real control plane and reports
+how its trainer ended."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from agents.metadata_server import MetadataServer
+from agents.protocol import Action
+from jobs import services
+from jobs.choices import EndReason, InstanceState
+from jobs.models import Checkpoint, Instance, Job
+from tests.agent.live import AgentProcess, alive, make_running_job
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def imds():
+    server = MetadataServer("aws").start()
+    yield server
+    server.stop()
+
+
+def start_agent(child_env, tmp_path, web_server, imds, setup):
+    return AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
+
+
+def training(instance, agent):
+    wait_until(lambda: Instance.objects.get(pk=instance.pk).last_step > 5, timeout=60, what="training progress", proc=agent)
+
+
+def ended(instance):
+    wait_until(lambda: Instance.objects.get(pk=instance.pk).state == InstanceState.ENDED, timeout=60, what="instance ended")
+    instance.refresh_from_db()
+    return instance
+
+
+def test_checkpoint_request_and_new_interval_reach_the_trainer(team_setup, child_env, web_server, tmp_path, imds):
+    job, setup = make_running_job(team_setup, tmp_path, checkpoint_interval_s=3600)
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        training(setup.instance, agent)
+        services.request_action(job.pk, Action.CHECKPOINT)
+        wait_until(lambda: Checkpoint.objects.filter(instance=setup.instance).count() == 1, timeout=30, what="a requested checkpoint", proc=agent)
+        Job.objects.filter(pk=job.pk).update(checkpoint_interval_s=0.2)
+        wait_until(lambda: Checkpoint.objects.filter(instance=setup.instance).count() >= 4, timeout=30, what="checkpoints at the new interval", proc=agent)
+    finally:
+        agent.stop(9)
+
+
+def test_cancel_stops_the_trainer_and_the_instance_ends_cancelled(team_setup, child_env, web_server, tmp_path, imds):
+    job, setup = make_running_job(team_setup, tmp_path)
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        training(setup.instance, agent)
+        trainer = agent.trainer_pid()
+        services.cancel_job(job, by=team_setup.people["admin"].user)
+        instance = ended(setup.instance)
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+    assert instance.end_reason == EndReason.CANCELLED
+    assert not alive(trainer)
+
+
+def test_a_failing_trainer_is_reported_with_its_exception(team_setup, child_env, web_server, tmp_path, imds):
+    job, setup = make_running_job(team_setup, tmp_path)
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "print('loading data'); raise ValueError('bad shape (3, 4)')"])
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        instance = ended(setup.instance)
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+    assert instance.end_reason == EndReason.FAILED
+    job.refresh_from_db()
+    assert "ValueError: bad shape (3, 4)" in job.last_failure_signature
+    lines = [line for chunk in instance.log_chunks.order_by("offset") for line in chunk.lines]
+    assert "loading data" in lines
+
+
+def test_a_command_that_cannot_start_is_a_setup_failure(team_setup, child_env, web_server, tmp_path, imds):
+    job, setup = make_running_job(team_setup, tmp_path)
+    Job.objects.filter(pk=job.pk).update(command=["/nonexistent/python", "train.py"])
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        instance = ended(setup.instance)
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+    assert instance.end_reason == EndReason.FAILED
+    job.refresh_from_db()
+    assert job.failure_cause == "setup"
+    assert "No such file or directory: '/nonexistent/python'" in job.failure_message
