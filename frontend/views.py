@@ -1,11 +1,195 @@
-from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+"""Dashboard pages (Django templates) and the JSON status views their scripts poll.
 
-from jobs.models import Job
-from jobs.permissions import visible_team_ids
+Every view asks `frontend.access` (the one permission table) before reading a
+team's data; JSON views answer 401 to an anonymous caller instead of a login page."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+
+from frontend import access, selectors
+from frontend.forms import JobFilterForm, SubmitJobForm
+from jobs.costs import CostError, parse_month
+from jobs.models import Membership, PriceQuote
+from jobs.permissions import can
+from jobs.services import cancel_job
+
+
+def json_view(view):
+    """Signed-in only (401, not a redirect), never cached, GET only."""
+
+    @wraps(view)
+    @never_cache
+    @require_GET
+    def wrapper(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return JsonResponse({"detail": "Sign in first."}, status=401)
+        try:
+            return view(request, *args, **kwargs)
+        except PermissionDenied as exc:
+            return JsonResponse({"detail": str(exc) or "Not allowed."}, status=403)
+
+    return wrapper
+
+
+def page(request, template: str, http_status: int = 200, **context):
+    teams = access.visible_teams(request.user)
+    return render(request, template, {"teams": teams, "current_team": access.current_team(request, teams),
+                                      **context}, status=http_status)
+
+
+# ---- jobs list --------------------------------------------------------------------------------
+
+def _jobs_page(request):
+    """(team, filter form, paginator page, rows) for the chosen team, or the form's errors."""
+    team = access.current_team(request, access.visible_teams(request.user))
+    form = JobFilterForm(request.GET)
+    if team is None or not form.is_valid():
+        return team, form, None, []
+    access.require(request.user, "job.view", team.pk)
+    f = form.cleaned_data
+    jobs = selectors.filtered_jobs(team, statuses=f["status"], owner=f["owner"], cloud=f["cloud"], search=f["q"])
+    current = Paginator(jobs, selectors.JOBS_PER_PAGE).get_page(f["page"] or 1)
+    return team, form, current, selectors.job_rows(list(current.object_list))
 
 
 @login_required
 def home(request):
-    jobs = Job.objects.filter(team_id__in=visible_team_ids(request.user)).select_related("team", "owner")[:50]
-    return render(request, "frontend/home.html", {"jobs": jobs})
+    team, form, current, rows = _jobs_page(request)
+    owners = (Membership.objects.filter(team=team).order_by("user__username")
+              .values_list("user__username", flat=True)) if team else []
+    query = request.GET.copy()
+    query.pop("page", None)
+    return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, form=form, page=current,
+                rows=rows, owners=list(owners), query=query.urlencode(),
+                selected_statuses=request.GET.getlist("status"))
+
+
+@json_view
+def jobs_json(request):
+    team, form, current, rows = _jobs_page(request)
+    if not form.is_valid():
+        return JsonResponse({"detail": "invalid filters", "errors": form.errors}, status=400)
+    return JsonResponse({"team": team.pk if team else None, "rows": rows,
+                         "count": current.paginator.count if current else 0})
+
+
+@require_POST
+@login_required
+def switch_team(request):
+    try:
+        team_id = int(request.POST.get("team", ""))
+    except ValueError:
+        team_id = -1
+    team = access.scoped_team(request.user, team_id)
+    request.session[access.SESSION_TEAM] = team.pk
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = "/"
+    return redirect(target)
+
+
+# ---- one job ----------------------------------------------------------------------------------
+
+def _job_status(request, pk):
+    job = access.scoped_job(request.user, pk)
+    return job, selectors.job_status(job, may_cancel=can(request.user, "job.cancel", job.team_id))
+
+
+@login_required
+def job_page(request, pk: int):
+    job, status = _job_status(request, pk)
+    return page(request, "frontend/job.html", job=job, status=status)
+
+
+@json_view
+def job_json(request, pk: int):
+    return JsonResponse(_job_status(request, pk)[1])
+
+
+@require_POST
+@login_required
+def job_cancel(request, pk: int):
+    job = access.scoped_job(request.user, pk, "job.cancel")
+    cancelled = cancel_job(job, by=request.user.username)
+    job.refresh_from_db(fields=["status"])
+    if request.headers.get("Accept", "").startswith("application/json"):
+        return JsonResponse({"status": job.status, "cancelled": cancelled}, status=202 if cancelled else 409)
+    return redirect("job", pk=job.pk)
+
+
+# ---- team overview ----------------------------------------------------------------------------
+
+def _team_page(request, team, form, http_status=200):
+    month = request.GET.get("month") or None
+    data = selectors.team_status(team, month)
+    return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, form=form,
+                may_submit=can(request.user, "job.create", team.pk),
+                role=access.role_in(request.user, team.pk))
+
+
+@login_required
+def team_page(request, pk: int):
+    team = access.scoped_team(request.user, pk)
+    month_error = _month_error(request)
+    if month_error:
+        return page(request, "frontend/error.html", http_status=400, message=month_error)
+    request.session[access.SESSION_TEAM] = team.pk
+    return _team_page(request, team, SubmitJobForm())
+
+
+def _month_error(request) -> str | None:
+    try:
+        parse_month(request.GET.get("month") or None, timezone.now())
+    except CostError as exc:
+        return str(exc)
+    return None
+
+
+@json_view
+def team_json(request, pk: int):
+    team = access.scoped_team(request.user, pk)
+    month_error = _month_error(request)
+    if month_error:
+        return JsonResponse({"detail": month_error, "errors": {"month": [month_error]}}, status=400)
+    return JsonResponse(selectors.team_status(team, request.GET.get("month") or None))
+
+
+@require_POST
+@login_required
+def team_submit(request, pk: int):
+    """Create a job through the API's serializer, so the form accepts what the API accepts."""
+    team = access.scoped_team(request.user, pk, "job.create")
+    form = SubmitJobForm(request.POST)
+    if form.is_valid():
+        serializer = form.serializer(team, {"request": request})
+        if serializer.is_valid():
+            job = serializer.save(owner=request.user)
+            return redirect("job", pk=job.pk)
+        form.take_errors(serializer)
+    return _team_page(request, team, form, http_status=400)
+
+
+# ---- prices -----------------------------------------------------------------------------------
+
+@login_required
+def prices(request):
+    if not can(request.user, "price.view", None):
+        raise PermissionDenied("You cannot see prices.")
+    provider = request.GET.get("provider", "")
+    instance_type = request.GET.get("type", "")
+    quotes = selectors.latest_prices(provider=provider, instance_type=instance_type)
+    current = Paginator(quotes, 100).get_page(request.GET.get("page") or 1)
+    providers = PriceQuote.objects.order_by("provider").values_list("provider", flat=True).distinct()
+    return page(request, "frontend/prices.html", quotes=current, provider=provider, instance_type=instance_type,
+                providers=providers)

@@ -1,0 +1,50 @@
+"""Who may see what on the dashboard: every answer comes from the ONE permission
+table (`jobs.permissions`). Another team's object is a 404, as in the API; a role
+too small for the action is a 403."""
+
+from __future__ import annotations
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+
+from jobs.models import Job, Team
+from jobs.permissions import can, roles_of, visible_team_ids
+
+SESSION_TEAM = "respawn_team_id"
+
+
+def visible_teams(user) -> list[Team]:
+    return list(Team.objects.filter(pk__in=visible_team_ids(user)).order_by("name"))
+
+
+def current_team(request, teams: list[Team]) -> Team | None:
+    """The team chosen with the switcher, else the first the person can see."""
+    chosen = request.session.get(SESSION_TEAM)
+    for team in teams:
+        if team.pk == chosen:
+            return team
+    return teams[0] if teams else None
+
+
+def require(user, action: str, team_id: int) -> None:
+    if team_id not in visible_team_ids(user):
+        raise Http404("No such object.")
+    if not can(user, action, team_id):
+        raise PermissionDenied(f"Your role in this team cannot do {action}.")
+
+
+def scoped_job(user, pk: int, action: str = "job.view") -> Job:
+    job = Job.objects.select_related("team", "owner").filter(pk=pk, team_id__in=visible_team_ids(user)).first()
+    if job is None:
+        raise Http404("No such job.")
+    require(user, action, job.team_id)
+    return job
+
+
+def scoped_team(user, pk: int, action: str = "team.view") -> Team:
+    require(user, action, pk)
+    return Team.objects.get(pk=pk)
+
+
+def role_in(user, team_id: int) -> str | None:
+    return roles_of(user).get(team_id)

@@ -1,0 +1,55 @@
+"""Forms of the dashboard. The submit form only shapes what a person typed; the
+API's JobSerializer decides what a valid job is, so the page and the API accept
+and refuse exactly the same jobs."""
+
+from __future__ import annotations
+
+import shlex
+
+from django import forms
+
+from jobs.api.serializers import KNOWN_CLOUDS, JobSerializer
+from jobs.choices import JobStatus
+
+
+class JobFilterForm(forms.Form):
+    status = forms.MultipleChoiceField(choices=JobStatus.CHOICES, required=False)
+    owner = forms.CharField(required=False, max_length=150)
+    cloud = forms.ChoiceField(choices=[("", "any cloud"), *[(c, c) for c in KNOWN_CLOUDS]], required=False)
+    q = forms.CharField(required=False, max_length=200, label="Search")
+    page = forms.IntegerField(required=False, min_value=1)
+
+
+class SubmitJobForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    command = forms.CharField(max_length=2000, help_text="As you would type it in a shell, e.g. python train.py --lr 3e-4")
+    total_steps = forms.IntegerField(required=False, min_value=1)
+    instance_types = forms.CharField(required=False, max_length=500, help_text="Comma-separated, e.g. g5.xlarge, g6.xlarge")
+    allowed_clouds = forms.MultipleChoiceField(choices=[(c, c) for c in KNOWN_CLOUDS], required=False,
+                                               widget=forms.CheckboxSelectMultiple)
+    max_price_per_hour = forms.DecimalField(required=False, min_value=0, decimal_places=4, label="Max price per hour (USD)")
+    checkpoint_interval_s = forms.FloatField(required=False, min_value=1, label="Checkpoint interval (s)",
+                                             help_text="Empty: chosen from measured checkpoint cost and interruption rate")
+    priority = forms.IntegerField(initial=0, min_value=-100, max_value=100)
+
+    def clean_command(self):
+        try:
+            argv = shlex.split(self.cleaned_data["command"])
+        except ValueError as exc:
+            raise forms.ValidationError(f"cannot split the command: {exc}") from None
+        if not argv:
+            raise forms.ValidationError("the command is empty")
+        return argv
+
+    def clean_instance_types(self):
+        return [t.strip() for t in self.cleaned_data["instance_types"].split(",") if t.strip()]
+
+    def serializer(self, team, context) -> JobSerializer:
+        data = {key: value for key, value in self.cleaned_data.items() if value not in (None, "")}
+        data["team"] = team.pk
+        return JobSerializer(data=data, context=context)
+
+    def take_errors(self, serializer: JobSerializer) -> None:
+        for field, messages in serializer.errors.items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, f"{field}: {message}")

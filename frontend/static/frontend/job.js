@@ -1,0 +1,140 @@
+/* Job page: timeline, loss and cost charts, checkpoints, log tail and events,
+   all redrawn in place from status.json. */
+"use strict";
+(function () {
+  const {el, poll, clock, setField} = window.Respawn;
+  const MARKET_COLOURS = {spot: "#1f5fbf", on_demand: "#b35900"};
+  const MARKERS = {
+    notice: {label: "notices", style: "triangle", colour: "#8a6d00"},
+    preempted: {label: "preemptions", style: "crossRot", colour: "#b00020"},
+    lost: {label: "lost", style: "crossRot", colour: "#5c0011"},
+    capacity_error: {label: "capacity errors", style: "rectRot", colour: "#6b3fa0"},
+    checkpoint: {label: "checkpoints", style: "circle", colour: "#1b7a35"},
+  };
+  const ms = (iso) => (iso ? Date.parse(iso) : null);
+  const charts = {};
+  window.respawnCharts = charts;
+
+  function timelineData(status) {
+    const now = ms(status.as_of);
+    const labelOf = Object.fromEntries(status.instances.map((i) => [i.id, i.label]));
+    const datasets = [{
+      type: "bar", label: "instances", order: 2, borderSkipped: false, barPercentage: 0.5,
+      data: status.instances.map((i) => ({x: [ms(i.start), ms(i.end) || now], y: i.label})),
+      backgroundColor: status.instances.map((i) => MARKET_COLOURS[i.market] || "#555"),
+    }];
+    for (const [kind, look] of Object.entries(MARKERS)) {
+      const points = status.markers.filter((m) => m.kind === kind && m.at && labelOf[m.instance])
+        .map((m) => ({x: ms(m.at), y: labelOf[m.instance], text: m.text}));
+      datasets.push({type: "scatter", label: look.label, order: 1, data: points, pointStyle: look.style,
+                     pointRadius: 7, borderWidth: 2, borderColor: look.colour, backgroundColor: look.colour});
+    }
+    return {labels: status.instances.map((i) => i.label), datasets};
+  }
+
+  function makeCharts(status) {
+    charts.timeline = new Chart(document.getElementById("timeline-chart"), {
+      type: "bar", data: timelineData(status),
+      options: {
+        indexAxis: "y", animation: false, maintainAspectRatio: false,
+        scales: {x: {type: "linear", ticks: {callback: (v) => clock(v), maxTicksLimit: 6}},
+                 y: {type: "category"}},
+        plugins: {legend: {display: false}, tooltip: {callbacks: {label: (ctx) => ctx.raw.text ||
+          `${clock(ctx.raw.x[0])} – ${clock(ctx.raw.x[1])}`}}},
+      },
+    });
+    charts.loss = new Chart(document.getElementById("loss-chart"), {
+      type: "line",
+      data: {datasets: [{label: "loss", data: [], borderColor: "#1f5fbf", pointRadius: 0, borderWidth: 1.5}]},
+      options: {animation: false, maintainAspectRatio: false, parsing: false,
+                scales: {x: {type: "linear", title: {display: true, text: "step"}},
+                         y: {title: {display: true, text: "loss"}}}},
+    });
+    charts.cost = new Chart(document.getElementById("cost-chart"), {
+      type: "line",
+      data: {datasets: [
+        {label: "spent", data: [], borderColor: "#1f5fbf", pointRadius: 0, borderWidth: 2},
+        {label: "on-demand for the kept work", data: [], borderColor: "#b35900", borderDash: [6, 4],
+         pointRadius: 0, borderWidth: 2},
+      ]},
+      options: {animation: false, maintainAspectRatio: false, parsing: false,
+                scales: {x: {type: "linear", ticks: {callback: (v) => clock(v), maxTicksLimit: 5}},
+                         y: {title: {display: true, text: "USD"}, beginAtZero: true}}},
+    });
+  }
+
+  function updateCharts(status) {
+    charts.timeline.data = timelineData(status);
+    charts.timeline.update("none");
+    charts.loss.data.datasets[0].data = status.loss.map(([step, loss]) => ({x: step, y: loss}));
+    charts.loss.update("none");
+    charts.cost.data.datasets[0].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.spent}));
+    charts.cost.data.datasets[1].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.on_demand}));
+    charts.cost.update("none");
+  }
+
+  function timelineRows(status) {
+    const rows = [];
+    for (const i of status.instances) {
+      rows.push({at: i.start, instance: i.label, kind: "launched", text: `launched (${i.market})`});
+      if (i.end) rows.push({at: i.end, instance: i.label, kind: "ended", text: `ended: ${i.end_reason || i.state}`});
+    }
+    const labelOf = Object.fromEntries(status.instances.map((i) => [i.id, i.label]));
+    for (const m of status.markers) rows.push({at: m.at, instance: labelOf[m.instance] || `#${m.instance}`,
+                                               kind: m.kind, text: m.text});
+    rows.sort((a, b) => (a.at || "").localeCompare(b.at || ""));
+    return rows.map((r) => el("tr", {dataset: {kind: r.kind}},
+      el("td", {text: r.at ? clock(ms(r.at)) : "–"}), el("td", {text: r.instance}), el("td", {text: r.text})));
+  }
+
+  function render(status) {
+    const job = status.job, money = status.money;
+    const summary = document.getElementById("job-summary");
+    summary.querySelector('[data-field="status"]').className = `status s-${job.status}`;
+    setField(summary, "status", job.status);
+    setField(summary, "reason", job.status_reason);
+    const figures = document.querySelector(".figures");
+    setField(figures, "progress", job.total_steps ? `${job.last_step} / ${job.total_steps}` : `${job.last_step}`);
+    setField(figures, "eta", job.eta_display);
+    setField(figures, "spent", money.spent_display, money.spent);
+    setField(figures, "savings", money.savings_display, money.savings);
+    setField(figures, "waste", money.waste_display);
+    setField(figures, "preemptions", `${job.preemptions}`);
+    setField(figures, "artifact", job.artifact_uri ? `${job.artifact_uri} (${job.artifact_digest})` : "–");
+    const costError = document.querySelector('[data-field="cost-error"]');
+    costError.hidden = !money.cost_error;
+    costError.textContent = money.cost_error || "";
+    document.getElementById("cancel-form").hidden = !job.cancellable;
+
+    document.querySelector("#timeline-table tbody").replaceChildren(...timelineRows(status));
+    document.querySelector("#checkpoints-table tbody").replaceChildren(...status.checkpoints.map((c) =>
+      el("tr", {dataset: {step: c.step}},
+        el("td", {class: "num", text: `${c.step}`}), el("td", {text: c.kind}), el("td", {text: clock(ms(c.committed_at))}),
+        el("td", {}, el("span", {class: `validation v-${c.validation}`, text: c.validation})),
+        el("td", {class: "num", text: c.reference_loss ?? "–"}), el("td", {class: "num", text: c.validation_loss ?? "–"}),
+        el("td", {class: "num", text: c.stall_s ?? "–"}))));
+    const log = document.getElementById("log");
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    log.textContent = status.log.join("\n");
+    if (atBottom) log.scrollTop = log.scrollHeight;
+    document.getElementById("events").replaceChildren(...status.events.map((e) =>
+      el("li", {}, el("time", {datetime: e.at, text: clock(ms(e.at))}), " ",
+         e.to ? `${e.from || "–"} → ${e.to}: ${e.message}` : e.message)));
+    updateCharts(status);
+  }
+
+  const initial = JSON.parse(document.getElementById("job-status").textContent);
+  makeCharts(initial);
+  render(initial);
+  const live = poll(document.getElementById("job-live").dataset.live, render);
+
+  const cancel = document.getElementById("cancel-form");
+  cancel.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!window.confirm("Cancel this job? Its VMs are terminated.")) return;
+    const token = cancel.querySelector("input[name=csrfmiddlewaretoken]").value;
+    await fetch(cancel.action, {method: "POST", credentials: "same-origin",
+                                headers: {"X-CSRFToken": token, Accept: "application/json"}});
+    live.now();
+  });
+})();
