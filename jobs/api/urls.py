@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, teamadmin, tokens, views
+from jobs.api import agent, audit, costs, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -16,6 +16,8 @@ router.register("audit", audit.AuditEventViewSet, basename="audit")
 
 people_urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="auth-token"),
+    path("jobs/<int:pk>/cost/", costs.JobCostView.as_view(), name="job-cost"),
+    path("teams/<int:pk>/cost/", costs.TeamCostView.as_view(), name="team-cost"),
     path("teams/<int:team_pk>/limits/", teamadmin.TeamLimitsView.as_view(), name="team-limits"),
     *router.urls,
 ]
