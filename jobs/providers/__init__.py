@@ -7,8 +7,7 @@ from importlib import import_module
 
 from jobs.providers.base import Provider
 
-# name -> (module, provider class, config dataclass). The local provider
-# (DESIGN §10) registers here the same way: "local": ("jobs.providers.local", ...).
+# name -> (module, provider class, config dataclass).
 PROVIDERS: dict[str, tuple[str, str, str]] = {
     "aws": ("jobs.providers.aws", "AwsProvider", "AwsConfig"),
     "gcp": ("jobs.providers.gcp", "GcpProvider", "GcpConfig"),
