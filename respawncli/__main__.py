@@ -1,0 +1,118 @@
+"""`respawn` command line: parse arguments, run one command, exit with its code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from respawncli import commands
+from respawncli.errors import EXIT_BAD_INPUT, CliError
+
+DESCRIPTION = """\
+Submit and watch training jobs on a Respawn control plane.
+
+Credentials come from RESPAWN_URL and RESPAWN_TOKEN, or from the file that
+`respawn login` writes (~/.config/respawn/credentials, mode 0600)."""
+
+EPILOG = """\
+examples:
+  respawn login --url https://respawn.example.com --username alice
+  respawn submit job.yaml                 # see docs/job-spec.example.yaml
+  respawn submit job.yaml --dry-run       # check the file only
+  respawn ls --status running --status queued
+  respawn ls --team vision --json | jq '.[].id'
+  respawn show 42
+  respawn events 42
+  respawn logs 42 --follow
+  respawn cost 42
+  respawn cancel 42
+  respawn tokens create ci --expires-in 30d
+  respawn tokens revoke 7
+
+exit codes:
+  0 ok; 1 refused or failed (conflict, forbidden, server error, unreachable);
+  2 bad input (arguments, job file, fields the server rejected);
+  3 not logged in, or the token is wrong, expired or revoked; 4 not found"""
+
+JOB_STATUSES = ["queued", "provisioning", "running", "recovering", "cancelling", "succeeded", "failed", "cancelled"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+    common.add_argument("--url", help="control plane URL (default: RESPAWN_URL, then the saved login)")
+    # Under `tokens`, the same flags after the action; SUPPRESS keeps the level
+    # above's value when they are not repeated there.
+    nested = argparse.ArgumentParser(add_help=False)
+    nested.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
+    nested.add_argument("--url", default=argparse.SUPPRESS, help="control plane URL")
+
+    parser = argparse.ArgumentParser(prog="respawn", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, func, help, example):
+        p = sub.add_parser(name, parents=[common], help=help, description=help, epilog=f"example:\n  {example}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("login", commands.login, "get an API token with your username and password and save it",
+                "respawn login --url http://127.0.0.1:8000 --username alice")
+    p.add_argument("--username", help="asked for when not given")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin (for scripts)")
+    p.add_argument("--token-name", help="name of the new token (default: cli@<hostname>)")
+
+    p = command("submit", commands.submit, "check a job file and submit it", "respawn submit job.yaml")
+    p.add_argument("file", help="job-spec YAML (documented in docs/job-spec.example.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="only check the file; submit nothing")
+
+    p = command("ls", commands.ls, "list jobs, newest first", "respawn ls --status running --owner alice")
+    p.add_argument("--status", action="append", choices=JOB_STATUSES, help="only this status (repeatable)")
+    p.add_argument("--team", help="only this team (name or id)")
+    p.add_argument("--owner", help="only jobs of this username")
+    p.add_argument("--search", help="only jobs whose name contains this")
+    p.add_argument("--limit", type=int, default=50, help="at most this many rows (default 50)")
+
+    for name, func, help in (("show", commands.show, "everything about one job"),
+                             ("events", commands.events, "a job's history: each status change and why"),
+                             ("cancel", commands.cancel, "cancel a job (its VMs are terminated)"),
+                             ("cost", commands.cost, "what a job has cost, what on-demand would have, the savings")):
+        command(name, func, help, f"respawn {name} 42").add_argument("job", type=int, help="job id")
+
+    p = command("logs", commands.logs, "print a job's training output", "respawn logs 42 --follow")
+    p.add_argument("job", type=int, help="job id")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+    p.add_argument("--max-wait", type=float, metavar="SECONDS",
+                   help="with --follow: give up (exit 1) if the job has not ended after this long")
+    p.add_argument("--poll", type=float, default=2.0, metavar="SECONDS", help="with --follow: check this often")
+
+    p = command("tokens", commands.tokens, "list, create or revoke your API tokens", "respawn tokens create ci --expires-in 30d")
+    p.set_defaults(tokens_command="ls")
+    token_sub = p.add_subparsers(dest="tokens_command", metavar="ACTION")
+    token_sub.add_parser("ls", parents=[nested], help="list your tokens (the default)")
+    create = token_sub.add_parser("create", parents=[nested], help="create a token; it is shown once")
+    create.add_argument("name")
+    expiry = create.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-in", metavar="DURATION", help="e.g. 12h, 30d, 8w")
+    expiry.add_argument("--expires", metavar="TIME", help="ISO 8601 time, e.g. 2027-01-01T00:00:00Z")
+    revoke = token_sub.add_parser("revoke", parents=[nested], help="revoke a token by id")
+    revoke.add_argument("id", type=int)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"respawn: error: {e.message}", file=sys.stderr)
+        for detail in e.details:
+            print(f"  {detail}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

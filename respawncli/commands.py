@@ -1,0 +1,210 @@
+"""One function per subcommand: each takes the parsed arguments, talks to the
+API, prints, and returns the exit code (failures raise CliError)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+from respawncli.api import Api, FieldErrors
+from respawncli.config import Credentials, load_credentials, save_credentials, server_url
+from respawncli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
+from respawncli.jobspec import InvalidSpec, JobSpec, load_job_spec
+from respawncli.output import print_fields, print_json, print_json_line, print_table
+
+JOB_COLUMNS = [
+    ("ID", "id"), ("NAME", "name"), ("TEAM", "team"), ("OWNER", "owner"), ("STATUS", "status"),
+    ("NODES", "nodes"), ("STEP", lambda j: f"{j['last_step']}/{j['total_steps'] or '?'}"),
+    ("PRIO", "priority"), ("CREATED", "created_at"), ("REASON", "status_reason"),
+]
+TOKEN_COLUMNS = [
+    ("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("CREATED", "created_at"), ("EXPIRES", "expires_at"),
+    ("LAST USED", "last_used_at"), ("REVOKED", "revoked_at"), ("", lambda t: "(this one)" if t["current"] else ""),
+]
+
+
+def api(args) -> Api:
+    return Api.signed_in(load_credentials(args.url))
+
+
+# --- login ---
+
+def login(args) -> int:
+    url = server_url(args.url)
+    if not url:
+        raise CliError("which control plane? pass --url URL or set RESPAWN_URL", EXIT_BAD_INPUT)
+    username = args.username or input("Username: ")
+    password = sys.stdin.readline().rstrip("\n") if args.password_stdin else getpass.getpass("Password: ")
+    token_name = args.token_name or f"cli@{socket.gethostname()}"
+    try:
+        answer = Api(url).request("POST", "auth/token/",
+                                  json={"username": username, "password": password, "token_name": token_name})
+    except FieldErrors as e:
+        raise CliError("login refused: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in e.errors.items()),
+                       EXIT_BAD_INPUT) from e
+    path = save_credentials(Credentials(url, answer["token"]))
+    if args.json:
+        print_json({"url": url, "username": username, "token_name": token_name, "credentials": str(path)})
+    else:
+        print(f"Logged in to {url} as {username}; token '{token_name}' saved in {path}")
+    return EXIT_OK
+
+
+# --- jobs ---
+
+def resolve_team(client: Api, team, spec: JobSpec | None = None) -> int:
+    """A team id from a name or an id, checked against the teams you are in."""
+    teams = client.all_pages("teams/")
+    for t in teams:
+        if str(team) in (str(t["id"]), t["name"]):
+            return t["id"]
+    where = f"{spec.where('team')}: field 'team': " if spec else ""
+    names = ", ".join(t["name"] for t in teams) or "none"
+    raise CliError(f"{where}you are in no team {team!r}; your teams: {names}", EXIT_BAD_INPUT)
+
+
+def submit(args) -> int:
+    try:
+        spec = load_job_spec(Path(args.file))
+    except InvalidSpec as e:
+        raise CliError(f"{args.file} is not a valid job file; nothing was submitted", EXIT_BAD_INPUT, e.problems) from e
+    if args.dry_run:
+        print_json(spec.body) if args.json else print(f"{args.file} is a valid job file (not submitted: --dry-run)")
+        return EXIT_OK
+    client = api(args)
+    body = {**spec.body, "team": resolve_team(client, spec.body["team"], spec)}
+    try:
+        job = client.post("jobs/", body)
+    except FieldErrors as e:
+        problems = [f"{spec.where(name)}: field '{name}': {' '.join(map(str, msgs))}" for name, msgs in e.errors.items()]
+        raise CliError(f"the server rejected {args.file}; nothing was submitted", EXIT_BAD_INPUT, problems) from e
+    print_json(job) if args.json else print(f"submitted job {job['id']} '{job['name']}': {job['status']}")
+    return EXIT_OK
+
+
+def ls(args) -> int:
+    client = api(args)
+    team = resolve_team(client, args.team) if args.team else None
+    page = client.get("jobs/", status=args.status, team=team, owner=args.owner, search=args.search, limit=args.limit)
+    if args.json:
+        print_json(page["results"])
+        return EXIT_OK
+    print_table(page["results"], JOB_COLUMNS, empty="no jobs match")
+    if page["count"] > len(page["results"]):
+        print(f"({len(page['results'])} of {page['count']} shown; raise --limit to see more)")
+    return EXIT_OK
+
+
+def show(args) -> int:
+    job = api(args).get(f"jobs/{args.job}/")
+    print_json(job) if args.json else print_fields(job)
+    return EXIT_OK
+
+
+def events(args) -> int:
+    rows = api(args).all_pages(f"jobs/{args.job}/events/")
+    if args.json:
+        print_json(rows)
+    else:
+        print_table(rows, [("TIME", "created_at"), ("FROM", "from_status"), ("TO", "to_status"),
+                           ("MESSAGE", "message")], empty="no events")
+    return EXIT_OK
+
+
+def cancel(args) -> int:
+    client = api(args)
+    try:
+        job = client.post(f"jobs/{args.job}/cancel/")
+    except CliError as e:
+        if e.exit_code == EXIT_FAILED:  # 409: already finished
+            raise CliError(f"job {args.job} cannot be cancelled: {e.message}") from e
+        raise
+    print_json(job) if args.json else print(f"job {job['id']}: {job['status']}")
+    return EXIT_OK
+
+
+def logs(args) -> int:
+    """Print the job's output; with --follow keep reading until the job has ended."""
+    client = api(args)
+    gang = client.get(f"jobs/{args.job}/")["nodes"] > 1
+    after, started = "", time.monotonic()
+    while True:
+        page = client.get(f"jobs/{args.job}/logs/", after=after)
+        for line in page["lines"]:
+            if args.json:
+                print_json_line(line)
+            else:
+                print(f"[rank {line['rank']}] {line['line']}" if gang else line["line"])
+        sys.stdout.flush()
+        after = page["next"]
+        if page["more"]:
+            continue
+        if page["finished"] or not args.follow:
+            if args.follow and not args.json:
+                print(f"-- job {args.job} {page['job_status']}", file=sys.stderr)
+            return EXIT_OK
+        if args.max_wait is not None and time.monotonic() - started >= args.max_wait:
+            raise CliError(f"stopped following after {args.max_wait:g}s: job {args.job} is still {page['job_status']}")
+        time.sleep(args.poll)
+
+
+def cost(args) -> int:
+    client = api(args)
+    job = client.get(f"jobs/{args.job}/")  # a missing job is a 404 about the job, not about its cost
+    answer = client.get(f"jobs/{args.job}/cost/")
+    if args.json:
+        print_json(answer)
+        return EXIT_OK
+    print(f"job {job['id']} '{job['name']}' ({job['status']}), as of {answer['as_of'][:19].replace('T', ' ')} UTC")
+    print_fields({"spent": answer["spent"], "on-demand would cost": answer["on_demand_baseline"],
+                  "savings": answer["savings"], "waste": answer["waste"]["total"]})
+    print()
+    print_table(answer["instances"], [
+        ("INSTANCE", "instance"), ("RANK", "rank"), ("FROM", "billed_from"), ("TO", "billed_to"),
+        ("SECONDS", "billed_seconds"), ("SPENT", "spent"), ("ON-DEMAND", "on_demand_baseline"),
+        ("STEPS KEPT", "steps_kept"), ("RECOMPUTED", "recomputed_steps"),
+    ], empty="no billed instances yet")
+    return EXIT_OK
+
+
+# --- tokens ---
+
+DURATION_RE = re.compile(r"^(\d+)([hdw])$")
+DURATION_UNITS = {"h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_expiry(args) -> str | None:
+    if args.expires_in:
+        match = DURATION_RE.match(args.expires_in)
+        if not match:
+            raise CliError(f"--expires-in {args.expires_in!r}: use a number and h, d or w, e.g. 12h, 30d, 8w",
+                           EXIT_BAD_INPUT)
+        delta = dt.timedelta(**{DURATION_UNITS[match[2]]: int(match[1])})
+        return (dt.datetime.now(dt.timezone.utc) + delta).isoformat()
+    return args.expires
+
+
+def tokens(args) -> int:
+    client = api(args)
+    if args.tokens_command == "create":
+        try:
+            token = client.post("tokens/", {"name": args.name, "expires_at": parse_expiry(args)})
+        except FieldErrors as e:
+            raise CliError("; ".join(f"{k}: {' '.join(v)}" for k, v in e.errors.items()), EXIT_BAD_INPUT) from e
+        if args.json:
+            print_json(token)
+        else:
+            print(f"token '{token['name']}' (id {token['id']}): {token['token']}")
+            print("This is the only time it is shown: store it now (e.g. as RESPAWN_TOKEN).", file=sys.stderr)
+    elif args.tokens_command == "revoke":
+        token = client.post(f"tokens/{args.id}/revoke/")
+        print_json(token) if args.json else print(f"token '{token['name']}' (id {token['id']}) revoked")
+    else:
+        rows = client.all_pages("tokens/")
+        print_json(rows) if args.json else print_table(rows, TOKEN_COLUMNS, empty="no tokens")
+    return EXIT_OK
