@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +32,8 @@ from jobs.providers.local_vm import VmDir, VmSpec, is_running, kill_vm_processes
 VM_ID = re.compile(r"^local-\d+-[0-9a-f]{8}$")
 MARKET_EPOCH_FILE = "market-epoch"
 LAUNCH_LOCK_FILE = "launch.lock"
+# A terminate repeated this long after the grace kills the VM itself: its supervisor is stuck.
+TERMINATE_MARGIN_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +108,9 @@ class LocalProvider(Provider):
         self.root = Path(config.root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.market = SpotMarket(config.market_config())
+        if config.market_mode == "trace":
+            for zone in config.zones:
+                self.market.trace_for(zone)  # every zone needs a trace: say so now, not at a launch
 
     # --- the interface ------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> str:
@@ -147,12 +153,12 @@ class LocalProvider(Provider):
         if not is_running(pid, start_time):
             kill_vm_processes(pid, start_time)  # a supervisor killed outright may leave its session behind
             return
-        if time.time() - requested["requested_at"] > self.config.terminate_grace_s + 2.0:
+        if time.time() - requested["requested_at"] > self.config.terminate_grace_s + TERMINATE_MARGIN_S:
             kill_vm_processes(pid, start_time)
             vm.record_end("killed", detail="the supervisor did not shut the VM down within its grace")
             return
         try:
-            os.kill(pid, 15)
+            os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 

@@ -5,39 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-from jobs.providers.base import LaunchRequest, Placement
 from jobs.providers.local import LocalConfig, LocalProvider
-
-STANDIN_AGENT = (sys.executable, str(Path(__file__).with_name("standin_agent.py")))
-# Agent settings in fractions of a second, so notices and exits are seen at once.
-FAST_AGENT_ENV = {
-    "RESPAWN_HEARTBEAT_INTERVAL_S": "0.2",
-    "RESPAWN_NOTICE_POLL_S": "0.2",
-    "RESPAWN_TICK_S": "0.05",
-    "RESPAWN_LOG_BATCH_INTERVAL_S": "0.2",
-    "RESPAWN_BACKOFF_BASE_S": "0.05",
-    "RESPAWN_BACKOFF_MAX_S": "0.3",
-    "RESPAWN_DRAIN_TIMEOUT_S": "3",
-    "RESPAWN_VALIDATE": "0",
-}
-
-
-def launch_request(instance_id: int, *, zone: str = "local-a", market: str = "spot", job_id: int = 1,
-                   bootstrap_token: str = "rsp_boot_test", control_plane_url: str = "http://127.0.0.1:9") -> LaunchRequest:
-    return LaunchRequest(
-        job_id=job_id,
-        instance_id=instance_id,
-        client_token=f"token-{instance_id}",
-        placement=Placement(provider="local", region="local", zone=zone, instance_type="cpu-small", market=market),
-        user_data="",
-        bootstrap_token=bootstrap_token,
-        control_plane_url=control_plane_url,
-    )
+from tests.local_provider.helpers import STANDIN_AGENT
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 import time
 
 from jobs.providers.local import LocalConfig, LocalProvider
-from tests.local_provider.conftest import launch_request
+from tests.local_provider.helpers import launch_request
 
 
 def main() -> None:

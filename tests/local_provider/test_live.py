@@ -17,8 +17,7 @@ from jobs.models import Instance, InterruptionEvent
 from jobs.providers.base import CloudState
 from tests.conftest import ROOT, wait_until
 from tests.factories import make_instance, make_job
-from tests.local_provider.conftest import FAST_AGENT_ENV, launch_request
-from tests.local_provider.test_local_vm import alive
+from tests.local_provider.helpers import FAST_AGENT_ENV, alive, launch_request
 
 pytestmark = pytest.mark.e2e
 

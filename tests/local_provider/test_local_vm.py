@@ -19,7 +19,7 @@ from jobs.providers.base import CapacityError, CloudState, PrecheckError
 from jobs.providers.local import LocalConfig
 from jobs.providers.local_vm import proc_stat
 from tests.conftest import ROOT, wait_until
-from tests.local_provider.conftest import STANDIN_AGENT, launch_request
+from tests.local_provider.helpers import AWS_V100_TRACE, STANDIN_AGENT, alive, launch_request
 
 
 def imds_get(base_url: str, path: str) -> requests.Response:
@@ -33,11 +33,6 @@ def agent_pid(provider, vm_id: str) -> int:
     children = [pid for pid in provider.processes(vm_id) if (s := proc_stat(pid)) and s.ppid == supervisor]
     assert len(children) == 1, children
     return children[0]
-
-
-def alive(pid: int) -> bool:
-    stat = proc_stat(pid)  # a zombie waiting for init to reap it is not alive
-    return stat is not None and stat.state not in ("Z", "X")
 
 
 def gone(provider, vm_id: str) -> bool:
@@ -199,6 +194,7 @@ def test_bad_launch_requests_and_ids_are_refused_with_what_is_wrong(local_provid
         (dict(terminate_grace_s=0), "terminate_grace_s must be > 0"),
         (dict(market_mode="trace"), "needs trace_files"),
         (dict(market_mode="trace", market_trace_files={"*": "/nonexistent.json"}), "does not exist"),
+        (dict(market_mode="trace", market_trace_files={"local-a": AWS_V100_TRACE}), "no spot trace for zone 'local-b'"),
     ],
 )
 def test_bad_local_settings_are_refused_with_the_field_named(tmp_path, fields, complaint):

@@ -9,9 +9,7 @@ import statistics
 import pytest
 
 from jobs.providers.local_market import MarketConfig, SpotMarket, Trace, load_trace
-
-TRACES = "/work/shared/data/spot-traces"
-AWS_V100 = f"{TRACES}/preemption/1-node/aws-04-22-2023/us-west-2b_v100_1.json"
+from tests.local_provider.helpers import AWS_V100_TRACE as AWS_V100
 
 
 def write_trace(tmp_path, doc, name="trace.json") -> str:
