@@ -159,6 +159,9 @@ class CheckpointsTail:
         return reports
 
 
+MAX_READ_BYTES = 4 << 20  # per call, so a trainer printing gigabytes cannot balloon the agent
+
+
 class LogTail:
     """Trainer output lines, in bounded batches with their line offsets."""
 
@@ -168,13 +171,18 @@ class LogTail:
         self.line_offset = 0  # index of the next line to ship
 
     def batches(self, *, final: bool = False) -> list[protocol.LogBatch]:
+        """Lines completed since the last call (at most MAX_READ_BYTES of them; the
+        rest comes next time), and with `final` also an unterminated last line."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._byte_offset)
-                data = f.read()
+                data = f.read(MAX_READ_BYTES)
+                more = bool(f.read(1))
         except FileNotFoundError:
             return []
-        end = len(data) if final else data.rfind(b"\n") + 1
+        end = len(data) if final and not more else data.rfind(b"\n") + 1
+        if end == 0 and len(data) == MAX_READ_BYTES:
+            end = len(data)  # one enormous line: ship it cut rather than stall behind it
         self._byte_offset += end
         lines = [
             line.decode("utf-8", errors="replace")[: protocol.MAX_LOG_LINE_CHARS]

@@ -306,8 +306,11 @@ class Agent:
         self.reporter.report(protocol.PATH_VALIDATION.format(checkpoint_id=checkpoint_id), report)
 
     def _ship_logs(self, final: bool = False) -> None:
-        for batch in self.logs.batches(final=final):
-            self.reporter.report(protocol.PATH_LOGS, batch)
+        while batches := self.logs.batches(final=final):
+            for batch in batches:
+                self.reporter.report(protocol.PATH_LOGS, batch)
+            if not final:
+                return
 
     def _agent_line(self, message: str) -> None:
         """A line in the job's output (shipped with it), so users see what the agent did and why."""

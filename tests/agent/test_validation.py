@@ -1,0 +1,46 @@
+"""Committed checkpoints are validated one at a time, at low priority, newest first."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from agents import protocol
+from agents.agent.validation import Validator
+
+FAKE = Path(__file__).parent / "scripts" / "fake_validate.py"
+
+
+def checkpoint(step: int, uri: str) -> protocol.CheckpointReport:
+    return protocol.CheckpointReport(checkpoint_id=f"id-{step}", step=step, uri=uri, bytes=1, manifest_digest="x")
+
+
+def run(*reports, wait_for: int):
+    results = []
+    validator = Validator(command=f"{sys.executable} {FAKE} {{uri}}", spec=protocol.ValidationSpec(), env=dict(os.environ), cwd=None, on_result=lambda cid, r: results.append((cid, r)))
+    for report in reports:
+        validator.submit(report)
+    end = time.monotonic() + 60
+    while len(results) < wait_for and time.monotonic() < end:
+        validator.poll()
+        time.sleep(0.02)
+    validator.stop()
+    return results
+
+
+def test_a_verdict_is_reported_from_a_niced_process():
+    [(cid, report)] = run(checkpoint(1, "/c/step-1"), wait_for=1)
+    assert (cid, report.result, report.message) == ("id-1", "valid", "nice=19")
+
+
+def test_only_the_newest_waiting_checkpoint_is_validated():
+    results = run(checkpoint(1, "/c/step-1"), checkpoint(2, "/c/bad-2"), checkpoint(3, "/c/bad-3"), wait_for=2)
+    assert [(cid, r.result) for cid, r in results] == [("id-1", "valid"), ("id-3", "invalid")]
+
+
+def test_an_unreadable_superseded_checkpoint_is_not_called_invalid_but_a_crash_on_the_newest_is():
+    results = run(checkpoint(1, "/c/gone-1"), checkpoint(2, "/c/crash-2"), wait_for=1)
+    assert [(cid, r.result) for cid, r in results] == [("id-2", "invalid")]
+    assert "segfault-ish" in results[0][1].message
