@@ -200,6 +200,19 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Respawn ---
+# Per-provider constructor settings (JSON), e.g. {"aws": {"endpoint_url": "..."}, "gcp": {"project": "p"}};
+# the local provider's defaults below are merged under its entry.
+PROVIDER_CONFIG = json.loads(os.environ.get("RESPAWN_PROVIDER_CONFIG", "{}"))
+PROVIDER_CONFIG["local"] = {
+    "root": str(VAR_DIR / "local-vms"),
+    # The simulated spot market: none | every | rate | trace (jobs/providers/local_market.py).
+    "market_mode": os.environ.get("RESPAWN_LOCAL_MARKET", "rate"),
+    "market_every_s": env_float("RESPAWN_LOCAL_PREEMPT_EVERY_S", 60.0),
+    "market_rate_per_hour": env_float("RESPAWN_LOCAL_PREEMPTIONS_PER_HOUR", 20.0),
+    "notice_lead_s": env_float("RESPAWN_LOCAL_NOTICE_S", 30.0),
+    **PROVIDER_CONFIG.get("local", {}),
+}
+
 RESPAWN = {
     # Heartbeats and their timeout: seconds, fractions allowed so tests run fast.
     "HEARTBEAT_INTERVAL_S": env_float("RESPAWN_HEARTBEAT_INTERVAL_S", 10.0),
@@ -213,8 +226,7 @@ RESPAWN = {
     # How the agents (and the reconciler's health probe) reach the API.
     "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
-    # Per-provider constructor settings (JSON), e.g. {"aws": {"endpoint_url": "..."}, "gcp": {"project": "p"}}.
-    "PROVIDER_CONFIG": json.loads(os.environ.get("RESPAWN_PROVIDER_CONFIG", "{}")),
+    "PROVIDER_CONFIG": PROVIDER_CONFIG,
     # GPUs the whole deployment may hold at once (an org's cloud quota); teams share it fairly.
     "MAX_CONCURRENT_GPUS": int(os.environ["RESPAWN_MAX_CONCURRENT_GPUS"]) if os.environ.get("RESPAWN_MAX_CONCURRENT_GPUS") else None,
     "SCHEDULE_BATCH": int(os.environ.get("RESPAWN_SCHEDULE_BATCH", 50)),

@@ -84,7 +84,13 @@ def child_env(transactional_db, tmp_path):
     )
     if not env.get("CELERY_BROKER_URL", "").startswith("redis"):
         env["CELERY_BROKER_URL"] = "filesystem://"
-    return env
+    yield env
+    # Local "VMs" are detached on purpose (they outlive workers): end them here.
+    vm_root = tmp_path / "var" / "local-vms"
+    if vm_root.exists():
+        from jobs.providers.local import LocalConfig, LocalProvider
+
+        LocalProvider(LocalConfig(root=str(vm_root))).terminate_all()
 
 
 class ChildProcess:

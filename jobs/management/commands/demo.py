@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from jobs.choices import Role
+from jobs.cloud import provider_for
 from jobs.models import ApiToken, Job, Membership, Team
 from jobs.services import create_job
 from jobs.tokens import PERSONAL_PREFIX, new_token
@@ -96,4 +97,5 @@ class Command(BaseCommand):
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        self.stdout.write("demo stopped")
+        stopped = provider_for("local").terminate_all()
+        self.stdout.write(f"demo stopped ({len(stopped)} local VM(s) terminated)")
