@@ -70,8 +70,7 @@ class ObjectRoot:
 
 
 def check_key(key: str, uri: str) -> None:
-    parts = key.split("/")
-    if not key or key.startswith("/") or any(part in ("", ".", "..") for part in parts[:-1]) or parts[-1] in (".", ".."):
+    if any(part in ("", ".", "..") for part in key.split("/")):
         raise StorageError(f"key {key!r} is not a valid key under {uri}: use '/'-separated names without '.', '..' or empty parts")
 
 
@@ -150,7 +149,7 @@ class PartedWriter:
                 if len(self._buffer) == self._current_part_size():
                     self._submit_part()
         except BaseException:
-            self.abort()
+            self._abort_after_failure()
             raise
         return taken
 
@@ -165,7 +164,7 @@ class PartedWriter:
                 self._collect(wait_all=True)
                 self._complete([token for _, token in sorted(self._tokens.items())])
         except BaseException:
-            self.abort()
+            self._abort_after_failure()
             raise
         self._state = "closed"
         self._release()
@@ -174,6 +173,14 @@ class PartedWriter:
         """Discard the upload. A no-op after a successful `close()`: the object
         is committed by then, and deleting it is `delete_prefix`'s job."""
         self._discard(wait_for_parts=True)
+
+    def _abort_after_failure(self) -> None:
+        # The caller needs the error that broke the upload, not a failed abort
+        # (the upload is invisible either way).
+        try:
+            self.abort()
+        except StorageError:
+            pass
 
     def __del__(self) -> None:
         # A writer dropped mid-stream (its thread died) never commits; this only
