@@ -17,6 +17,7 @@ class StandInControlPlane:
         self.seen_event_ids: set[str] = set()
         self.status = 200  # what every call answers next
         self.body = None  # overrides the JSON answer when set (a str is sent raw)
+        self.register_status, self.register_answer = 200, None  # what `register` answers
         self.lock = threading.Lock()
         outer = self
 
@@ -31,6 +32,8 @@ class StandInControlPlane:
                 path = self.path.removeprefix(API_PREFIX)
                 with outer.lock:
                     status, body = outer.status, outer.body
+                    if path == "register":
+                        status, body = outer.register_status, outer.register_answer
                     if status == 200:
                         doc = json.loads(data)
                         if doc["event_id"] not in outer.seen_event_ids:

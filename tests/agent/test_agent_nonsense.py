@@ -1,0 +1,60 @@
+"""A control plane answering nonsense: logged with the raw payload, never a crash of training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from agents import protocol
+from tests.agent.live import PLAIN
+from tests.agent.standin import StandInControlPlane
+
+
+@pytest.fixture
+def plane():
+    server = StandInControlPlane()
+    yield server
+    server.stop()
+
+
+def run_agent(tmp_path, url, timeout=120):
+    token = tmp_path / "token"
+    token.write_text("rsp_boot_x")
+    token.chmod(0o600)
+    argv = [sys.executable, "-m", "agents", "run", "--control-plane-url", url, "--bootstrap-token-file", str(token), "--provider", "local",
+            "--metadata-url", "http://127.0.0.1:9", "--work-dir", str(tmp_path / "work"), "--tick-s", "0.05", "--backoff-base-s", "0.05",
+            "--backoff-max-s", "0.2", "--register-timeout-s", "5", "--drain-timeout-s", "10"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "status,answer,expected",
+    [
+        (200, "<html>502 Bad Gateway</html>", "unusable"),
+        (200, {"agent_token": "t", "job": {"job_id": 1, "instance_id": 1, "command": "python train.py"}}, "job.command must be a non-empty list"),
+        (401, {"detail": "Bootstrap token already used."}, "Bootstrap token already used."),
+    ],
+)
+def test_an_unusable_register_answer_stops_the_agent_with_the_reason(tmp_path, plane, status, answer, expected):
+    plane.register_status, plane.register_answer = status, answer
+    result = run_agent(tmp_path, plane.url)
+    assert result.returncode == 2
+    assert expected in result.stderr
+
+
+def test_an_unreachable_control_plane_gives_up_registering_after_the_timeout(tmp_path):
+    result = run_agent(tmp_path, "http://127.0.0.1:9")
+    assert result.returncode == 2 and "could not register" in result.stderr
+
+
+def test_nonsense_heartbeat_answers_do_not_disturb_training(tmp_path, plane):
+    job = protocol.JobSpec(job_id=1, instance_id=1, command=[*PLAIN, "--steps", "40", "--step-delay-s", "0.02"], checkpoint_uri=str(tmp_path / "ckpt"), heartbeat_interval_s=0.05)
+    plane.register_answer = protocol.to_dict(protocol.RegisterAnswer(agent_token="t", job=job))
+    plane.body = {"action": "explode", "checkpoint_interval_s": "soon", "heartbeat_interval_s": -3}
+    result = run_agent(tmp_path, plane.url)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "unknown action" in result.stderr and "explode" in result.stderr
+    exits = [body for path, body in plane.accepted if path == "exit"]
+    assert [(e["reason"], e["final_step"]) for e in exits] == [("completed", 40)]
