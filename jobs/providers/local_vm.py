@@ -186,6 +186,9 @@ def vm_processes(supervisor_pid: int, start_time: int | None) -> set[int]:
     session id is never given to another process, so the session's members are the
     VM's even after its supervisor died; its descendants are only trusted while the
     supervisor is the process recorded."""
+    leader = proc_stat(supervisor_pid)
+    if leader is not None and leader.start_time != start_time:
+        return set()  # the pid was given to another process: the VM's session had already ended
     stats = all_processes()
     found = {stat.pid for stat in stats if stat.session == supervisor_pid}
     if not is_running(supervisor_pid, start_time):
@@ -277,10 +280,14 @@ class Supervisor:
             "--metadata-url", metadata.url,
         ]
         with open(self.vm.agent_log, "ab") as out:
-            proc = subprocess.Popen(
-                argv, env={**os.environ, **spec.agent_env}, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(os.getpid()),
-            )
+            try:
+                proc = subprocess.Popen(
+                    argv, env={**os.environ, **spec.agent_env}, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(os.getpid()),
+                )
+            except OSError as exc:
+                log.error("VM %s: could not start the agent %s: %s", spec.vm_id, argv[:3], exc)
+                return "agent failed to start"
         self.agent_pid = proc.pid
         log.info("VM %s booted: metadata %s, agent pid %d, preemption %s", spec.vm_id, metadata.url, proc.pid,
                  "never" if spec.preempt_after_s is None else f"in {spec.preempt_after_s:.1f}s")

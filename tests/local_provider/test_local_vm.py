@@ -202,3 +202,18 @@ def test_bad_local_settings_are_refused_with_the_field_named(tmp_path, fields, c
 
     with pytest.raises(ValueError, match=complaint):
         LocalProvider(LocalConfig(**{"root": str(tmp_path / "vms"), **fields}))
+
+
+def test_a_vm_whose_agent_cannot_start_shuts_down_saying_why(local_provider, tmp_path):
+    provider = local_provider(agent_command=(str(tmp_path / "no-such-agent"),))
+    vm_id = provider.launch(launch_request(81))
+    wait_until(lambda: provider.describe(vm_id).state == CloudState.GONE, timeout=20, what="VM gone")
+    assert provider.vm_dir(vm_id).ended()["reason"] == "agent failed to start"
+    assert "no-such-agent" in provider.vm_dir(vm_id).supervisor_log.read_text()
+
+
+def test_a_supervisor_that_cannot_start_is_a_precheck_error_and_leaves_no_live_vm(local_provider, tmp_path):
+    provider = local_provider(python=str(tmp_path / "no-such-python"))
+    with pytest.raises(PrecheckError, match="could not start the local VM supervisor with .*no-such-python"):
+        provider.launch(launch_request(82))
+    assert provider.list_ours() == [] and provider.find_by_instance_id(82) is None
