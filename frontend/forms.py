@@ -32,6 +32,12 @@ class SubmitJobForm(forms.Form):
                                              help_text="Empty: chosen from measured checkpoint cost and interruption rate")
     priority = forms.IntegerField(initial=0, min_value=-100, max_value=100)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            if field.help_text:  # the template renders it with this id
+                field.widget.attrs["aria-describedby"] = f"{self.auto_id % name}-help"
+
     def clean_command(self):
         try:
             argv = shlex.split(self.cleaned_data["command"])

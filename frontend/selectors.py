@@ -28,6 +28,8 @@ RECENT_ROWS = 50
 
 def display_money(exact: str | Decimal) -> str:
     value = Decimal(exact).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    if value == 0:
+        value = abs(value)  # a few hundredths of a cent either way reads as $0.00, never $-0.00
     return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
 
 

@@ -38,7 +38,7 @@ from django.db.models import Count, F, Max, Min, Q, Sum
 from django.utils import timezone
 
 from jobs import ledger
-from jobs.choices import InstanceState
+from jobs.choices import EndReason, InstanceState, InterruptionKind
 from jobs.models import Checkpoint, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint, PriceQuote
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
@@ -296,11 +296,21 @@ def team_month_cost(team, month: str | None = None, now: dt.datetime | None = No
 
 
 def interruptions_by_placement(team, month: str | None = None, now: dt.datetime | None = None) -> list[dict]:
-    """Interruptions received in the month, counted per cloud / zone / instance type / kind."""
+    """Interruptions in the month per cloud / zone / instance type / kind.
+
+    Preemptions and losses are counted once per instance from how it ended (an
+    agent's own "preempted" exit leaves no interruption row, a confirmed one does);
+    notices and capacity errors from their interruption rows."""
     _, start, end = parse_month(month, now or timezone.now())
-    return list(
-        InterruptionEvent.objects.filter(instance__job__team=team, received_at__gte=start, received_at__lt=end)
-        .values(cloud=F("instance__provider"), zone=F("instance__zone"), instance_type=F("instance__instance_type"),
-                kind_name=F("kind"))
-        .annotate(count=Count("id")).order_by("cloud", "zone", "instance_type", "kind_name")
-    )
+    where = dict(cloud=F("provider"), zone_name=F("zone"), type_name=F("instance_type"))
+    ended = (Instance.objects.filter(job__team=team, end_reason__in=(EndReason.PREEMPTED, EndReason.LOST),
+                                     ended_at__gte=start, ended_at__lt=end)
+             .values(kind_name=F("end_reason"), **where).annotate(count=Count("id")))
+    events = (InterruptionEvent.objects.filter(
+        instance__job__team=team, kind__in=(InterruptionKind.NOTICE, InterruptionKind.CAPACITY_ERROR),
+        received_at__gte=start, received_at__lt=end)
+        .values(kind_name=F("kind"), **{k: F(f"instance__{v.name}") for k, v in where.items()})
+        .annotate(count=Count("id")))
+    rows = [{"cloud": r["cloud"], "zone": r["zone_name"], "instance_type": r["type_name"], "kind_name": r["kind_name"],
+             "count": r["count"]} for r in (*ended, *events)]
+    return sorted(rows, key=lambda r: (r["cloud"], r["zone"], r["instance_type"], r["kind_name"]))

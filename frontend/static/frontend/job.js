@@ -32,12 +32,26 @@
     return {labels: status.instances.map((i) => i.label), datasets};
   }
 
+  function span(status) {
+    /* The job's own time range, so bars are not squeezed against the epoch. */
+    const starts = status.instances.map((i) => ms(i.start)).filter((t) => t !== null);
+    const now = ms(status.as_of);
+    const min = starts.length ? Math.min(...starts) : now - 60000;
+    return {min, max: Math.max(now, min + 1000)};
+  }
+
+  function ticks(range) {
+    const short = range.max - range.min < 3 * 3600 * 1000;
+    return {callback: (v) => clock(v, short), maxTicksLimit: 6};
+  }
+
   function makeCharts(status) {
+    const range = span(status);
     charts.timeline = new Chart(document.getElementById("timeline-chart"), {
       type: "bar", data: timelineData(status),
       options: {
         indexAxis: "y", animation: false, maintainAspectRatio: false,
-        scales: {x: {type: "linear", ticks: {callback: (v) => clock(v), maxTicksLimit: 6}},
+        scales: {x: {type: "linear", beginAtZero: false, ...range, ticks: ticks(range)},
                  y: {type: "category"}},
         plugins: {legend: {display: false}, tooltip: {callbacks: {label: (ctx) => ctx.raw.text ||
           `${clock(ctx.raw.x[0])} – ${clock(ctx.raw.x[1])}`}}},
@@ -58,14 +72,17 @@
          pointRadius: 0, borderWidth: 2},
       ]},
       options: {animation: false, maintainAspectRatio: false, parsing: false,
-                scales: {x: {type: "linear", ticks: {callback: (v) => clock(v), maxTicksLimit: 5}},
+                scales: {x: {type: "linear", ticks: ticks(range)},
                          y: {title: {display: true, text: "USD"}, beginAtZero: true}}},
     });
   }
 
   function updateCharts(status) {
+    const range = span(status);
     charts.timeline.data = timelineData(status);
+    Object.assign(charts.timeline.options.scales.x, range, {ticks: ticks(range)});
     charts.timeline.update("none");
+    charts.cost.options.scales.x.ticks = ticks(range);
     charts.loss.data.datasets[0].data = status.loss.map(([step, loss]) => ({x: step, y: loss}));
     charts.loss.update("none");
     charts.cost.data.datasets[0].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.spent}));

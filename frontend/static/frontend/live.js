@@ -44,9 +44,9 @@ window.Respawn = (function () {
     return node;
   }
 
-  function clock(ms) {
-    const d = new Date(ms);
-    return d.toISOString().slice(5, 16).replace("T", " ") + " UTC";
+  function clock(ms, withSeconds) {
+    const text = new Date(ms).toISOString().replace("T", " ");
+    return (withSeconds ? text.slice(11, 19) : text.slice(5, 16)) + " UTC";
   }
 
   function setField(root, name, text, exact) {

@@ -1,0 +1,127 @@
+"""The dashboard in a real browser against a live gunicorn: log in, submit a job
+from the form, find it in the list, watch it go running and a preemption appear
+on its timeline without a reload, and read the API's savings on the page."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+import requests
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+from agents import protocol
+from jobs.choices import JobStatus, Role
+from jobs.models import Job
+from jobs.prices import seed_price_book
+from jobs.transitions import transition_job
+from frontend.selectors import display_money
+from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
+from tests.factories import make_instance, make_team_with_members
+
+pytestmark = pytest.mark.e2e
+PASSWORD = "correct horse battery"
+LIVE_S = 20_000  # ms a live update may take: two polls plus a slow CI machine
+
+
+@pytest.fixture
+def dashboard(web_server, monkeypatch):
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the
+    # test makes between browser steps are still plain synchronous code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    missing = chromium_missing()
+    assert missing is None, missing
+    seed_price_book()
+    setup = make_team_with_members("e2e")
+    # The test process hashes with MD5 for speed; the server only knows its real
+    # hashers, so the password it checks is stored with one of those.
+    user = setup.people[Role.MEMBER].user
+    user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
+    user.save(update_fields=["password"])
+    return web_server, setup
+
+
+class Agent:
+    """Speaks the agent API to the live server, as a VM's agent would."""
+
+    def __init__(self, base_url: str):
+        self.base, self.token = base_url + protocol.API_PREFIX, None
+
+    def post(self, path: str, report) -> dict:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        response = requests.post(self.base + path, json=protocol.to_dict(report), headers=headers, timeout=10)
+        assert response.ok, (path, response.status_code, response.text)
+        return response.json()
+
+    def register(self, bootstrap_token: str):
+        self.token = self.post(protocol.PATH_REGISTER, protocol.Register(bootstrap_token=bootstrap_token))["agent_token"]
+
+
+def now_iso(offset_s: float = 0) -> str:
+    return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)).isoformat()
+
+
+def test_a_job_from_the_form_to_a_preemption_on_its_timeline(dashboard, tmp_path):
+    from playwright.sync_api import expect
+
+    server, setup = dashboard
+    member = setup.people[Role.MEMBER]
+    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, tmp_path / "screenshots"):
+        page.goto("/login/")
+        page.get_by_label("Username").fill(member.user.username)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("heading", name="Jobs of e2e")).to_be_visible()
+
+        page.get_by_role("link", name="Team overview").click()
+        page.get_by_label("Name").fill("e2e-train")
+        page.get_by_label("Command").fill("python train.py --steps 1000")
+        page.get_by_label("Total steps").fill("1000")
+        page.get_by_label("local").check()
+        page.get_by_role("button", name="Submit job").click()
+        expect(page.get_by_role("heading", name="e2e-train")).to_be_visible()
+        job = Job.objects.get(name="e2e-train")
+        assert (job.owner, job.command, job.total_steps) == (member.user, ["python", "train.py", "--steps", "1000"],
+                                                              1000)
+
+        page.get_by_role("link", name="Jobs", exact=True).click()
+        row = page.locator(f'tr[data-job="{job.pk}"]')
+        expect(row).to_contain_text("queued")
+        row.get_by_role("link", name="e2e-train").click()
+        page.evaluate("window.__sameDocument = true")
+
+        # The cloud gives the job a VM; its agent registers and reports.
+        transition_job(job.pk, JobStatus.QUEUED, JobStatus.PROVISIONING, message="placing on local")
+        vm = make_instance(job)
+        agent = Agent(server.url)
+        agent.register(vm.bootstrap_token)
+        expect(page.locator("#job-summary [data-field=status]")).to_have_text("running", timeout=LIVE_S)
+
+        agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=0, loss=2.5))
+        agent.post(protocol.PATH_LOGS, protocol.LogBatch(offset=0, lines=["epoch 1: loss 2.5"]))
+        agent.post(protocol.PATH_CHECKPOINTS, protocol.CheckpointReport(
+            checkpoint_id=str(uuid.uuid4()), step=40, uri="/ckpt/step-40", bytes=1024, manifest_digest="xxh3:1",
+            committed_at=now_iso(), stall_s=0.2))
+        agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=50, loss=1.5))
+        expect(page.locator("#log")).to_contain_text("epoch 1: loss 2.5", timeout=LIVE_S)
+        expect(page.locator('#timeline-table tr[data-kind="checkpoint"]')).to_have_count(1, timeout=LIVE_S)
+
+        agent.post(protocol.PATH_NOTICE, protocol.Notice(source=protocol.NoticeSource.LOCAL, notice_time=now_iso(),
+                                                         deadline=now_iso(25)))
+        agent.post(protocol.PATH_EXIT, protocol.ExitReport(reason=protocol.ExitReason.PREEMPTED, final_step=50))
+        expect(page.locator('#timeline-table tr[data-kind="notice"]')).to_have_count(1, timeout=LIVE_S)
+        expect(page.locator('#timeline-table tr[data-kind="preempted"]')).to_have_count(1, timeout=LIVE_S)
+        marks = page.evaluate("respawnCharts.timeline.data.datasets.find(d => d.label === 'preemptions').data.length")
+        assert marks == 1, "the preemption is marked on the timeline chart itself"
+        expect(page.locator("#job-summary [data-field=status]")).to_have_text("recovering", timeout=LIVE_S)
+        assert page.evaluate("window.__sameDocument") is True, "the page reloaded instead of updating in place"
+
+        # Every instance has ended, so the money is settled: the page shows what the API says.
+        api = requests.get(f"{server.url}/api/v1/jobs/{job.pk}/cost/",
+                           headers={"Authorization": f"Bearer {member.token}"}, timeout=10).json()
+        savings = page.locator("#job-savings")
+        expect(savings).to_have_attribute("data-exact", api["savings"], timeout=LIVE_S)
+        expect(savings).to_have_text(display_money(api["savings"]))
+        assert not errors, f"script errors on the page: {errors}"
+        assert not outside, f"the page asked for something beyond the control plane: {outside}"
