@@ -1,8 +1,10 @@
 """Writing the audit log. Callers record inside the transaction that made the
-change, so a change and its audit row commit (or roll back) together."""
+change, so a change and its audit row commit (or roll back) together. Every
+door that submits or cancels a job (API, dashboard) calls the job helpers."""
 
 from __future__ import annotations
 
+from jobs.choices import AuditAction
 from jobs.models import AuditEvent, Team
 
 
@@ -12,3 +14,11 @@ def record_audit(actor, action: str, target: str, *, team: Team | int | None = N
         actor=actor, actor_username=actor.get_username(), team_id=team_id, action=action, target=target,
         details=details,
     )
+
+
+def audit_job_submitted(user, job) -> AuditEvent:
+    return record_audit(user, AuditAction.JOB_SUBMITTED, f"job:{job.pk}", team=job.team_id, name=job.name)
+
+
+def audit_job_cancelled(user, job) -> AuditEvent:
+    return record_audit(user, AuditAction.JOB_CANCELLED, f"job:{job.pk}", team=job.team_id, name=job.name)

@@ -17,8 +17,8 @@ from rest_framework.views import APIView
 from jobs.api import serializers as s
 from jobs.administration import issue_token
 from jobs.api.errors import Unauthorized
-from jobs.audit import record_audit
-from jobs.choices import AuditAction, JobStatus
+from jobs.audit import audit_job_cancelled, audit_job_submitted
+from jobs.choices import JobStatus
 from jobs.joblogs import BadCursor, read_job_logs
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
 from jobs.permissions import can, visible_team_ids
@@ -84,7 +84,7 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
             raise PermissionDenied("Your role in this team cannot submit jobs.")
         with transaction.atomic():
             job = serializer.save(owner=self.request.user)
-            record_audit(self.request.user, AuditAction.JOB_SUBMITTED, f"job:{job.pk}", team=team, name=job.name)
+            audit_job_submitted(self.request.user, job)
 
     @extend_schema(request=None, responses={202: s.JobSerializer, 409: None})
     @action(detail=True, methods=["post"])
@@ -93,7 +93,7 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         with transaction.atomic():
             if not cancel_job(job, by=request.user.username):
                 return Response({"detail": f"job is already {job.status}"}, status=status.HTTP_409_CONFLICT)
-            record_audit(request.user, AuditAction.JOB_CANCELLED, f"job:{job.pk}", team=job.team_id, name=job.name)
+            audit_job_cancelled(request.user, job)
         job.refresh_from_db()
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 

@@ -110,3 +110,27 @@ def test_every_change_is_audited_with_its_details(setup):
     assert rows[1].details == {"old_role": "viewer", "new_role": "member"}
     assert rows[3].details == {"changes": {"max_concurrent_gpus": {"old": 8, "new": 4}}}
     assert User.objects.filter(username="newbie").exists()
+
+
+def test_list_query_counts_do_not_grow_with_rows(setup):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    admin = client_for(setup.people["admin"])
+    urls = [members_url(setup), "/api/v1/audit/", "/api/v1/tokens/"]
+
+    def counts():
+        with CaptureQueriesContext(connection) as queries:
+            for url in urls:
+                assert admin.get(url).status_code == 200
+        return len(queries)
+
+    make_person("first")  # one row in each list, so the baseline pays for fetching rows too
+    admin.post(members_url(setup), {"username": "first", "role": "viewer"}, format="json")
+    counts()  # the first call also stamps the token's last use
+    few = counts()
+    for i in range(5):
+        person = make_person(f"extra-{i}")
+        admin.post(members_url(setup), {"username": person.user.username, "role": "viewer"}, format="json")
+        admin.post("/api/v1/tokens/", {"name": f"t{i}"}, format="json")
+    assert counts() == few

@@ -18,6 +18,7 @@ from django.utils import timezone
 from jobs.choices import InstanceState, JobStatus
 from jobs.models import ApiToken, Job, LogChunk
 from jobs.transitions import transition_job
+from tests.costs.history import make_history
 from tests.factories import make_instance, make_job, make_team_with_members
 
 RESPAWN = Path(sys.executable).parent / "respawn"  # the console script pip installed next to this Python
@@ -177,6 +178,23 @@ def test_tokens_create_list_and_revoke(cli):
     assert with_revoked.returncode == 3 and "refused your credentials" in with_revoked.stderr
     bad = cli("tokens", "create", "x", "--expires-in", "soon")
     assert bad.returncode == 2 and "--expires-in" in bad.stderr
+
+
+def test_cost_shows_spent_savings_and_each_instance(cli):
+    job, *_ = make_history(cli.setup.team, cli.setup.people["member"].user)
+    table = cli("cost", str(job.pk))
+    assert table.returncode == 0, table.stderr
+    assert re.search(r"(?m)^spent\s+1\.80000000$", table.stdout)
+    assert re.search(r"(?m)^savings\s+0\.53333333$", table.stdout)
+    assert "STEPS KEPT" in table.stdout and len(re.findall(r"(?m)^\d+\s+0\s", table.stdout)) >= 1
+    as_json = json.loads(cli("cost", str(job.pk), "--json").stdout)
+    assert [i["steps_kept"] for i in as_json["instances"]] == [900, 600]
+
+
+def test_the_cli_never_imports_django():
+    code = "import sys, respawncli.__main__, respawncli.commands; print('django' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert result.stdout.strip() == "False", result.stderr
 
 
 def test_help_shows_examples_and_exit_codes():
