@@ -231,7 +231,8 @@ class LocalProvider(Provider):
     def _spec(self, vm_id: str, request: LaunchRequest, now: float, spot: bool) -> VmSpec:
         config = self.config
         placement = request.placement
-        delay = self.market.preemption_delay_s(vm_id, placement.zone, spot=spot, launched_at_s=now - self._market_epoch())
+        # Keyed by our instance id, not the VM's random id: a seeded run replays the same preemptions.
+        delay = self.market.preemption_delay_s(f"instance-{request.instance_id}", placement.zone, spot=spot, launched_at_s=now - self._market_epoch())
         return VmSpec(
             vm_id=vm_id,
             job_id=request.job_id,

@@ -217,3 +217,20 @@ def test_a_supervisor_that_cannot_start_is_a_precheck_error_and_leaves_no_live_v
     with pytest.raises(PrecheckError, match="could not start the local VM supervisor with .*no-such-python"):
         provider.launch(launch_request(82))
     assert provider.list_ours() == [] and provider.find_by_instance_id(82) is None
+
+
+def test_a_seeded_market_gives_an_instance_the_same_preemption_time_in_every_run(tmp_path):
+    from jobs.providers.local import LocalProvider
+
+    def preempt_after(run: str, seed: int) -> float:
+        provider = LocalProvider(LocalConfig(root=str(tmp_path / run), agent_command=STANDIN_AGENT, market_mode="rate",
+                                             market_rate_per_hour=3600.0, market_seed=seed))
+        try:
+            vm_id = provider.launch(launch_request(91))
+            return provider.vm_dir(vm_id).read_spec().preempt_after_s
+        finally:
+            provider.terminate_all(wait_s=20)
+
+    first = preempt_after("run-1", seed=5)
+    assert first == preempt_after("run-2", seed=5)
+    assert first != preempt_after("run-3", seed=6)
