@@ -28,6 +28,8 @@ ENDPOINTS = [
     ("teams-detail", "get", "/api/v1/teams/{team}/", "team.view", 200),
     ("prices-list", "get", "/api/v1/prices/", "price.view", 200),
     ("jobs-logs", "get", "/api/v1/jobs/{job}/logs/", "job.view", 200),
+    ("jobs-cost", "get", "/api/v1/jobs/{job}/cost/", "job.view", 200),
+    ("teams-cost", "get", "/api/v1/teams/{team}/cost/", "team.view", 200),
     ("tokens-list", "get", "/api/v1/tokens/", "token.manage", 200),
     ("tokens-create", "post", "/api/v1/tokens/", "token.manage", 201),
     ("tokens-detail", "get", "/api/v1/tokens/{token}/", "token.manage", 200),
