@@ -45,7 +45,8 @@ class LocalConfig:
     agent_command: tuple[str, ...] = ()
     """The agent's program; `run` and its flags are appended. Empty: (python, "-m", "agents")."""
     agent_env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment for the agent, e.g. {"RESPAWN_HEARTBEAT_INTERVAL_S": "1"}."""
+    """Extra environment for the agent, e.g. {"RESPAWN_HEARTBEAT_INTERVAL_S": "1"}, on top of
+    the launching process's own environment, which the VM inherits (with its working directory)."""
     zones: tuple[str, ...] = ("local-a", "local-b", "local-c")
     """Zones a placement may name (the price book lists local-a..c)."""
     market_mode: str = "none"
