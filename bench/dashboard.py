@@ -1,0 +1,236 @@
+"""Dashboard server time and query counts on a big PostgreSQL history (issue 6).
+
+Builds a fresh database (default `respawn_bench_dashboard` on 127.0.0.1:5432) with
+N jobs, 5 instances per job (relaunches across zones and markets, each resuming
+from its predecessor's checkpoint) and M metric points, then times, in-process
+through the whole middleware stack, the jobs page, a job page (and its status
+JSON), the team overview (and its JSON) against a trivial signed-in view in the
+same run. Query counts are compared between a small and a big case of each page:
+they must not grow with the rows.
+
+    .venv/bin/python bench/dashboard.py                 # scaled down: 1,000 jobs, 100,000 points
+    .venv/bin/python bench/dashboard.py --full --check  # 10,000 jobs, 50,000 instances, 1,000,000 points
+
+--check exits 1 when a page's p95 exceeds 3x the trivial view's p95 or a query
+count grows with the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+INSTANCES_PER_JOB = 5
+RATIO_LIMIT = 3.0
+ZONES = ("local-a", "local-b", "local-c")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1_000)
+    parser.add_argument("--points", type=int, default=100_000, help="metric points in all")
+    parser.add_argument("--full", action="store_true", help="the issue's size: 10,000 jobs, 1,000,000 points")
+    parser.add_argument("--requests", type=int, default=40, help="timed requests per page")
+    parser.add_argument("--database-url", default=os.environ.get(
+        "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn_bench_dashboard"))
+    parser.add_argument("--reuse", action="store_true", help="keep an already filled database")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if args.full:
+        args.jobs, args.points = 10_000, 1_000_000
+    if args.jobs < 10 or args.points < args.jobs * INSTANCES_PER_JOB * 2:
+        parser.error("need at least 10 jobs and 2 metric points per instance")
+    return args
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+    from urllib.parse import urlparse
+
+    name = urlparse(url).path.lstrip("/")
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def setup_django(url: str):
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("RESPAWN_LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+
+
+# ---- the history ------------------------------------------------------------------------------
+
+def fill(jobs: int, points: int, now: dt.datetime) -> None:
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.db import connection
+
+    from jobs.models import Job, Membership, PriceQuote, Team
+
+    call_command("migrate", verbosity=0)  # seeds the price book
+    # The history reaches back before the shipped book's date: the same prices, in force from a year ago.
+    PriceQuote.objects.bulk_create([
+        PriceQuote(provider=q.provider, region=q.region, zone=q.zone, instance_type=q.instance_type, market=q.market,
+                   usd_per_hour=q.usd_per_hour, observed_at=now - dt.timedelta(days=365), source="bench")
+        for q in PriceQuote.objects.filter(provider="local")])
+    rng = random.Random(6)
+    big, small = Team.objects.create(name="big", monthly_budget_usd=50_000), Team.objects.create(name="small")
+    user = User.objects.create_user("bench", password="bench-password")
+    for team in (big, small):
+        Membership.objects.create(user=user, team=team, role="admin")
+    statuses = ["succeeded"] * 6 + ["running", "failed", "cancelled", "queued"]
+    Job.objects.bulk_create([Job(team=big if i else small, owner=user, name=f"train-{i:05d}",
+                                 command=["python", "train.py"], total_steps=10_000, status=rng.choice(statuses),
+                                 last_step=rng.randrange(10_000), preemptions=rng.randrange(5))
+                             for i in range(jobs)], batch_size=2_000)
+    job_ids = list(Job.objects.order_by("id").values_list("id", flat=True))
+    per_instance = points // (jobs * INSTANCES_PER_JOB)
+    raw = connection.connection
+    with raw.cursor() as cur:
+        with cur.copy("COPY jobs_instance (job_id, rank, world_size, provider, region, zone, instance_type, market, "
+                      "client_token, state, end_reason, requested_at, registered_at, running_at, ended_at, "
+                      "last_step, provider_instance_id, hostname, agent_version, rendezvous_addr, "
+                      "requested_action) FROM STDIN") as copy:
+            for n, job_id in enumerate(job_ids):
+                start = now - dt.timedelta(days=60) * (n / jobs) - dt.timedelta(hours=6)
+                for k in range(INSTANCES_PER_JOB):
+                    begin = start + dt.timedelta(hours=k)
+                    last = k == INSTANCES_PER_JOB - 1
+                    copy.write_row((job_id, 0, 1, "local", "local", ZONES[k % 3], "cpu-small",
+                                    "on_demand" if k == 3 else "spot", uuid.uuid4(), "ended",
+                                    "completed" if last else "preempted", begin - dt.timedelta(seconds=30),
+                                    begin + dt.timedelta(seconds=90), begin + dt.timedelta(seconds=90),
+                                    begin + dt.timedelta(minutes=50), (k + 1) * 2_000, "", "", "", "", ""))
+        cur.execute("INSERT INTO jobs_checkpoint (checkpoint_id, job_id, instance_id, step, uri, bytes, "
+                    "manifest_digest, kind, committed_at, stall_s, validation, validation_message, created_at) "
+                    "SELECT gen_random_uuid(), job_id, id, last_step - 100, 'file:///ckpt', 1048576, 'xxh3:0', "
+                    "'periodic', ended_at - interval '2 minutes', 0.4, 'valid', '', ended_at FROM jobs_instance")
+        cur.execute("UPDATE jobs_instance i SET resume_checkpoint_id = c.id FROM jobs_checkpoint c "
+                    "WHERE c.instance_id = i.id - 1 AND c.job_id = i.job_id")
+        cur.execute("SELECT id, job_id, registered_at, last_step FROM jobs_instance ORDER BY id")
+        instances = cur.fetchall()
+        with cur.copy("COPY jobs_metricpoint (job_id, instance_id, time, step, loss, samples_per_s) "
+                      "FROM STDIN") as copy:
+            for instance_id, job_id, registered, last_step in instances:
+                for p in range(per_instance):
+                    copy.write_row((job_id, instance_id, registered + dt.timedelta(seconds=60 + 40 * p),
+                                    last_step - 2_000 + p * 2_000 // per_instance, 3.0 / (1 + p), 120.0))
+    raw.commit()
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE")
+
+
+# ---- timing -----------------------------------------------------------------------------------
+
+def trivial(request):
+    from django.contrib.auth.decorators import login_required
+    from django.http import HttpResponse
+
+    return login_required(lambda r: HttpResponse("ok"))(request)
+
+
+def install_trivial_view() -> None:
+    """The baseline: a signed-in view that does nothing, behind the same middleware."""
+    import types
+
+    from django.conf import settings
+    from django.urls import clear_url_caches, include, path
+
+    urls = types.ModuleType("bench_dashboard_urls")
+    urls.urlpatterns = [path("bench/trivial", trivial), path("", include("controlplane.urls"))]
+    sys.modules[urls.__name__] = urls
+    settings.ROOT_URLCONF = urls.__name__
+    clear_url_caches()
+
+
+def timed(client, url: str, n: int) -> tuple[list[float], int]:
+    from django.db import connection
+
+    queries = []
+    with connection.execute_wrapper(lambda execute, sql, *rest: queries.append(sql) or execute(sql, *rest)):
+        first = client.get(url)
+    assert first.status_code == 200, (url, first.status_code, first.content[:300])
+    samples = []
+    for _ in range(n):
+        begin = time.perf_counter()
+        response = client.get(url)
+        samples.append(time.perf_counter() - begin)
+        assert response.status_code == 200
+    return samples, len(queries)
+
+
+def p95(samples: list[float]) -> float:
+    return statistics.quantiles(samples, n=20)[-1] if len(samples) >= 20 else max(samples)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.reuse:
+        recreate_database(args.database_url)
+    setup_django(args.database_url)
+    from django.test import Client
+    from django.utils import timezone
+
+    from jobs.models import Instance, Job, MetricPoint, Team
+
+    now = timezone.now()
+    if not args.reuse:
+        begin = time.perf_counter()
+        fill(args.jobs, args.points, now)
+        print(f"filled in {time.perf_counter() - begin:.0f} s")
+    print(f"rows: {Job.objects.count():,} jobs, {Instance.objects.count():,} instances, "
+          f"{MetricPoint.objects.count():,} metric points")
+    install_trivial_view()
+    client = Client()
+    client.login(username="bench", password="bench-password")
+    big, small = Team.objects.get(name="big"), Team.objects.get(name="small")
+    busiest = Job.objects.filter(team=big).order_by("-id").first()  # newest: its month is this month
+    lone = Job.objects.filter(team=small).first()
+    client.post("/team/switch/", {"team": big.pk})
+
+    pages = {
+        "trivial view": ("/bench/trivial", None),
+        "jobs page": ("/", "/?q=train-0000"),  # a full page vs a search matching a few rows
+        "jobs JSON": ("/jobs.json", "/jobs.json?q=train-0000"),
+        "job page": (f"/jobs/{busiest.pk}/", f"/jobs/{lone.pk}/"),
+        "job JSON": (f"/jobs/{busiest.pk}/status.json", f"/jobs/{lone.pk}/status.json"),
+        "team overview": (f"/teams/{big.pk}/", f"/teams/{small.pk}/"),
+        "team JSON": (f"/teams/{big.pk}/status.json", f"/teams/{small.pk}/status.json"),
+    }
+    results = {}
+    for name, (url, small_url) in pages.items():
+        samples, queries = timed(client, url, args.requests)
+        small_queries = timed(client, small_url, 1)[1] if small_url else queries
+        results[name] = (p95(samples), statistics.median(samples), queries, small_queries)
+    base = results["trivial view"][0]
+    failures = []
+    print(f"{'page':<15} {'p95 ms':>8} {'median ms':>10} {'x trivial':>10} {'queries big/small':>18}")
+    for name, (slow, median, queries, small_queries) in results.items():
+        ratio = slow / base
+        print(f"{name:<15} {slow * 1e3:8.1f} {median * 1e3:10.1f} {ratio:10.2f} {queries:>9}/{small_queries}")
+        if name != "trivial view" and ratio > RATIO_LIMIT:
+            failures.append(f"{name}: p95 {ratio:.1f}x the trivial view's (limit {RATIO_LIMIT}x)")
+        if queries > small_queries:
+            failures.append(f"{name}: {queries} queries for the big case, {small_queries} for the small one")
+    for failure in failures:
+        print("FAIL", failure)
+    return 1 if args.check and failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
