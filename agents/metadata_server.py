@@ -99,11 +99,14 @@ def _rfc1123(epoch: float) -> str:
 class MetadataServer:
     """`MetadataServer("aws").start()` serves on 127.0.0.1 at `.url` until `.stop()`."""
 
-    def __init__(self, flavour: str, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, flavour: str, *, host: str = "127.0.0.1", port: int = 0, instance_id: str | None = None):
+        """`instance_id`: what the instance-id paths answer (random when None, 404 when empty)."""
         if flavour not in FLAVOURS:
             raise ValueError(f"metadata flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
         self.flavour = flavour
         self.state = MetadataState()
+        if instance_id is not None:
+            self.state.instance_id = instance_id
         self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -314,7 +317,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, _iso(deadline))
         if path == AWS_REBALANCE and rebalance:
             return self._json(200, {"noticeTime": _iso(rebalance_at)})
-        if path == AWS_INSTANCE_ID:
+        if path == AWS_INSTANCE_ID and instance_id:
             return self._send(200, instance_id)
         self._send(404, "Not Found", "text/html")
 
@@ -324,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Metadata-Flavor") != "Google" or self.headers.get("X-Forwarded-For"):
             return self._send(403, "Missing Metadata-Flavor:Google header.", "text/html", headers)
         st = self.srv.state
-        if path == GCP_INSTANCE_ID:
+        if path == GCP_INSTANCE_ID and st.instance_id:
             return self._send(200, st.instance_id, headers=headers)
         if path != GCP_PREEMPTED:
             return self._send(404, "Not Found", "text/html", headers)
@@ -370,7 +373,7 @@ class _Handler(BaseHTTPRequestHandler):
         if error:
             return self._json(400, {"error": "Bad request", "message": error})
         st = self.srv.state
-        if path == AZURE_INSTANCE_ID:
+        if path == AZURE_INSTANCE_ID and st.instance_id:
             return self._send(200, st.instance_id)
         if path != AZURE_EVENTS:
             return self._json(404, {"error": "Not found"})

@@ -58,10 +58,14 @@ def gang_env(job: protocol.JobSpec) -> dict[str, str]:
     return env
 
 
+# Resolved once in the parent: between fork and exec (other threads of the agent
+# may hold locks the child can never take) the child only makes the call.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def die_with_parent(parent_pid: int):
     def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        if _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             os._exit(126)
         if os.getppid() != parent_pid:  # the agent died before prctl took effect
             os._exit(126)

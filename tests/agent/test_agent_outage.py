@@ -77,7 +77,9 @@ def test_after_an_outage_every_report_arrives_once_in_order(team_setup, child_en
 def test_an_agent_killed_with_sigkill_leaves_no_trainer_and_is_marked_lost(team_setup, child_env, web_server, tmp_path, settings):
     from jobs.tasks import reconcile
 
-    imds = MetadataServer("aws").start()
+    # No instance id from the metadata service: the control plane has no VM to ask
+    # the cloud about, so silence alone decides (a VM still running is "lost" too).
+    imds = MetadataServer("aws", instance_id="").start()
     job, setup = make_running_job(team_setup, tmp_path)
     agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
     instance = setup.instance
