@@ -9,7 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Exists, F, OuterRef, Q, Window
+from django.core.cache import cache
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, Window
 from django.db.models.functions import RowNumber
 from django.urls import reverse
 from django.utils import timezone
@@ -24,6 +25,11 @@ LOSS_POINTS = 400
 COST_POINTS = 120
 LOG_LINES = 200
 RECENT_ROWS = 50
+MARKED_CHECKPOINTS = 500
+SETTLED_MONEY_TTL_S = 3600
+# A team's month sums every instance billed in it; polled every few seconds by
+# every open overview, it is recomputed at most this often (the API's figure is exact).
+TEAM_MONEY_TTL_S = 30
 
 
 def display_money(exact: str | Decimal) -> str:
@@ -47,7 +53,9 @@ def _iso(moment: dt.datetime | None) -> str | None:
 # ---- jobs list --------------------------------------------------------------------------------
 
 def filtered_jobs(team, *, statuses=(), owner="", cloud="", search=""):
-    jobs = Job.objects.filter(team=team).select_related("owner")
+    # Newest first by id (the primary key's index), reading only the columns a row shows.
+    jobs = (Job.objects.filter(team=team).select_related("owner").order_by("-id")
+            .only("id", "name", "status", "status_reason", "last_step", "total_steps", "preemptions", "owner__username"))
     if statuses:
         jobs = jobs.filter(status__in=statuses)
     if owner:
@@ -61,17 +69,39 @@ def filtered_jobs(team, *, statuses=(), owner="", cloud="", search=""):
 
 def _money_of_jobs(job_ids, now) -> dict[int, costs.JobCost | str]:
     """Each job's cost, or the reason it cannot be priced (one job's missing quote
-    must not blank the whole list)."""
+    must not blank the whole list).
+
+    A job with no live instance has settled money: it is kept in the cache under a
+    key that changes with its instances (count, newest end) and with any new price
+    quote (a refresher may backfill history), so a cached figure is never stale."""
+    job_ids = list(job_ids)
+    keys = _settled_keys(job_ids)
+    answers = cache.get_many(list(keys.values()))
+    found = {job_id: answers[key] for job_id, key in keys.items() if key in answers}
+    missing = [job_id for job_id in job_ids if job_id not in found]
     try:
-        return dict(costs.job_costs(job_ids, now))
+        fresh = dict(costs.job_costs(missing, now)) if missing else {}
     except costs.CostError:
-        answers = {}
-        for job_id in job_ids:
+        fresh = {}
+        for job_id in missing:
             try:
-                answers[job_id] = costs.job_cost(job_id, now)
+                fresh[job_id] = costs.job_cost(job_id, now)
             except costs.CostError as exc:
-                answers[job_id] = str(exc)
-        return answers
+                fresh[job_id] = str(exc)
+    cache.set_many({keys[job_id]: cost for job_id, cost in fresh.items() if job_id in keys}, SETTLED_MONEY_TTL_S)
+    return {**found, **fresh}
+
+
+def _settled_keys(job_ids) -> dict[int, str]:
+    if not job_ids:
+        return {}
+    newest_quote = PriceQuote.objects.aggregate(newest=Max("id"))["newest"]
+    rows = (Instance.objects.filter(job_id__in=job_ids).values("job_id")
+            .annotate(count=Count("id"), live=Count("id", filter=Q(state__in=InstanceState.LIVE)),
+                      last_end=Max("ended_at")))
+    return {row["job_id"]: f"respawn:jobcost:{row['job_id']}:{row['count']}:{row['last_end'].isoformat()}:"
+                           f"{newest_quote}"
+            for row in rows if not row["live"] and row["last_end"] is not None}
 
 
 def _eta_seconds(job: Job, cost) -> int | None:
@@ -138,7 +168,7 @@ def _instances(job: Job, cost) -> list[dict]:
     return rows
 
 
-def _markers(job: Job, instances: list[dict]) -> list[dict]:
+def _markers(job: Job, instances: list[dict], checkpoints: list[Checkpoint]) -> list[dict]:
     markers = []
     for event in InterruptionEvent.objects.filter(instance__job=job).order_by("received_at", "id"):
         markers.append({"kind": event.kind, "instance": event.instance_id,
@@ -149,7 +179,7 @@ def _markers(job: Job, instances: list[dict]) -> list[dict]:
         if row["end_reason"] in ("preempted", "lost") and (row["id"], row["end_reason"]) not in noted:
             markers.append({"kind": row["end_reason"], "instance": row["id"], "at": row["end"],
                             "text": f"{row['end_reason']} (instance ended)"})
-    for checkpoint in Checkpoint.objects.filter(job=job).order_by("committed_at")[:500]:
+    for checkpoint in checkpoints:
         markers.append({"kind": "checkpoint", "instance": checkpoint.instance_id, "at": _iso(checkpoint.committed_at),
                         "text": f"checkpoint step {checkpoint.step} ({checkpoint.kind}, {checkpoint.validation})"})
     return sorted(markers, key=lambda m: m["at"] or "")
@@ -206,7 +236,9 @@ def job_status(job: Job, *, may_cancel: bool, now: dt.datetime | None = None) ->
     now = now or timezone.now()
     cost = _money_of_jobs([job.pk], now)[job.pk]
     instances = _instances(job, cost)
-    checkpoints = Checkpoint.objects.filter(job=job).order_by("-step", "-committed_at")[:RECENT_ROWS]
+    # The newest checkpoints, once: marked on the timeline and listed newest step first.
+    checkpoints = list(reversed(Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")[:MARKED_CHECKPOINTS]))
+    listed = sorted(checkpoints, key=lambda c: (c.step, c.committed_at), reverse=True)[:RECENT_ROWS]
     return {
         "job": {
             "id": job.pk, "name": job.name, "status": job.status, "status_reason": job.status_reason,
@@ -220,14 +252,14 @@ def job_status(job: Job, *, may_cancel: bool, now: dt.datetime | None = None) ->
         },
         "money": _money_fields(cost) | ({} if isinstance(cost, str) else {"detail": job_cost_data(cost)}),
         "instances": instances,
-        "markers": _markers(job, instances),
+        "markers": _markers(job, instances, checkpoints),
         "loss": _loss_curve(job),
         "cost_curve": _cost_curve(cost, now),
         "checkpoints": [{
             "step": c.step, "kind": c.kind, "committed_at": _iso(c.committed_at), "validation": c.validation,
             "reference_loss": c.reference_loss, "validation_loss": c.validation_loss, "bytes": c.bytes,
             "stall_s": c.stall_s, "instance": c.instance_id,
-        } for c in checkpoints],
+        } for c in listed],
         "log": _log_tail(job),
         "events": [{"at": _iso(e.created_at), "from": e.from_status, "to": e.to_status, "message": e.message}
                    for e in reversed(JobEvent.objects.filter(job=job).order_by("-created_at", "-id")[:RECENT_ROWS])],
@@ -237,14 +269,27 @@ def job_status(job: Job, *, may_cancel: bool, now: dt.datetime | None = None) ->
 
 # ---- a team's month ---------------------------------------------------------------------------
 
+def _team_money(team, month: str | None, now: dt.datetime) -> tuple[dict | None, str | None]:
+    label = costs.parse_month(month, now)[0]
+    newest_quote = PriceQuote.objects.aggregate(newest=Max("id"))["newest"]
+    key = f"respawn:teammonth:{team.pk}:{label}:{newest_quote}"
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    try:
+        money = team_month_data(costs.team_month_cost(team, label, now))
+        answer = (money, None)
+    except costs.CostError as exc:
+        answer = (None, str(exc))
+    cache.set(key, answer, TEAM_MONEY_TTL_S)
+    return answer
+
+
 def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict:
     now = now or timezone.now()
-    try:
-        money = team_month_data(costs.team_month_cost(team, month, now))
-        money_error = None
-    except costs.CostError as exc:
-        money, money_error = None, str(exc)
+    money, money_error = _team_money(team, month, now)
     if money:
+        money = dict(money)
         for key in ("spent", "savings", "waste", "on_demand_baseline"):
             money[f"{key}_display"] = display_money(money[key])
         money["budget_display"] = display_money(money["budget"]) if money["budget"] else "no budget"

@@ -42,17 +42,17 @@ def json_view(view):
     return wrapper
 
 
-def page(request, template: str, http_status: int = 200, **context):
-    teams = access.visible_teams(request.user)
+def page(request, template: str, http_status: int = 200, teams=None, **context):
+    teams = access.visible_teams(request.user) if teams is None else teams
     return render(request, template, {"teams": teams, "current_team": access.current_team(request, teams),
                                       **context}, status=http_status)
 
 
 # ---- jobs list --------------------------------------------------------------------------------
 
-def _jobs_page(request):
+def _jobs_page(request, teams):
     """(team, filter form, paginator page, rows) for the chosen team, or the form's errors."""
-    team = access.current_team(request, access.visible_teams(request.user))
+    team = access.current_team(request, teams)
     form = JobFilterForm(request.GET)
     if team is None or not form.is_valid():
         return team, form, None, []
@@ -65,19 +65,21 @@ def _jobs_page(request):
 
 @login_required
 def home(request):
-    team, form, current, rows = _jobs_page(request)
+    teams = access.visible_teams(request.user)
+    team, form, current, rows = _jobs_page(request, teams)
     owners = (Membership.objects.filter(team=team).order_by("user__username")
               .values_list("user__username", flat=True)) if team else []
     query = request.GET.copy()
     query.pop("page", None)
-    return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, form=form, page=current,
+    return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, teams=teams,
+                form=form, page=current,
                 rows=rows, owners=list(owners), query=query.urlencode(),
                 selected_statuses=request.GET.getlist("status"))
 
 
 @json_view
 def jobs_json(request):
-    team, form, current, rows = _jobs_page(request)
+    team, form, current, rows = _jobs_page(request, access.visible_teams(request.user))
     if not form.is_valid():
         return JsonResponse({"detail": "invalid filters", "errors": form.errors}, status=400)
     return JsonResponse({"team": team.pk if team else None, "rows": rows,

@@ -1,0 +1,67 @@
+"""What the pages show equals what the API answers, and cached money never goes stale."""
+
+from decimal import Decimal
+
+from django.test import Client
+from rest_framework.test import APIClient
+
+from frontend.selectors import display_money
+from jobs.models import PriceQuote
+from tests.costs.history import T, heartbeats, launched, make_history
+from tests.factories import make_team_with_members
+
+
+def signed_in(person):
+    client = Client()
+    client.force_login(person.user)
+    return client
+
+
+def api_cost(person, job):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {person.token}")
+    return client.get(f"/api/v1/jobs/{job.pk}/cost/").json()
+
+
+def test_the_jobs_list_and_the_job_page_show_the_apis_money(db):
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    job, *_ = make_history(setup.team, member.user)
+    api = api_cost(member, job)
+    row = signed_in(member).get("/jobs.json").json()["rows"][0]
+    assert (row["spent"], row["savings"]) == (api["spent"], api["savings"])
+    assert (row["spent_display"], row["savings_display"]) == ("$1.80", "$0.53")
+    status = signed_in(member).get(f"/jobs/{job.pk}/status.json").json()
+    assert status["money"]["savings"] == api["savings"]
+    assert status["cost_curve"][-1]["spent"] == float(Decimal(api["spent"]))
+
+
+def test_settled_money_follows_a_new_instance_and_a_backfilled_quote(db):
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    job, a, b, _ = make_history(setup.team, member.user)
+    client = signed_in(member)
+    assert client.get("/jobs.json").json()["rows"][0]["spent"] == "1.80000000"
+
+    c = launched(job, at=T(3, 1, 4), ended=T(3, 1, 5), end_reason="completed", last_step=1500)
+    heartbeats(c, [(T(3, 1, 4, 1), 1500), (T(3, 1, 4, 2), 1500)])
+    assert client.get("/jobs.json").json()["rows"][0]["spent"] == "2.52000000"  # one more hour at 0.72
+
+    PriceQuote.objects.create(provider="aws", region="hand-1", zone="hand-1a", instance_type="hand.gpu1",
+                              market="spot", usd_per_hour=Decimal("0.36"), observed_at=T(3, 1, 4))
+    assert client.get("/jobs.json").json()["rows"][0]["spent"] == "2.16000000"  # that hour now at 0.36
+
+
+def test_the_team_overview_shows_the_months_figures(db):
+    setup = make_team_with_members()
+    make_history(setup.team, setup.people["member"].user)
+    data = signed_in(setup.people["viewer"]).get(f"/teams/{setup.team.pk}/status.json?month=2026-03").json()
+    assert (data["money"]["spent"], data["money"]["savings_display"], data["money"]["gpu_hours"]) == \
+        ("1.44000000", "$0.14", "2.00")
+    assert [(r["kind_name"], r["count"]) for r in data["interruptions"]] == [("preempted", 1)]
+
+
+def test_money_is_shown_to_the_cent_without_a_negative_zero():
+    assert display_money("-0.00041") == "$0.00"
+    assert display_money("-1.005") == "-$1.01"
+    assert display_money("1234.5") == "$1,234.50"
