@@ -49,11 +49,12 @@ class ChannelPaths:
 
 
 def write_json_atomic(path: str, body: dict[str, Any]) -> None:
+    """Replace `path` so a reader sees the old or the new content. No fsync: these
+    files matter only while both processes live, and an fsync can stall for
+    seconds while a checkpoint is being written to the same disk."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(body, f)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -98,9 +99,10 @@ class StatusReader:
         self.latest = doc
         return doc
 
-    def heartbeat(self) -> protocol.Heartbeat:
+    def heartbeat(self, last_checkpoint: protocol.CheckpointReport | None = None) -> protocol.Heartbeat:
+        """The status as a heartbeat; checkpoint stats the status lacks come from the last commit."""
         s = self.read()
-        return protocol.Heartbeat(
+        beat = protocol.Heartbeat(
             step=int_or_none(s.get("step")) or 0,
             loss=finite_or_none(s.get("loss")),
             samples_per_s=finite_or_none(s.get("samples_per_s")),
@@ -108,6 +110,14 @@ class StatusReader:
             checkpoint_save_s=finite_or_none(s.get("checkpoint_save_s")),
             checkpoint_stall_s=finite_or_none(s.get("checkpoint_stall_s")),
         )
+        if last_checkpoint is not None:
+            if beat.last_checkpoint_step is None:
+                beat.last_checkpoint_step = last_checkpoint.step
+            if beat.checkpoint_save_s is None:
+                beat.checkpoint_save_s = last_checkpoint.save_s
+            if beat.checkpoint_stall_s is None:
+                beat.checkpoint_stall_s = last_checkpoint.stall_s
+        return beat
 
 
 REQUIRED_CHECKPOINT_FIELDS = {"checkpoint_id": str, "step": int, "uri": str, "bytes": int, "manifest_digest": str}

@@ -80,6 +80,7 @@ class Agent:
         self.validator: Validator | None = None
         self.notice: NoticeEvent | None = None
         self.notice_commit: protocol.CheckpointReport | None = None
+        self.last_checkpoint: protocol.CheckpointReport | None = None
         self.stopped_by_control_plane = False
         self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
         self.heartbeat_interval_s = 10.0
@@ -191,7 +192,7 @@ class Agent:
                 self._ship_logs()
                 next_logs = now + self.config.log_batch_interval_s
             if now >= next_heartbeat:
-                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat())
+                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
                 next_heartbeat = now + self.heartbeat_interval_s
             try:
                 event = self.events.get(timeout=self.config.tick_s)
@@ -234,19 +235,21 @@ class Agent:
         budget = notice.budget_s(self.budget_s())
         working_deadline = utcnow() + timedelta(seconds=budget)
         stated = notice.deadline or notice.notice_time + timedelta(seconds=self.budget_s())
-        self.reporter.report(
-            protocol.PATH_NOTICE,
-            protocol.Notice(source=notice.source, notice_time=notice.notice_time.isoformat(), deadline=stated.isoformat(), raw=notice.raw),
-        )
+        # The trainer first: the journal's fsync can take a while when a
+        # checkpoint is being written to the same disk, the report can wait for it.
         write_json_atomic(
             self.paths.notice,
             {"source": notice.source, "notice_time": notice.notice_time.isoformat(), "deadline": working_deadline.isoformat(), "cloud_deadline": notice.deadline.isoformat() if notice.deadline else None},
         )
+        self._signal_trainer(self.config.stop_signal)
+        self.kill_at = time.monotonic() + budget
+        self.reporter.report(
+            protocol.PATH_NOTICE,
+            protocol.Notice(source=notice.source, notice_time=notice.notice_time.isoformat(), deadline=stated.isoformat(), raw=notice.raw),
+        )
         if self.validator is not None:
             self.validator.stop()  # the CPU is the notice save's now
             self.validator = None
-        self._signal_trainer(self.config.stop_signal)
-        self.kill_at = time.monotonic() + budget
         self._agent_line(f"preemption notice from {notice.source}, deadline {stated.isoformat()}: checkpointing and stopping within {budget:.1f}s")
 
     def _on_notice_commit(self, report: protocol.CheckpointReport) -> None:
@@ -295,6 +298,7 @@ class Agent:
     def _collect_checkpoints(self) -> None:
         for report in self.checkpoints.new_reports():
             self.reporter.report(protocol.PATH_CHECKPOINTS, report)
+            self.last_checkpoint = report
             if self.notice is not None and self.notice_commit is None and report.kind in NOTICE_COMMIT_KINDS:
                 self._on_notice_commit(report)
             elif self.validator is not None:

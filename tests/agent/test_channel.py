@@ -51,3 +51,11 @@ def test_the_last_exception_line_of_a_traceback():
     tail = "step 1\nTraceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    f()\nRuntimeError: CUDA out of memory\nbye\n"
     assert last_exception_line(tail) == "RuntimeError: CUDA out of memory"
     assert last_exception_line("all good\n") == ""
+
+
+def test_heartbeat_checkpoint_stats_fall_back_to_the_last_commit(tmp_path):
+    path = tmp_path / "status.json"
+    path.write_text('{"step": 12, "loss": 0.3}')
+    last = protocol.CheckpointReport(checkpoint_id="c", step=10, uri="/c", bytes=1, manifest_digest="x", save_s=1.5, stall_s=0.01)
+    beat = StatusReader(str(path)).heartbeat(last)
+    assert (beat.last_checkpoint_step, beat.checkpoint_save_s, beat.checkpoint_stall_s) == (10, 1.5, 0.01)
