@@ -123,5 +123,12 @@ def test_a_job_from_the_form_to_a_preemption_on_its_timeline(dashboard, tmp_path
         savings = page.locator("#job-savings")
         expect(savings).to_have_attribute("data-exact", api["savings"], timeout=LIVE_S)
         expect(savings).to_have_text(display_money(api["savings"]))
+        # Cancelling from the page: a POST carrying the CSRF token, the status follows in place.
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.get_by_role("button", name="Cancel job").click()
+        expect(page.locator("#job-summary [data-field=status]")).to_have_text("cancelled", timeout=LIVE_S)
+        expect(page.get_by_role("button", name="Cancel job")).to_be_hidden()
+        assert page.evaluate("window.__sameDocument") is True
+
         assert not errors, f"script errors on the page: {errors}"
         assert not outside, f"the page asked for something beyond the control plane: {outside}"
