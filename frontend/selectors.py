@@ -269,7 +269,8 @@ def job_status(job: Job, *, may_cancel: bool, now: dt.datetime | None = None) ->
 
 # ---- a team's month ---------------------------------------------------------------------------
 
-def _team_money(team, month: str | None, now: dt.datetime) -> tuple[dict | None, str | None]:
+def _team_month(team, month: str | None, now: dt.datetime) -> tuple[dict | None, str | None, list[dict]]:
+    """(money, why it cannot be priced, interruptions by placement) of a team's month, cached briefly."""
     label = costs.parse_month(month, now)[0]
     newest_quote = PriceQuote.objects.aggregate(newest=Max("id"))["newest"]
     key = f"respawn:teammonth:{team.pk}:{label}:{newest_quote}"
@@ -277,17 +278,17 @@ def _team_money(team, month: str | None, now: dt.datetime) -> tuple[dict | None,
     if cached is not None:
         return cached
     try:
-        money = team_month_data(costs.team_month_cost(team, label, now))
-        answer = (money, None)
+        money, error = team_month_data(costs.team_month_cost(team, label, now)), None
     except costs.CostError as exc:
-        answer = (None, str(exc))
+        money, error = None, str(exc)
+    answer = (money, error, costs.interruptions_by_placement(team, label, now))
     cache.set(key, answer, TEAM_MONEY_TTL_S)
     return answer
 
 
 def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict:
     now = now or timezone.now()
-    money, money_error = _team_money(team, month, now)
+    money, money_error, interruptions = _team_month(team, month, now)
     if money:
         money = dict(money)
         for key in ("spent", "savings", "waste", "on_demand_baseline"):
@@ -295,15 +296,13 @@ def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict
         money["budget_display"] = display_money(money["budget"]) if money["budget"] else "no budget"
         money["budget_used_pct"] = (min(999, round(100 * Decimal(money["spent"]) / Decimal(money["budget"])))
                                     if money["budget"] and Decimal(money["budget"]) > 0 else None)
-    counts = Job.objects.filter(team=team, status__in=JobStatus.ACTIVE | {JobStatus.QUEUED}).values_list("status")
-    by_status: dict[str, int] = {}
-    for (status,) in counts:
-        by_status[status] = by_status.get(status, 0) + 1
+    by_status = dict(Job.objects.filter(team=team, status__in=JobStatus.ACTIVE | {JobStatus.QUEUED})
+                     .values_list("status").annotate(n=Count("id")).order_by())
     return {
         "month": costs.parse_month(month, now)[0],
         "money": money,
         "money_error": money_error,
-        "interruptions": costs.interruptions_by_placement(team, month, now),
+        "interruptions": interruptions,
         "jobs_by_status": by_status,
         "live_instances": Instance.objects.filter(job__team=team, state__in=InstanceState.LIVE).count(),
         "as_of": now.isoformat(),

@@ -146,7 +146,8 @@ def team_page(request, pk: int):
     month_error = _month_error(request)
     if month_error:
         return page(request, "frontend/error.html", http_status=400, message=month_error)
-    request.session[access.SESSION_TEAM] = team.pk
+    if request.session.get(access.SESSION_TEAM) != team.pk:
+        request.session[access.SESSION_TEAM] = team.pk
     return _team_page(request, team, SubmitJobForm())
 
 
