@@ -128,22 +128,35 @@ def _stalls(instance_ids) -> dict[int, Decimal]:
     return {pk: Decimal(str(total)) for pk, total in rows}
 
 
-def _kept_and_recomputed(slot: list[Instance]) -> dict[int, tuple[int, int]]:
-    """For one node slot's billed instances in launch order: (steps kept, steps recomputed)."""
-    result = {}
+def kept_and_recomputed(slot) -> dict[int, tuple[int, int]]:
+    """(steps kept, steps recomputed) of each run of one node slot, in launch order.
+
+    A run is anything with `pk`, `resume_step`, `resume_from` (the id of the
+    instance that wrote the checkpoint it resumed from, or None) and `last_step`.
+    Kept work is found by walking back from the newest run along the checkpoints
+    resumed from; where the writer is not in this slot (a gang's checkpoint
+    reported by another rank), the latest earlier run of the slot that reached
+    the resume step is taken as its origin."""
+    result = {run.pk: [0, 0] for run in slot}
     reached = 0
-    for instance in slot:
-        redone = max(0, min(instance.last_step, reached) - instance.resume_step)
-        result[instance.pk] = [0, redone]
-        reached = max(reached, instance.last_step)
-    frontier = None  # the step the next kept instance resumed from
-    for instance in reversed(slot):
-        top = instance.last_step if frontier is None else min(instance.last_step, frontier)
-        if top > instance.resume_step:
-            result[instance.pk][0] = top - instance.resume_step
-            frontier = instance.resume_step
-        elif frontier is None:
-            frontier = instance.resume_step
+    for run in slot:
+        result[run.pk][1] = max(0, min(run.last_step, reached) - run.resume_step)
+        reached = max(reached, run.last_step)
+    position = {run.pk: i for i, run in enumerate(slot)}
+    i, top = len(slot) - 1, slot[-1].last_step if slot else 0
+    while i >= 0:
+        run = slot[i]
+        result[run.pk][0] = max(0, top - run.resume_step)
+        if run.resume_from is None and run.resume_step == 0:
+            break
+        top = run.resume_step
+        origin = position.get(run.resume_from)
+        if origin is None or origin >= i:
+            origin = next((j for j in range(i - 1, -1, -1)
+                           if slot[j].resume_step < top <= slot[j].last_step), None)
+        if origin is None:
+            break
+        i = origin
     return {pk: (kept, redone) for pk, (kept, redone) in result.items()}
 
 
@@ -164,7 +177,7 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
         slots[(instance.job_id, instance.rank)].append(instance)
     steps = {}
     for slot in slots.values():
-        steps.update(_kept_and_recomputed(slot))
+        steps.update(kept_and_recomputed(slot))
 
     work = {}
     for instance in billed:
@@ -211,7 +224,7 @@ def price_index(instances, now: dt.datetime) -> ledger.PriceIndex:
 
 def _instances_of_jobs(job_ids) -> list[Instance]:
     return list(Instance.objects.filter(job_id__in=job_ids)
-                .annotate(resume_step=F("resume_checkpoint__step"))
+                .annotate(resume_step=F("resume_checkpoint__step"), resume_from=F("resume_checkpoint__instance_id"))
                 .only("id", "job_id", "rank", "provider", "region", "zone", "instance_type", "market",
                       "registered_at", "running_at", "ended_at", "last_step", "requested_at"))
 
