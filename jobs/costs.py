@@ -12,9 +12,9 @@ instance's interval and work were, from what the control plane recorded:
   (first to last heartbeat); an instance with too few points borrows the mean
   of its job's measured instances.
 - Kept steps follow the chain of checkpoints resumed from, per node slot: the
-  newest instance keeps what it did past its resume step; each earlier one keeps
-  what it did between its own resume step and the step the next kept instance
-  resumed from. Work past that was lost and is not kept.
+  newest instance keeps what it did past its resume step; the instance that wrote
+  that checkpoint keeps what it did between its own resume step and the
+  checkpoint's step, and so on back. Work past a resumed checkpoint was lost.
 - Recomputed steps: what an instance ran again that an earlier instance of the
   same slot had already reached.
 - Boot/restore: billed time before the instance's first heartbeat (all of it
