@@ -138,6 +138,7 @@ def test_list_returns_keys_under_a_prefix_sorted(storage):
     assert storage.list("job-7/step-00000100") == ["job-7/step-00000100/MANIFEST.json", "job-7/step-00000100/__0_0.distcp"]
     assert storage.list("") == sorted(KEYS)
     assert storage.list("job-8") == []
+    assert storage.list("job-7/LATEST") == ["job-7/LATEST"]  # a prefix naming one object
 
 
 def test_delete_prefix_removes_that_prefix_and_nothing_beside_it(storage):
@@ -145,6 +146,9 @@ def test_delete_prefix_removes_that_prefix_and_nothing_beside_it(storage):
 
     storage.delete_prefix("job-7/step-00000100")
     assert storage.list("job-7") == ["job-7/LATEST", "job-7/step-00000200/state.json"]
+
+    storage.delete_prefix("job-7/LATEST")  # a prefix naming one object
+    assert storage.list("job-7") == ["job-7/step-00000200/state.json"]
 
     storage.delete_prefix("job-7")
     assert storage.list("") == ["job-7-other/LATEST", "job-70/step-00000100/state.json"]
