@@ -88,11 +88,14 @@ def test_a_job_from_the_form_to_a_preemption_on_its_timeline(dashboard, tmp_path
         page.get_by_role("link", name="Jobs", exact=True).click()
         row = page.locator(f'tr[data-job="{job.pk}"]')
         expect(row).to_contain_text("queued")
+        page.evaluate("window.__sameDocument = true")
+        transition_job(job.pk, JobStatus.QUEUED, JobStatus.PROVISIONING, message="placing on local")
+        expect(row.locator("[data-field=status]")).to_contain_text("placing on local", timeout=LIVE_S)
+        assert page.evaluate("window.__sameDocument") is True, "the list reloaded instead of updating in place"
         row.get_by_role("link", name="e2e-train").click()
         page.evaluate("window.__sameDocument = true")
 
         # The cloud gives the job a VM; its agent registers and reports.
-        transition_job(job.pk, JobStatus.QUEUED, JobStatus.PROVISIONING, message="placing on local")
         vm = make_instance(job)
         agent = Agent(server.url)
         agent.register(vm.bootstrap_token)

@@ -20,9 +20,8 @@
     return cell;
   }
 
-  function render(data) {
-    const body = table.tBodies[0];
-    const rows = data.rows.map((row) => el("tr", {dataset: {job: row.id}},
+  function cells(row) {
+    return [
       el("td", {}, el("a", {href: row.url, text: row.name})),
       el("td", {text: row.owner}),
       statusCell(row),
@@ -31,7 +30,22 @@
       el("td", {class: "num", dataset: {field: "spent", exact: row.spent || ""}, text: row.spent_display}),
       el("td", {class: "num", dataset: {field: "savings", exact: row.savings || ""}, text: row.savings_display}),
       el("td", {class: "num", dataset: {field: "interruptions"}, text: `${row.interruptions}`}),
-      el("td", {dataset: {field: "cloud"}, text: row.cloud || "–"})));
+      el("td", {dataset: {field: "cloud"}, text: row.cloud || "–"}),
+    ];
+  }
+
+  function render(data) {
+    const body = table.tBodies[0];
+    const shown = [...body.querySelectorAll("tr[data-job]")].map((tr) => tr.dataset.job);
+    if (shown.join() === data.rows.map((row) => `${row.id}`).join() && shown.length) {
+      // Same jobs in the same order: refresh the figures, keep the name links (and keyboard focus) in place.
+      body.querySelectorAll("tr[data-job]").forEach((tr, i) => {
+        const fresh = cells(data.rows[i]);
+        for (let c = 1; c < fresh.length; c++) tr.cells[c].replaceWith(fresh[c]);
+      });
+      return;
+    }
+    const rows = data.rows.map((row) => el("tr", {dataset: {job: row.id}}, ...cells(row)));
     if (!rows.length) rows.push(el("tr", {class: "empty"}, el("td", {colspan: "9", text: "No jobs match."})));
     body.replaceChildren(...rows);
   }
