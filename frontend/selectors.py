@@ -72,8 +72,9 @@ def _money_of_jobs(job_ids, now) -> dict[int, costs.JobCost | str]:
     must not blank the whole list).
 
     A job with no live instance has settled money: it is kept in the cache under a
-    key that changes with its instances (count, newest end) and with any new price
-    quote (a refresher may backfill history), so a cached figure is never stale."""
+    key that changes with its instances (count, newest end), its checkpoints (a
+    fenced instance may still report one, with its stall) and any new price quote
+    (a refresher may backfill history), so a cached figure is never stale."""
     job_ids = list(job_ids)
     keys = _settled_keys(job_ids)
     answers = cache.get_many(list(keys.values()))
@@ -97,10 +98,11 @@ def _settled_keys(job_ids) -> dict[int, str]:
         return {}
     newest_quote = PriceQuote.objects.aggregate(newest=Max("id"))["newest"]
     rows = (Instance.objects.filter(job_id__in=job_ids).values("job_id")
-            .annotate(count=Count("id"), live=Count("id", filter=Q(state__in=InstanceState.LIVE)),
-                      last_end=Max("ended_at")))
+            .annotate(count=Count("id", distinct=True),
+                      live=Count("id", filter=Q(state__in=InstanceState.LIVE), distinct=True),
+                      last_end=Max("ended_at"), last_checkpoint=Max("checkpoints__id")))
     return {row["job_id"]: f"respawn:jobcost:{row['job_id']}:{row['count']}:{row['last_end'].isoformat()}:"
-                           f"{newest_quote}"
+                           f"{row['last_checkpoint']}:{newest_quote}"
             for row in rows if not row["live"] and row["last_end"] is not None}
 
 

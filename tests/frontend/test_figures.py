@@ -65,3 +65,16 @@ def test_money_is_shown_to_the_cent_without_a_negative_zero():
     assert display_money("-0.00041") == "$0.00"
     assert display_money("-1.005") == "-$1.01"
     assert display_money("1234.5") == "$1,234.50"
+
+
+def test_a_late_checkpoint_of_an_ended_instance_moves_the_settled_figure(db):
+    from tests.costs.history import checkpoint
+
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    job, a, b, _ = make_history(setup.team, member.user)
+    client = signed_in(member)
+    before = client.get(f"/jobs/{job.pk}/status.json").json()["money"]["detail"]["waste"]["checkpoint_stalls"]
+    checkpoint(b, 1400, at=T(3, 1, 2, 59), stall_s=36.0)  # reported in the fencing grace window
+    after = client.get(f"/jobs/{job.pk}/status.json").json()["money"]["detail"]["waste"]["checkpoint_stalls"]
+    assert (before, after) == ("0.00150000", "0.00870000")  # + 36 s at 0.72 $/h
