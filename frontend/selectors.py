@@ -24,6 +24,7 @@ JOBS_PER_PAGE = 25
 LOSS_POINTS = 400
 COST_POINTS = 120
 LOG_LINES = 200
+LOG_CHUNKS = 40  # newest chunks read for the tail; agents send bounded batches
 RECENT_ROWS = 50
 MARKED_CHECKPOINTS = 500
 SETTLED_MONEY_TTL_S = 3600
@@ -206,10 +207,10 @@ def _cost_curve(cost, now: dt.datetime) -> list[dict]:
         return []
     money = {int(row.instance_id): row for row in cost.ledger.instances}
     spans = [(w.billed_from, w.billed_to or now, money[w.instance_id]) for w in cost.work.values()]
-    first = min(s for s, _, _ in spans)
-    moments = sorted({first, now, *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
+    first, last = min(s for s, _, _ in spans), max(e for _, e, _ in spans)  # a finished job's curve ends with it
+    moments = sorted({first, last, *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
     if len(moments) < COST_POINTS:
-        step = (now - first) / COST_POINTS
+        step = (last - first) / COST_POINTS
         moments = sorted(set(moments) | {first + step * i for i in range(COST_POINTS)})
     curve = []
     for moment in moments:
@@ -227,7 +228,7 @@ def _cost_curve(cost, now: dt.datetime) -> list[dict]:
 
 def _log_tail(job: Job) -> list[str]:
     chunks = list(LogChunk.objects.filter(instance__job=job).order_by("-created_at", "-id")
-                  .values_list("instance_id", "lines")[:40])
+                  .values_list("instance_id", "lines")[:LOG_CHUNKS])
     lines = []
     for instance_id, chunk in reversed(chunks):
         lines.extend(f"[{instance_id}] {line}" for line in chunk)
