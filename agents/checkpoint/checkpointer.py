@@ -41,7 +41,7 @@ from .reader import CheckpointRef, committed, list_checkpoints, load, ref_from_u
 from .snapshot import SnapshotBuffers
 from .state import TrainState
 from .storage import Storage, open_storage
-from .validation import ValidationSettings, Verdict, mark, reference_loss, validate_loaded
+from .validation import ReferenceLoss, ValidationSettings, Verdict, mark, validate_loaded
 
 DEFAULT_INTERVAL_S = 600.0
 
@@ -167,6 +167,7 @@ class Checkpointer:
         self.coord = Coordinator()
         self.rank = self.coord.rank
         self._buffers = SnapshotBuffers(config.num_files)
+        self._reference = ReferenceLoss(config.validation) if config.validation is not None and self.rank == 0 else None
         self._interval_s = config.interval_s or DEFAULT_INTERVAL_S
         self._control = channel.ControlFile(config.control_file)
         self._inflight: _Persist | None = None
@@ -220,8 +221,10 @@ class Checkpointer:
         if new_interval:
             self._interval_s = new_interval
         table = self.coord.exchange(self._status_row(step))
-        busy = any(row[_BUSY] for row in table)
         self._settle_inflight(table)
+        # Alone, a persist that just finished frees the slot at once; in a gang all
+        # ranks must decide from the same table.
+        busy = any(row[_BUSY] for row in table) if self.coord.world_size > 1 else self._inflight is not None
         stop = any(row[_STOP] for row in table)
         if stop or kind in (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL):
             self._stop_seen = False
@@ -299,10 +302,15 @@ class Checkpointer:
             "created_at": datetime.now(timezone.utc).isoformat(),
             "skeleton": skeleton, "slots": [s.to_json() for s in self._buffers.slots],
         }
-        if self.config.validation is not None and self.rank == 0:
+        if self._reference is not None:
+            self._reference.prepare()
             meta["validation"] = self.config.validation.to_json()
-            meta["reference_loss"] = reference_loss(self.state.model, self.config.validation)
         return meta, time.monotonic() - started
+
+    def _snapshot_weights(self, meta: dict) -> dict[str, torch.Tensor]:
+        """The model's weights as views into the snapshot buffers."""
+        return {name: self._buffers.views[ref["__tensor__"]]
+                for name, ref in meta["skeleton"]["model"].items() if isinstance(ref, dict) and "__tensor__" in ref}
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace) -> _Persist:
         started = time.monotonic()
@@ -345,11 +353,31 @@ class Checkpointer:
         if self.rank == 0:
             self.storage.delete_prefix(ckpt)  # a torn or stale directory of the same step
         names = [layout.data_file(self.rank, i) for i in range(len(self._buffers.buffers))]
+        reference = self._start_reference_loss(job)
         written = persist.write_files(self.storage, [f"{ckpt}/{n}" for n in names], self._buffers.buffers, job.pace, job.cancel)
+        if reference is not None:
+            reference.join()
+            if "reference_loss" not in job.meta:
+                raise CheckpointError(f"reference loss of step {job.step} could not be computed (see the error above)")
         job.entries = {name: written[f"{ckpt}/{name}"] for name in names}
         if self.rank > 0:
             body = job.meta | {"files": {n: e.to_json() for n, e in job.entries.items()}}
             self.storage.write_atomic(f"{ckpt}/{layout.rank_state_file(self.rank)}", json.dumps(body).encode())
+
+    def _start_reference_loss(self, job: _Persist) -> threading.Thread | None:
+        """Rank 0 with validation: the reference loss, computed beside the writes."""
+        if self._reference is None:
+            return None
+
+        def compute():
+            try:
+                job.meta["reference_loss"] = self._reference.loss(self._snapshot_weights(job.meta))
+            except Exception as exc:  # the persist raises for it after join
+                print(f"respawn checkpoint: reference loss failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+        thread = threading.Thread(target=compute, name=f"ckpt-reference-{job.step}", daemon=True)
+        thread.start()
+        return thread
 
     def _try_commit(self, job: _Persist) -> None:
         try:
@@ -430,11 +458,13 @@ class Checkpointer:
 
     # --- waiting, closing, finishing ---------------------------------------------------
     def wait(self) -> SaveOutcome | None:
-        """Block until the in-flight persist (if any) is finished; raise if it failed.
-        In a gang every rank must call it together (it settles the commit)."""
+        """Finish the in-flight persist (if any) at full speed (the caller blocks anyway)
+        and return its outcome; raise if it failed. In a gang every rank must call it
+        together (it settles the commit)."""
         job = self._inflight
         if job is None:
             return self.last_outcome
+        job.pace.finish_by = None
         job.finished.wait()
         self._settle_inflight(self.coord.exchange(self._status_row(job.step)))
         if job.error is not None and not isinstance(job.error, persist.PersistCancelled):

@@ -18,15 +18,16 @@ DEFAULT_TIMEOUT_S = 60.0
 ENV_PG_TIMEOUT_S = "RESPAWN_PG_TIMEOUT_S"
 
 
-def init_process_group(backend: str = "gloo", timeout_s: float | None = None) -> None:
-    """`torch.distributed.init_process_group` from the usual env vars, with a short
-    timeout (RESPAWN_PG_TIMEOUT_S, default 60 s) so a dead rank fails the others
-    with an error instead of hanging them for torch's default 30 minutes."""
+def init_process_group(backend: str = "gloo", timeout_s: float | None = None, **kwargs) -> None:
+    """`torch.distributed.init_process_group` (the usual env vars, or `kwargs` such as
+    init_method/rank/world_size) with a short timeout (RESPAWN_PG_TIMEOUT_S, default
+    60 s), so a dead rank fails the others with an error instead of hanging them for
+    torch's default 30 minutes."""
     if timeout_s is None:
         timeout_s = float(os.environ.get(ENV_PG_TIMEOUT_S, DEFAULT_TIMEOUT_S))
     if timeout_s <= 0:
         raise ValueError(f"process-group timeout must be > 0 seconds, got {timeout_s}")
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
 
 
 class Coordinator:

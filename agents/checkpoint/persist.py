@@ -24,6 +24,7 @@ from .storage import Storage
 
 CHUNK_BYTES = 8 << 20
 LOWEST_PRIORITY = 19
+PACE_NAP_S = 0.05
 
 
 class PersistCancelled(Exception):
@@ -48,6 +49,22 @@ def _lower_priority() -> None:
         pass
 
 
+def _wait_for_turn(pace: Pace, cancel: threading.Event, start: float, done: float, where: str) -> None:
+    """Sleep until `done` (a fraction) of the file is due under the pace. Short naps,
+    so a notice that unpaces or cancels the persist takes effect at once."""
+    while True:
+        if cancel.is_set():
+            raise PersistCancelled(f"persist of {where} abandoned")
+        now = time.monotonic()
+        if pace.deadline is not None and now > pace.deadline:
+            raise PersistCancelled(f"persist of {where} ran past its deadline")
+        finish_by = pace.finish_by
+        due = start if finish_by is None else start + (finish_by - start) * done
+        if due <= now:
+            return
+        cancel.wait(min(due - now, PACE_NAP_S))
+
+
 def write_file(storage: Storage, key: str, buffer: torch.Tensor, pace: Pace, cancel: threading.Event) -> FileEntry:
     if pace.low_priority:
         _lower_priority()
@@ -58,17 +75,7 @@ def write_file(storage: Storage, key: str, buffer: torch.Tensor, pace: Pace, can
     start = time.monotonic()
     try:
         for offset in range(0, total, CHUNK_BYTES):
-            if cancel.is_set():
-                raise PersistCancelled(f"persist of {storage.url_for(key)} abandoned")
-            now = time.monotonic()
-            if pace.deadline is not None and now > pace.deadline:
-                raise PersistCancelled(f"persist of {storage.url_for(key)} ran past its deadline")
-            if pace.finish_by is not None:
-                due = start + (pace.finish_by - start) * offset / total
-                if due > now:
-                    cancel.wait(due - now)
-                    if cancel.is_set():
-                        raise PersistCancelled(f"persist of {storage.url_for(key)} abandoned")
+            _wait_for_turn(pace, cancel, start, offset / total, storage.url_for(key))
             chunk = data[offset : offset + CHUNK_BYTES]
             digest.update(chunk)
             writer.write(chunk)

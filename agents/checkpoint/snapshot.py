@@ -59,7 +59,7 @@ class SnapshotBuffers:
         self._signature: tuple | None = None
         self.slots: list[Slot] = []
         self.buffers: list[torch.Tensor] = []
-        self._views: list[torch.Tensor] = []
+        self.views: list[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
@@ -69,13 +69,13 @@ class SnapshotBuffers:
         self.slots, sizes = plan_slots(tensors, self.num_files)
         pin = torch.cuda.is_available()
         self.buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for size in sizes]
-        self._views = [view_of(self.buffers[s.file], s) for s in self.slots]
+        self.views = [view_of(self.buffers[s.file], s) for s in self.slots]
         self._signature = _signature(tensors)
 
     def copy_in(self, tensors: list[torch.Tensor]) -> None:
         if _signature(tensors) != self._signature:
             self._allocate(tensors)
-        for view, t in zip(self._views, tensors):
+        for view, t in zip(self.views, tensors):
             if view.numel():
                 view.copy_(t, non_blocking=t.is_cuda)
         if any(t.is_cuda for t in tensors):

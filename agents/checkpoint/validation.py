@@ -3,9 +3,8 @@
 The user names two factories, `module:function` each: one returns a fresh
 `nn.Module`, the other the fixed-seed validation batch `(inputs, targets)`.
 The loss is cross-entropy when the targets are integers, mean squared error
-otherwise. At save time the reference loss is computed on the live model
-without disturbing training (RNG forked and restored, eval mode and no_grad,
-train mode restored), so exact resume holds with validation on.
+otherwise. At save time the reference loss is computed from the snapshot without
+disturbing training (see ReferenceLoss), so exact resume holds with validation on.
 """
 
 from __future__ import annotations
@@ -91,20 +90,54 @@ def batch_loss(model: torch.nn.Module, batch) -> float:
     return float(F.mse_loss(output, targets))
 
 
-def reference_loss(model: torch.nn.Module, settings: ValidationSettings) -> float:
-    """Loss of the live model on the validation batch, leaving every RNG and the
-    model's train/eval mode exactly as they were."""
-    py_state, np_state = random.getstate(), np.random.get_state()
-    was_training = model.training
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            model.eval()
-            return batch_loss(model, _call(settings.batch_factory))
-    finally:
-        model.train(was_training)
-        random.setstate(py_state)
-        np.random.set_state(np_state)
+class ReferenceLoss:
+    """The reference loss of a snapshot, computed off the training thread.
+
+    The batch and a weightless (meta-device) model are built once, on the training
+    thread with every RNG forked, because a factory may seed the global RNG; after
+    that, each save only points the model at the snapshot's weight buffers
+    (`assign=True`, no copy) and runs an eval-mode, no_grad forward in the persist
+    thread, which touches no RNG. Training neither stalls for it nor sees it.
+    """
+
+    def __init__(self, settings: ValidationSettings):
+        self.settings = settings
+        self._batch = None
+        self._model: torch.nn.Module | None = None
+
+    def prepare(self) -> None:
+        """Build the batch and model skeleton (training thread, first save only)."""
+        if self._model is not None:
+            return
+        with _rng_untouched():
+            self._batch = _call(self.settings.batch_factory)
+            with torch.device("meta"):
+                model = _call(self.settings.model_factory)
+        if not isinstance(model, torch.nn.Module):
+            raise FactoryError(f"model factory {self.settings.model_factory!r} returned {type(model).__name__}, not an nn.Module")
+        self._model = model.eval()
+
+    def loss(self, weights: dict[str, torch.Tensor]) -> float:
+        load_model_weights(self._model, weights, "the snapshot", assign=True)
+        if any(t.is_meta for t in (*self._model.parameters(), *self._model.buffers())):
+            raise FactoryError(f"model factory {self.settings.model_factory!r}: the model has state outside its state_dict")
+        with torch.no_grad():
+            return batch_loss(self._model, self._batch)
+
+
+class _rng_untouched:
+    """Python, numpy and torch CPU/CUDA RNG states restored on exit."""
+
+    def __enter__(self):
+        self._py, self._np = random.getstate(), np.random.get_state()
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        self._torch = torch.random.fork_rng(devices=devices)
+        self._torch.__enter__()
+
+    def __exit__(self, *exc):
+        self._torch.__exit__(*exc)
+        random.setstate(self._py)
+        np.random.set_state(self._np)
 
 
 def _close_enough(loss: float, reference: float, tolerance: float) -> bool:
@@ -152,7 +185,7 @@ def mark(ref: CheckpointRef, verdict: Verdict) -> None:
     ref.storage.write_atomic(ref.key(layout.VALIDATION), json.dumps(body).encode())
 
 
-def load_model_weights(model: torch.nn.Module, weights: dict, where: str) -> None:
+def load_model_weights(model: torch.nn.Module, weights: dict, where: str, assign: bool = False) -> None:
     """`model.load_state_dict` with errors that name the checkpoint."""
     expected = model.state_dict()
     for name, tensor in weights.items():
@@ -160,6 +193,6 @@ def load_model_weights(model: torch.nn.Module, weights: dict, where: str) -> Non
             raise IncompatibleCheckpointError(
                 f"checkpoint {where}: {name} has shape {tuple(tensor.shape)}, the model expects {tuple(expected[name].shape)} (a checkpoint of another model?)")
     try:
-        model.load_state_dict(weights)
+        model.load_state_dict(weights, assign=assign)
     except RuntimeError as exc:
         raise IncompatibleCheckpointError(f"checkpoint {where} does not fit the model: {exc}") from None

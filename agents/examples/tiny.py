@@ -49,20 +49,21 @@ def validation_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return x[idx], y[idx]
 
 
-def build(seed: int = 0):
+def build(seed: int = 0, rank: int = 0, world_size: int = 1):
     """Model, optimizer, scheduler and sampler of a run, ready for a TrainState."""
-    torch.manual_seed(seed)
+    torch.manual_seed(seed + rank)
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.9)
-    sampler = ResumableSampler(DATASET_SIZE, BATCH, seed=seed)
+    sampler = ResumableSampler(DATASET_SIZE, BATCH, seed=seed, rank=rank, world_size=world_size)
     return TrainState(model, optimizer, scheduler, sampler=sampler)
 
 
-def train_step(state: TrainState, x: torch.Tensor, y: torch.Tensor) -> float:
+def train_step(state: TrainState, x: torch.Tensor, y: torch.Tensor, model: nn.Module | None = None) -> float:
+    """One step; `model` is what runs forward/backward (e.g. a DDP wrapper of state.model)."""
     idx = state.sampler.next_batch()
     state.optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(state.model(x[idx]), y[idx])
+    loss = F.cross_entropy((model or state.model)(x[idx]), y[idx])
     loss.backward()
     state.optimizer.step()
     state.scheduler.step()

@@ -1,0 +1,59 @@
+"""`tiny` on 2+ ranks with DistributedDataParallel over gloo (CPU).
+
+Each rank checkpoints its own data files; rank 0 commits once every rank has
+written; a stop (SIGTERM) seen by any one rank reaches all of them at the next
+step, so all ranks save the same step before any exits.
+
+    torchrun --nproc-per-node 2 -m agents.examples.tiny_gang --uri /tmp/ckpt --steps 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from agents.checkpoint import CheckpointConfig, Checkpointer, init_process_group
+from agents.examples import tiny
+
+
+def train(config: CheckpointConfig, steps: int) -> Checkpointer:
+    """Train this rank to `steps` under an initialised process group; returns the closed Checkpointer."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state = tiny.build(rank=rank, world_size=world)
+    ddp = DistributedDataParallel(state.model)  # broadcasts rank 0's weights
+    x, y = tiny.dataset()
+    ckpt = Checkpointer(state, config)
+    start = ckpt.load_latest()
+    for step in range(start, steps):
+        tiny.train_step(state, x, y, model=ddp)
+        ckpt.save(step + 1)
+        if ckpt.should_stop:
+            ckpt.close()
+            return ckpt
+    ckpt.finish(steps)
+    return ckpt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uri", default=os.environ.get("RESPAWN_CHECKPOINT_URI", ""))
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--every-steps", type=int, default=25)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    init_process_group("gloo")
+    try:
+        config = CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, validation=tiny.VALIDATION)
+        train(config, args.steps)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
