@@ -13,9 +13,11 @@ recording stand-in for the control plane's agent API, all on 127.0.0.1:
    Adam state) trained by the plain PyTorch example (--trainer plain) or the
    checkpoint library's example (--trainer library): from the agent's notice
    time to the notice checkpoint's commit, divided by the time a raw sequential
-   write + fsync of the same number of bytes takes in the same directory, run
-   just after. The trainer can only save between steps, so a small batch keeps
-   the step short against the write. --check: <= 1.5.
+   write + fsync of the same number of bytes takes in the same directory (the
+   median of three, run just after). The trainer can only save between steps,
+   so a small batch keeps the step short against the write. This disk's speed
+   varies by 2x from one write to the next, so the median ratio over
+   --commit-trials runs is checked. --check: <= 1.5.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,7 +175,7 @@ def commit_trial(root: Path, trainer: str, hidden: int) -> tuple[float, float, i
     notice = plane.wait_for(lambda a: a[1] == protocol.PATH_NOTICE, 1, "notice report")[2]
     ckpt = plane.wait_for(lambda a: a[1] == protocol.PATH_CHECKPOINTS and a[2].get("kind") == protocol.CheckpointKind.NOTICE, 1, "notice checkpoint")[2]
     to_commit = (datetime.fromisoformat(ckpt["committed_at"]) - datetime.fromisoformat(notice["notice_time"])).total_seconds()
-    raw = min(raw_write_s(work, ckpt["bytes"]) for _ in range(2))  # the disk at its best: a conservative ratio
+    raw = statistics.median(raw_write_s(work, ckpt["bytes"]) for _ in range(3))
     return to_commit, raw, ckpt["bytes"]
 
 
@@ -183,13 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-s", type=float, default=1.0)
     parser.add_argument("--hidden", type=int, default=4096, help="width of the example's hidden layer (4096: ~200 MB with Adam state)")
     parser.add_argument("--trainer", choices=sorted(TRAINERS), default="plain")
+    parser.add_argument("--commit-trials", type=int, default=3)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="respawn-bench-notice-"))
     ratios = [latency_trial(root, args.poll_s) for _ in range(args.trials)]
     print(f"notice -> first report, / poll interval {args.poll_s}s: worst {max(ratios):.3f}, mean {sum(ratios) / len(ratios):.3f} over {len(ratios)} trials (bound {MAX_LATENCY_RATIO})")
-    to_commit, raw, nbytes = commit_trial(root, args.trainer, args.hidden)
-    commit_ratio = to_commit / raw
-    print(f"notice -> committed checkpoint ({args.trainer} trainer) of {nbytes / 1e6:.0f} MB: {to_commit:.2f}s; raw write + fsync of the same bytes: {raw:.2f}s; ratio {commit_ratio:.2f} (bound {MAX_COMMIT_RATIO})")
+    commit_ratios = []
+    for _ in range(args.commit_trials):
+        to_commit, raw, nbytes = commit_trial(root, args.trainer, args.hidden)
+        commit_ratios.append(to_commit / raw)
+        print(f"notice -> committed checkpoint ({args.trainer} trainer) of {nbytes / 1e6:.0f} MB: {to_commit:.2f}s; raw write + fsync of the same bytes: {raw:.2f}s; ratio {to_commit / raw:.2f}")
+    commit_ratio = statistics.median(commit_ratios)
+    print(f"notice -> committed checkpoint / raw write: median {commit_ratio:.2f} over {len(commit_ratios)} trials (bound {MAX_COMMIT_RATIO})")
     ok = max(ratios) <= MAX_LATENCY_RATIO and commit_ratio <= MAX_COMMIT_RATIO
     if args.check and not ok:
         print("bench/notice.py: FAILED a bound")

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
 
     model = make_model(args.hidden)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, fused=True)  # one kernel per step: short steps, prompt notice saves
     directory = checkpoint_dir()
     step = 0
     if (resume := newest_checkpoint(directory)) is not None:
