@@ -12,6 +12,7 @@
     checkpoint: {label: "checkpoints", style: "circle", colour: "#1b7a35"},
   };
   const ms = (iso) => (iso ? Date.parse(iso) : null);
+  const fixed = (value, digits) => (value === null || value === undefined ? "–" : value.toFixed(digits));
   const charts = {};
   window.respawnCharts = charts;
 
@@ -37,7 +38,9 @@
     const starts = status.instances.map((i) => ms(i.start)).filter((t) => t !== null);
     const now = ms(status.as_of);
     const min = starts.length ? Math.min(...starts) : now - 60000;
-    return {min, max: Math.max(now, min + 1000)};
+    const ended = status.instances.length && status.instances.every((i) => i.end);
+    const max = ended ? Math.max(...status.instances.map((i) => ms(i.end))) : now;  // a finished job ends with it
+    return {min, max: Math.max(max, min + 1000)};
   }
 
   function ticks(range) {
@@ -128,8 +131,8 @@
       el("tr", {dataset: {step: c.step}},
         el("td", {class: "num", text: `${c.step}`}), el("td", {text: c.kind}), el("td", {text: clock(ms(c.committed_at))}),
         el("td", {}, el("span", {class: `validation v-${c.validation}`, text: c.validation})),
-        el("td", {class: "num", text: c.reference_loss ?? "–"}), el("td", {class: "num", text: c.validation_loss ?? "–"}),
-        el("td", {class: "num", text: c.stall_s ?? "–"}))));
+        el("td", {class: "num", text: fixed(c.reference_loss, 5)}), el("td", {class: "num", text: fixed(c.validation_loss, 5)}),
+        el("td", {class: "num", text: fixed(c.stall_s, 3)}))));
     const log = document.getElementById("log");
     const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
     log.textContent = status.log.join("\n");
