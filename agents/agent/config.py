@@ -55,6 +55,8 @@ class AgentConfig:
     """At exit, how long to wait for journaled reports to reach the control plane."""
     validate: bool = True
     """Validate each committed checkpoint in a separate low-priority process."""
+    checkpoint_on_rebalance: bool = False
+    """Ask the trainer for a checkpoint (not a stop) on an AWS rebalance recommendation; by default it is only reported."""
     validate_command: str = DEFAULT_VALIDATE_COMMAND
     """The checkpoint library's validate entry point; `{uri}`, `{model_factory}`, `{batch_factory}`, `{tolerance}` are filled in."""
 
@@ -138,6 +140,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-signal", default=env("RESPAWN_STOP_SIGNAL", "SIGTERM"))
     parser.add_argument("--no-validate", action="store_true", default=env("RESPAWN_VALIDATE", "1") == "0", help="do not validate committed checkpoints (env RESPAWN_VALIDATE=0)")
     parser.add_argument("--validate-command", default=env("RESPAWN_VALIDATE_COMMAND", DEFAULT_VALIDATE_COMMAND))
+    parser.add_argument("--checkpoint-on-rebalance", action="store_true", default=env("RESPAWN_CHECKPOINT_ON_REBALANCE", "0") == "1", help="checkpoint (without stopping) on an AWS rebalance recommendation")
 
 
 def config_from_args(args: argparse.Namespace) -> AgentConfig:
@@ -160,5 +163,6 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         stop_signal=args.stop_signal,
         validate=not args.no_validate,
         validate_command=args.validate_command,
+        checkpoint_on_rebalance=args.checkpoint_on_rebalance,
         **tuning,
     )

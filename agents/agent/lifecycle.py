@@ -224,9 +224,11 @@ class Agent:
 
     def _on_notice(self, notice: NoticeEvent) -> None:
         if notice.kind == REBALANCE:
-            # Reported (in the job's output), not acted on: most rebalance
-            # recommendations are not followed by a preemption.
+            # Reported (in the job's output); by default not acted on, since most
+            # rebalance recommendations are not followed by a preemption.
             self._agent_line(f"rebalance recommendation from {notice.source}: {notice.raw}")
+            if self.config.checkpoint_on_rebalance:
+                self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
             return
         if self.notice is not None:
             log.info("another notice (%s) while handling one from %s; already stopping", notice.source, self.notice.source)

@@ -96,3 +96,18 @@ def test_a_command_that_cannot_start_is_a_setup_failure(team_setup, child_env, w
     job.refresh_from_db()
     assert job.failure_cause == "setup"
     assert "No such file or directory: '/nonexistent/python'" in job.failure_message
+
+
+def test_a_rebalance_recommendation_is_reported_and_only_acted_on_when_asked(team_setup, child_env, web_server, tmp_path, imds):
+    job, setup = make_running_job(team_setup, tmp_path, checkpoint_interval_s=3600)
+    agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url)
+    agent.argv.append("--checkpoint-on-rebalance")
+    agent.start()
+    try:
+        training(setup.instance, agent)
+        imds.schedule_notice(kind="rebalance")
+        wait_until(lambda: Checkpoint.objects.filter(instance=setup.instance).exists(), timeout=30, what="a checkpoint on rebalance", proc=agent)
+        wait_until(lambda: any("rebalance recommendation" in line for c in setup.instance.log_chunks.all() for line in c.lines), timeout=30, what="the recommendation in the job's output", proc=agent)
+        assert Instance.objects.get(pk=setup.instance.pk).state == InstanceState.RUNNING  # not a notice: training goes on
+    finally:
+        agent.stop(9)
