@@ -43,6 +43,13 @@ def test_s3_without_credentials_says_how_to_provide_them(s3_env, monkeypatch):
         open_storage("s3://ckpt/runs")
 
 
+def test_s3_an_unreachable_endpoint_is_named(s3_env, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")  # discard port: nothing listens
+
+    with pytest.raises(StorageError, match=r"^s3://ckpt/runs: cannot reach the S3 endpoint http://127.0.0.1:9$"):
+        open_storage("s3://ckpt/runs")
+
+
 def test_gcs_without_credentials_says_how_to_provide_them(monkeypatch, tmp_path):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -35,7 +36,8 @@ def _s3_errors(url: str, bucket: str) -> Iterator[None]:
             "AWS_PROFILE, or run with an instance role)"
         ) from None
     except EndpointConnectionError as exc:
-        raise StorageError(f"{url}: cannot reach the S3 endpoint {exc.kwargs.get('endpoint_url')}") from exc
+        endpoint = urlsplit(exc.kwargs.get("endpoint_url", ""))
+        raise StorageError(f"{url}: cannot reach the S3 endpoint {endpoint.scheme}://{endpoint.netloc}") from exc
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "NoSuchBucket":
