@@ -115,3 +115,18 @@ def test_report_returns_while_the_control_plane_hangs(tmp_path):
     finally:
         reporter.stop()
         sock.close()
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap_and_resets():
+    backoff = Backoff(base_s=1, max_s=8)
+    waits = [backoff.next_wait() for _ in range(6)]
+    for wait, ceiling in zip(waits, [1, 2, 4, 8, 8, 8]):
+        assert ceiling / 2 <= wait <= ceiling
+    assert len(set(waits)) > 1
+    backoff.reset()
+    assert backoff.next_wait() <= 1
+
+
+def test_a_backoff_that_cannot_work_is_refused():
+    with pytest.raises(ValueError, match="0 < base_s <= max_s"):
+        Backoff(base_s=5, max_s=1)
