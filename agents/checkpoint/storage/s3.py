@@ -23,6 +23,7 @@ from .objectstore import MissingObjectError, ObjectRoot, PartedUploadConfig, Par
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
 CHECKSUM = "CRC32"  # what boto3's own transfers ask for (s3transfer's default)
 MISSING_KEY_CODES = ("404", "NoSuchKey")
+ACCESS_DENIED_CODES = ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 
 
 @contextmanager
@@ -44,7 +45,7 @@ def _s3_errors(url: str, bucket: str) -> Iterator[None]:
             raise StorageError(f"{url}: bucket {bucket!r} does not exist") from None
         if code in MISSING_KEY_CODES:
             raise MissingObjectError(f"{url} does not exist") from None
-        if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        if code in ACCESS_DENIED_CODES:
             raise StorageError(f"{url}: access denied ({code}); check the credentials and the bucket policy") from None
         message = exc.response.get("Error", {}).get("Message", "")
         raise StorageError(f"{url}: S3 error {code}: {message}") from exc
