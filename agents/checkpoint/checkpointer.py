@@ -173,6 +173,7 @@ class Checkpointer:
         self._inflight: _Persist | None = None
         self._last_save_at = time.monotonic()
         self._last_saved_step = 0
+        self._last_committed_step = -1
         self._step_time_s: float | None = None
         self._last_step_at: float | None = None
         self._stop_seen = False
@@ -351,7 +352,10 @@ class Checkpointer:
     def _write_rank_files(self, job: _Persist) -> None:
         ckpt = layout.step_dir(job.step)
         if self.rank == 0:
-            self.storage.delete_prefix(ckpt)  # a torn or stale directory of the same step
+            # A directory of this step from an abandoned attempt: drop its commit record
+            # (manifest first) and verdict; data files are replaced by rename as written.
+            for name in (layout.MANIFEST, layout.VALIDATION, layout.STATE):
+                self.storage.delete_prefix(f"{ckpt}/{name}")
         names = [layout.data_file(self.rank, i) for i in range(len(self._buffers.buffers))]
         reference = self._start_reference_loss(job)
         written = persist.write_files(self.storage, [f"{ckpt}/{n}" for n in names], self._buffers.buffers, job.pace, job.cancel)
@@ -404,6 +408,7 @@ class Checkpointer:
         self.storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
         self.storage.write_atomic(layout.LATEST, ckpt.encode())
         job.outcome.committed = True
+        self._last_committed_step = job.step
         job.outcome.save_s = time.monotonic() - job.started
         job.outcome.checkpoint_id = str(uuid.uuid4())
         man = manifest.Manifest(job.step, files, raw)
@@ -424,7 +429,7 @@ class Checkpointer:
                 job.cancel.set()  # an older step: abandon it (it stops within one chunk)
             job.finished.wait()
             self._settle_inflight(self.coord.exchange(self._status_row(step)))
-        if self._agreed(self.storage.exists(f"{layout.step_dir(step)}/{layout.MANIFEST}")):
+        if self._agreed(step == self._last_committed_step):
             outcome = SaveOutcome(step, kind, True, self.storage.url_for(layout.step_dir(step)), "already committed")
             return self._finish_notice(outcome, kind)
         job = self._new_job(step, kind, persist.Pace(deadline=deadline))
@@ -512,7 +517,7 @@ class Checkpointer:
             self.state.load_state_dict(loaded.state)
         except (RuntimeError, KeyError, ValueError) as exc:
             raise IncompatibleCheckpointError(f"checkpoint {loaded.ref.uri} does not fit this training state: {exc}") from None
-        self._last_saved_step = loaded.ref.step
+        self._last_saved_step = self._last_committed_step = loaded.ref.step
         self._last_save_at = time.monotonic()
         return loaded.ref.step
 

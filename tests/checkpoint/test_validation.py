@@ -74,10 +74,17 @@ def test_resume_validates_the_newest_and_falls_back_when_it_is_invalid(root, sta
     train(state, data, ckpt, 5, 10)
     ckpt.close()
     tamper_and_reseal(root, 10)
-    assert Checkpointer(tiny.build(), config(root)).load_latest() == 5
+    resumed = tiny.build()
+    again = Checkpointer(resumed, config(root))
+    assert again.load_latest() == 5
     ref = CheckpointRef(LocalStorage(root), layout.step_dir(10))
     assert ref.validation()["result"] == "invalid"
     assert CheckpointRef(LocalStorage(root), layout.step_dir(5)).validation()["result"] == "valid"
+    # Training past the invalid step replaces it with a fresh, pending, valid checkpoint.
+    train(resumed, data, again, 5, 10)
+    again.close()
+    assert ref.validation() is None
+    assert validate(ref.uri).valid
 
 
 def test_export_is_refused_for_an_unvalidated_checkpoint(root, state, data):
