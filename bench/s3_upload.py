@@ -2,9 +2,10 @@
 of the same bytes, both to one moto server (a separate process on 127.0.0.1),
 measured in the same run with the two methods interleaved.
 
-    .venv/bin/python bench/s3_upload.py [--mib 128] [--rounds 7] [--check]
+    .venv/bin/python bench/s3_upload.py [--mib 64] [--rounds 15] [--check]
 
-Prints each median throughput and their ratio beside its target (>= 1.0);
+Prints each method's median throughput and client CPU, and the median of the
+per-round throughput ratios beside its target (>= 1.0);
 `--check` exits non-zero on a miss.
 """
 
@@ -81,8 +82,8 @@ def measure(action, nbytes: int) -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=int, default=128, help="object size in MiB (default 128)")
-    parser.add_argument("--rounds", type=int, default=7, help="uploads per method; medians compared (default 7)")
+    parser.add_argument("--mib", type=int, default=64, help="object size in MiB (default 64)")
+    parser.add_argument("--rounds", type=int, default=15, help="uploads per method (default 15); moto shares 2 busy cores, so short runs swing by +-0.2")
     parser.add_argument("--check", action="store_true", help=f"exit 1 if the ratio is below {TARGET_RATIO}")
     args = parser.parse_args()
     if args.mib < 1 or args.rounds < 1:
@@ -123,9 +124,13 @@ def main() -> int:
         cpu = statistics.median(cpu for _, cpu in runs)
         print(f"{name:22s}: median {medians[name]:6.1f} MiB/s ({', '.join(f'{rate:.1f}' for rate, _ in runs)}); "
               f"client CPU {cpu:.2f} s/GiB")
-    ratio = medians["S3Storage.open_writer"] / medians["boto3 upload_file"]
+    # Each round's two uploads ran back to back under the same machine load, so
+    # the median of per-round ratios is steadier than a ratio of medians.
+    ratio = statistics.median(
+        ours / theirs for (ours, _), (theirs, _) in zip(results["S3Storage.open_writer"], results["boto3 upload_file"])
+    )
     verdict = "ok" if ratio >= TARGET_RATIO else "MISS"
-    print(f"upload throughput ratio {ratio:.2f}  (target >= {TARGET_RATIO})  {verdict}")
+    print(f"upload throughput ratio (median of per-round ratios) {ratio:.2f}  (target >= {TARGET_RATIO})  {verdict}")
     return 1 if args.check and ratio < TARGET_RATIO else 0
 
 
