@@ -64,11 +64,18 @@ class PreflightConfig:
 
 @dataclass
 class Run:
+    """One run of the command and what it reported."""
+
     name: str
+    process: TrainerProcess
+    paths: ChannelPaths
+    status: StatusReader
+    tail: CheckpointsTail
+    log_path: str
+    deadline: float  # monotonic time the run is given up on
     trajectory: dict[int, float] = field(default_factory=dict)  # step -> loss, as sampled from the status file
     checkpoints: list[protocol.CheckpointReport] = field(default_factory=list)
     exit_code: int | None = None
-    log_path: str = ""
 
 
 class Preflight:
@@ -94,7 +101,7 @@ class Preflight:
         if code is None:
             notice.process.kill()
             raise PreflightFailure(f"the script did not exit within the notice budget ({cfg.notice_budget_s}s) after SIGTERM and the notice file; output:\n{self._tail(notice)}")
-        self._drain(notice)
+        self._sample(notice)
         if len(notice.checkpoints) == before:
             raise PreflightFailure(f"the script exited (code {code}) after the notice without committing a checkpoint: on a spot VM the work since step {notice.checkpoints[-1].step} would be lost")
         resume_from = notice.checkpoints[-1]
@@ -103,7 +110,7 @@ class Preflight:
         resumed = self._start("resume", job_ckpt, resume_from)
         self._until(resumed, lambda: any(c.step > resume_from.step for c in resumed.checkpoints), "a checkpoint after resuming")
         resumed.process.kill()
-        self._drain(resumed)
+        self._sample(resumed)
         self._check_resumed(resumed, resume_from)
         last = max(resumed.checkpoints, key=lambda c: c.step)
         self.say(f"resume: continued from step {resume_from.step}, killed (SIGKILL) after a checkpoint at step {last.step}")
@@ -136,16 +143,15 @@ class Preflight:
         )
         if resume is not None:
             env[protocol.ENV_RESUME_FROM] = resume.uri
-        run = Run(name, log_path=os.path.join(run_dir, "output.log"))
-        run.paths = paths
-        run.status = StatusReader(paths.status)
-        run.tail = CheckpointsTail(paths.checkpoints)
-        run.process = TrainerProcess(cfg.command, env=env, cwd=None, log_path=run.log_path)
+        log_path = os.path.join(run_dir, "output.log")
+        run = Run(
+            name, TrainerProcess(cfg.command, env=env, cwd=None, log_path=log_path), paths, StatusReader(paths.status), CheckpointsTail(paths.checkpoints),
+            log_path, deadline=time.monotonic() + cfg.run_timeout_s,
+        )
         try:
             run.process.start()
         except OSError as exc:
             raise PreflightFailure(f"could not start {cfg.command!r}: {exc}") from None
-        run.deadline = time.monotonic() + cfg.run_timeout_s
         return run
 
     def _sample(self, run: Run) -> None:
@@ -160,7 +166,7 @@ class Preflight:
             self._sample(run)
             code = run.process.poll()
             if code is not None:
-                self._drain(run)
+                self._sample(run)
                 if condition():
                     return
                 raise PreflightFailure(f"{run.name} run: the script exited (code {code}) before {what}; raise --steps or lower --checkpoint-interval-s. Output:\n{self._tail(run)}")
@@ -174,9 +180,6 @@ class Preflight:
         run.exit_code = run.process.poll()
         if run.exit_code != 0:
             raise PreflightFailure(f"{run.name} run: the script failed on its own (exit code {run.exit_code}). Output:\n{self._tail(run)}")
-
-    def _drain(self, run: Run) -> None:
-        self._sample(run)
 
     def _wait_exit(self, run: Run, timeout_s: float) -> int | None:
         end = time.monotonic() + timeout_s
