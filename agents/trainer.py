@@ -39,9 +39,10 @@ class StatusReporter:
 _default: StatusReporter | None = None
 
 
-def report(step: int, loss: float | None = None, samples_per_s: float | None = None, **extra) -> bool:
+def report(step: int, loss: float | None = None, samples_per_s: float | None = None, *, force: bool = False,
+           **extra) -> bool:
     """Module-level convenience around one StatusReporter built from the environment."""
     global _default
     if _default is None:
         _default = StatusReporter()
-    return _default.report(step, loss, samples_per_s, **extra)
+    return _default.report(step, loss, samples_per_s, force=force, **extra)

@@ -2,7 +2,10 @@ import os
 
 from celery import Celery
 
+from controlplane import broker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+broker.install()
 
 app = Celery("respawn")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -187,6 +187,8 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
         end_reason = EXIT_END_REASON[reason]
     if final_step is not None:
         Instance.objects.filter(pk=instance.pk, last_step__lt=final_step).update(last_step=final_step)
+        if instance.state in InstanceState.LIVE:  # a fenced instance's steps are not the job's progress
+            Job.objects.filter(pk=instance.job_id).update(last_step=final_step)
     end_instance(instance, end_reason, message=f"agent exit: {reason} (code {exit_code})")
     if artifact_uri and reason == ExitReason.COMPLETED:
         Job.objects.filter(pk=instance.job_id).update(artifact_uri=artifact_uri, artifact_digest=artifact_digest)

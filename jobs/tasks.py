@@ -23,10 +23,9 @@ AGENT_API_BEAT = "agent_api"
 PROCESSED_EVENT_RETENTION = timedelta(days=2)
 
 
-def record_api_serving(now=None) -> None:
-    """Called whenever the API answers a health probe. A gap longer than a few
-    reconcile periods restarts `serving_since`."""
-    now = now or timezone.now()
+def record_api_serving(now) -> None:
+    """The API answered a probe. A gap longer than a few reconcile periods since
+    the last answer restarts `serving_since`."""
     gap = timedelta(seconds=3 * settings.RECONCILE_INTERVAL_S)
     beat = ServiceBeat.objects.filter(name=AGENT_API_BEAT).first()
     if beat is None or now - beat.last_seen > gap:
@@ -36,12 +35,15 @@ def record_api_serving(now=None) -> None:
 
 
 def probe_api() -> None:
-    """Ask the agent-facing API whether it serves, the way agents reach it."""
+    """Ask the agent-facing API whether it serves, the way agents reach it, and
+    remember the answer (the reconciler's own observation, on its own clock)."""
     url = settings.RESPAWN["API_URL"].rstrip("/") + "/healthz"
     try:
         requests.get(url, timeout=2).raise_for_status()
     except requests.RequestException as exc:
         log.warning("control plane API at %s is not serving (%s): no instance will be marked lost", url, exc)
+        return
+    record_api_serving(timezone.now())
 
 
 def api_served_long_enough(now) -> bool:

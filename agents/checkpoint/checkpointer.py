@@ -500,7 +500,12 @@ class Checkpointer:
         ref = CheckpointRef(self.storage, layout.step_dir(step))
         verdict = validate_loaded(load(ref), self.config.validation)
         mark(ref, verdict)
-        return export_weights(ref)
+        artifact = export_weights(ref)
+        # The agent ships the artifact with its exit report (agents/protocol.py channel).
+        from agents import trainer
+
+        trainer.report(step, force=True, artifact_uri=artifact.uri, artifact_digest=artifact.digest)
+        return artifact
 
     # --- resuming ------------------------------------------------------------------------
     def load_latest(self) -> int:

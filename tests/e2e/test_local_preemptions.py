@@ -1,0 +1,70 @@
+"""The promise, end to end: a job training a real (tiny) PyTorch model on the
+local provider is preempted again and again by the simulated spot market, and
+still finishes with bitwise the weights of a run that was never interrupted.
+
+Real processes throughout: gunicorn, a Celery worker and beat, detached local
+"VMs" each running the agent, which runs the trainer."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.choices import EndReason, JobStatus
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
+from tests.conftest import ROOT, ChildProcess, wait_until
+from tests.factories import make_job, make_team_with_members
+
+STEPS, STEP_DELAY_S = 800, 0.03
+TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+
+
+def reference_digest(tmp_path: Path) -> str:
+    """The exported weights of the same training, never interrupted."""
+    uri = tmp_path / "reference"
+    subprocess.run([*TRAIN[:-2], "--uri", str(uri)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    exported = uri / "export" / f"step-{STEPS:08d}" / "model.safetensors"
+    return "sha256:" + hashlib.sha256(exported.read_bytes()).hexdigest()
+
+
+@pytest.mark.e2e
+def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_env, web_server, tmp_path):
+    env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
+           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "10", "RESPAWN_LOCAL_NOTICE_S": "6",
+           "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
+                   checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0, allowed_clouds=["local"],
+                   instance_types=["cpu-small"],
+                   validation_model_factory="agents.examples.tiny:make_model",
+                   validation_batch_factory="agents.examples.tiny:validation_batch")
+    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
+    worker = ChildProcess([*celery, "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
+                           "--without-heartbeat", "--without-gossip", "--without-mingle"], env,
+                          tmp_path / "worker.log").start()
+    beat = ChildProcess([*celery, "beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat")], env,
+                        tmp_path / "beat.log").start()
+    try:
+        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=400,
+                   what="the job to finish", proc=worker, interval=0.5)
+    finally:
+        beat.stop()
+        worker.stop()
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
+    assert job.preemptions >= 3
+    instances = Instance.objects.filter(job=job)
+    preempted = instances.filter(end_reason=EndReason.PREEMPTED)
+    assert preempted.count() == job.preemptions
+    assert instances.filter(end_reason=EndReason.COMPLETED).count() == 1
+    # Every preemption was announced and met with a committed checkpoint before its deadline.
+    notices = InterruptionEvent.objects.filter(instance__job=job, kind="notice", source="local")
+    outcomes = [(n.instance_id, n.deadline, n.checkpoint_saved) for n in notices]
+    assert len(outcomes) >= 3 and all(saved for _, _, saved in outcomes), outcomes
+    assert Checkpoint.objects.filter(job=job, kind="notice").count() >= 3
+    # Each replacement resumed from a checkpoint: work was kept, not redone from zero.
+    resumed = [i.resume_checkpoint.step for i in instances.order_by("requested_at") if i.resume_checkpoint]
+    assert len(resumed) >= 3 and resumed == sorted(resumed) and resumed[0] > 0
+    assert job.artifact_digest == reference_digest(tmp_path)
