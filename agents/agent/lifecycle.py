@@ -59,6 +59,31 @@ class AgentError(Exception):
     """The agent cannot go on (register refused, no job spec); the message says why."""
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and finite_or_none(value) is not None
+
+
+def check_job_spec(job: protocol.JobSpec) -> None:
+    """ValueError naming the first field of the job spec the agent cannot use."""
+    if not isinstance(job.command, list) or not job.command or not all(isinstance(a, str) for a in job.command):
+        raise ValueError(f"job.command must be a non-empty list of strings, got {job.command!r}")
+    if not isinstance(job.env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in job.env.items()):
+        raise ValueError(f"job.env must map strings to strings, got {job.env!r}")
+    for name in ("heartbeat_interval_s", "notice_budget_s"):
+        if not _is_number(getattr(job, name)) or getattr(job, name) <= 0:
+            raise ValueError(f"job.{name} must be a number > 0, got {getattr(job, name)!r}")
+    if job.checkpoint_interval_s is not None and (not _is_number(job.checkpoint_interval_s) or job.checkpoint_interval_s <= 0):
+        raise ValueError(f"job.checkpoint_interval_s must be a number > 0 or null, got {job.checkpoint_interval_s!r}")
+    for name in ("rank", "world_size"):
+        if not isinstance(getattr(job, name), int) or isinstance(getattr(job, name), bool) or getattr(job, name) < 0:
+            raise ValueError(f"job.{name} must be an integer >= 0, got {getattr(job, name)!r}")
+    for name in ("checkpoint_uri", "working_dir", "rendezvous_addr"):
+        if not isinstance(getattr(job, name), str):
+            raise ValueError(f"job.{name} must be a string, got {getattr(job, name)!r}")
+    if not isinstance(job.validation, protocol.ValidationSpec):
+        raise ValueError(f"job.validation must be an object, got {job.validation!r}")
+
+
 class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
@@ -149,8 +174,7 @@ class Agent:
                 raise ValueError("agent_token is missing or empty")
             if not isinstance(parsed.job, protocol.JobSpec):
                 raise ValueError("job is missing")
-            if not isinstance(parsed.job.command, list) or not all(isinstance(a, str) for a in parsed.job.command) or not parsed.job.command:
-                raise ValueError(f"job.command must be a non-empty list of strings, got {parsed.job.command!r}")
+            check_job_spec(parsed.job)
         except (TypeError, ValueError) as exc:
             raise AgentError(f"the control plane answered register with something unusable ({exc}): {raw[:1000]!r}") from None
         return parsed

@@ -34,6 +34,8 @@ def run_agent(tmp_path, url, timeout=120):
     [
         (200, "<html>502 Bad Gateway</html>", "unusable"),
         (200, {"agent_token": "t", "job": {"job_id": 1, "instance_id": 1, "command": "python train.py"}}, "job.command must be a non-empty list"),
+        (200, {"agent_token": "t", "job": {"job_id": 1, "instance_id": 1, "command": ["python"], "heartbeat_interval_s": "10"}}, "job.heartbeat_interval_s must be a number > 0, got '10'"),
+        (200, {"agent_token": "t", "job": {"job_id": 1, "instance_id": 1, "command": ["python"], "env": {"A": 1}}}, "job.env must map strings to strings"),
         (401, {"detail": "Bootstrap token already used."}, "Bootstrap token already used."),
     ],
 )
