@@ -11,6 +11,7 @@ import math
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Subquery
 from django.db.models.functions import Greatest
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -35,13 +36,15 @@ class PayloadTooLarge(exceptions.APIException):
 
 
 class CappedJSONParser(parsers.JSONParser):
+    max_body_bytes = AGENT_MAX_BODY_BYTES
+
     def parse(self, stream, media_type=None, parser_context=None):
         request = parser_context["request"]
         try:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             raise exceptions.ParseError("Bad Content-Length.")
-        if length > AGENT_MAX_BODY_BYTES:
+        if length > self.max_body_bytes:
             raise PayloadTooLarge()
         data = super().parse(stream, media_type, parser_context)
         if not isinstance(data, dict):
@@ -179,14 +182,16 @@ class HeartbeatView(AgentView):
                     last_heartbeat_at=now,
                     heartbeat_deadline=now + services.heartbeat_timeout(),
                 )
-                Job.objects.filter(pk=instance.job_id).update(last_step=data["step"])
+                # The instance's step, not this report's: a reordered older heartbeat never moves the job back.
+                Job.objects.filter(pk=instance.job_id).update(
+                    last_step=Subquery(Instance.objects.filter(pk=instance.pk).values("last_step")[:1]))
                 MetricPoint.objects.create(job_id=instance.job_id, instance=instance, time=now, step=data["step"],
                                            loss=data["loss"], samples_per_s=data["samples_per_s"])
 
             apply_once(instance, data["event_id"], "heartbeat", apply)
         answer = protocol.HeartbeatAnswer(
             action=services.heartbeat_action(instance),
-            checkpoint_interval_s=services.checkpoint_interval_s(instance.job),
+            checkpoint_interval_s=services.checkpoint_interval_s(instance),
             heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
         )
         return Response(protocol.to_dict(answer))
@@ -319,7 +324,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         resume_from=resume.uri if resume else None,
         resume_step=resume.step if resume else None,
         total_steps=job.total_steps,
-        checkpoint_interval_s=services.checkpoint_interval_s(job),
+        checkpoint_interval_s=services.checkpoint_interval_s(instance),
         checkpoint_every_steps=job.checkpoint_every_steps,
         heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
         notice_budget_s=settings.RESPAWN["NOTICE_BUDGET_S"],
