@@ -111,3 +111,19 @@ def test_a_rebalance_recommendation_is_reported_and_only_acted_on_when_asked(tea
         assert Instance.objects.get(pk=setup.instance.pk).state == InstanceState.RUNNING  # not a notice: training goes on
     finally:
         agent.stop(9)
+
+
+def test_a_finished_library_job_reports_its_exported_artifact(team_setup, child_env, web_server, tmp_path, imds):
+    job, setup = make_running_job(
+        team_setup, tmp_path, validation_model_factory="agents.examples.tiny:make_model", validation_batch_factory="agents.examples.tiny:validation_batch",
+    )
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-m", "agents.examples.tiny", "--steps", "60"])
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        instance = ended(setup.instance)
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+    assert instance.end_reason == EndReason.COMPLETED, agent.output()[-3000:]
+    job.refresh_from_db()
+    assert job.artifact_uri.endswith("model.safetensors") and job.artifact_digest
