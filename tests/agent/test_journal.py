@@ -62,3 +62,15 @@ def test_a_corrupted_record_ends_the_readable_journal(tmp_path):
 def test_the_journal_is_private_to_the_agent(tmp_path):
     Journal(str(tmp_path / "j")).append("logs", {"n": 0})
     assert os.stat(tmp_path / "j").st_mode & 0o077 == 0
+
+
+def test_a_fully_delivered_journal_starts_afresh_and_stays_correct(tmp_path, monkeypatch):
+    monkeypatch.setattr("agents.journal.COMPACT_AT_BYTES", 100)
+    journal = Journal(str(tmp_path))
+    for n in range(5):
+        journal.append("logs", {"n": n, "padding": "x" * 40})
+    assert drain(journal) == [0, 1, 2, 3, 4]
+    assert (tmp_path / JOURNAL_NAME).stat().st_size == 0
+    journal.append("logs", {"n": 5})
+    journal.close()
+    assert drain(Journal(str(tmp_path))) == [5]
