@@ -184,6 +184,9 @@ class Instance(models.Model):
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_deadline = models.DateTimeField(null=True, blank=True)
     last_step = models.PositiveBigIntegerField(default=0)
+    checkpoint_interval = models.JSONField(
+        null=True, blank=True, help_text="The interval this instance is told and its inputs (jobs.placement.interval_for)."
+    )
     requested_action = models.CharField(max_length=24, blank=True)
     requested_action_at = models.DateTimeField(null=True, blank=True)
 
@@ -333,22 +336,6 @@ class ServiceBeat(models.Model):
     last_seen = models.DateTimeField()
     serving_since = models.DateTimeField()
 
-
-class PlacementBackoff(models.Model):
-    """A placement that just failed (capacity error, preemption burst) is skipped
-    until `until`, so a relaunch tries elsewhere first."""
-
-    provider = models.CharField(max_length=20)
-    region = models.CharField(max_length=50)
-    zone = models.CharField(max_length=50, blank=True)
-    instance_type = models.CharField(max_length=50)
-    market = models.CharField(max_length=10, choices=MARKET_CHOICES)
-    until = models.DateTimeField(db_index=True)
-    reason = models.CharField(max_length=300)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-until"]
 
 
 class AuditEvent(models.Model):

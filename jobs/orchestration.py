@@ -101,16 +101,16 @@ def provision(job: Job) -> list[int]:
         transition_job(job.pk, job.status, JobStatus.FAILED, message="too many preemptions",
                        failure_cause=FailureCause.NO_CAPACITY)
         return []
-    options = placements.candidates(job, placements.market_for(job))
-    if not options:
-        _wait(job, "waiting: no placement available now (all allowed placements on back-off or over max price)")
+    choice = placements.choose(job)
+    if choice.chosen is None:
+        _wait(job, choice.reason)
         return []
-    chosen = options[0]
+    chosen = choice.chosen
     with transaction.atomic():
         if not transition_job(job.pk, job.status, JobStatus.PROVISIONING,
                               message=f"placing {job.nodes} node(s) on {chosen.placement.provider} "
                                       f"{chosen.placement.zone} {chosen.placement.instance_type} "
-                                      f"({chosen.placement.market}, ${chosen.usd_per_hour}/h)"):
+                                      f"({chosen.placement.market}, ${chosen.usd_per_hour}/h): {choice.reason}"):
             return []  # someone else moved the job first
         ids = [_new_instance(job, rank, chosen) for rank in range(job.nodes)]
         transaction.on_commit(lambda: _enqueue_launches(ids))
@@ -171,10 +171,9 @@ def launch(instance_id: int) -> None:
 
 
 def _capacity_error(instance: Instance, placement, message: str) -> None:
-    """Try the next placement at once; this one backs off."""
+    """Try the next placement at once; the ended instance puts this one on back-off."""
     log.warning("no capacity for instance %s in %s %s: %s", instance.pk, placement.zone, placement.instance_type,
                 message)
-    placements.back_off(placement, f"capacity error: {message}")
     with transaction.atomic():
         InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.CAPACITY_ERROR,
                                          source="provider_api", raw=message[:16384])

@@ -24,11 +24,21 @@ def heartbeat_timeout() -> timedelta:
     return timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
 
 
-def checkpoint_interval_s(job: Job) -> float:
-    """The interval the agent is told: the job's override, else the default."""
-    if job.checkpoint_interval_s is not None:
-        return job.checkpoint_interval_s
-    return settings.RESPAWN.get("DEFAULT_CHECKPOINT_INTERVAL_S", 600.0)
+def checkpoint_interval_s(instance: Instance) -> float:
+    """The interval the agent is told (stored, so the heartbeat stays cheap)."""
+    if instance.checkpoint_interval:
+        return instance.checkpoint_interval["seconds"]
+    return instance.job.checkpoint_interval_s or settings.RESPAWN["DEFAULT_CHECKPOINT_INTERVAL_S"]
+
+
+def refresh_interval(instance: Instance) -> None:
+    """Young/Daly from where the instance runs and the job's measured checkpoint cost."""
+    from dataclasses import asdict
+
+    from jobs.placement import interval_for
+
+    instance.checkpoint_interval = asdict(interval_for(instance))
+    Instance.objects.filter(pk=instance.pk).update(checkpoint_interval=instance.checkpoint_interval)
 
 
 def heartbeat_action(instance: Instance) -> str:
@@ -109,6 +119,7 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         **({"provider_instance_id": provider_instance_id[:200]} if provider_instance_id else {}),
     )
     instance.refresh_from_db()
+    refresh_interval(instance)
     job = instance.job
     live = Instance.objects.filter(job=job, state__in=InstanceState.LIVE)
     if live.filter(state=InstanceState.RUNNING).count() == job.nodes and job.status == JobStatus.PROVISIONING:
@@ -154,6 +165,8 @@ def record_checkpoint(instance: Instance, **fields) -> Checkpoint:
             notice.save(update_fields=["checkpoint_saved"])
     if instance.requested_action == Action.CHECKPOINT:
         Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
+    if instance.state in InstanceState.LIVE:
+        refresh_interval(instance)  # the measured checkpoint cost just changed
     return checkpoint
 
 

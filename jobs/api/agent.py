@@ -28,6 +28,9 @@ from jobs.models import Checkpoint, Instance, Job, LogChunk, MetricPoint, Proces
 from jobs.tokens import AGENT_PREFIX, hash_token, new_token
 
 AGENT_MAX_BODY_BYTES = 256 * 1024
+# No checkpoint save or stall takes a day; a bigger figure is garbage, and as a
+# measured cost it would overflow the interval policy's arithmetic.
+MAX_DURATION_S = 24 * 3600.0
 
 
 class PayloadTooLarge(exceptions.APIException):
@@ -77,8 +80,8 @@ class HeartbeatSerializer(ReportSerializer):
     loss = FiniteFloatField(required=False, allow_null=True, default=None)
     samples_per_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
     last_checkpoint_step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    checkpoint_save_s = FiniteFloatField(required=False, allow_null=True, min_value=0)
-    checkpoint_stall_s = FiniteFloatField(required=False, allow_null=True, min_value=0)
+    checkpoint_save_s = FiniteFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_DURATION_S)
+    checkpoint_stall_s = FiniteFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_DURATION_S)
 
 
 class NoticeSerializer(ReportSerializer):
@@ -96,8 +99,8 @@ class CheckpointReportSerializer(ReportSerializer):
     manifest_digest = serializers.CharField(max_length=200)
     kind = serializers.ChoiceField(choices=protocol.CheckpointKind.ALL, default=protocol.CheckpointKind.PERIODIC)
     committed_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
-    save_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
-    stall_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
+    save_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
+    stall_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
     reference_loss = FiniteFloatField(required=False, allow_null=True, default=None)
 
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
+from jobs.choices import FailureCause
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -42,10 +43,13 @@ class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
     team = serializers.PrimaryKeyRelatedField(queryset=Team.objects.all())
     command = serializers.JSONField(help_text="argv list, e.g. [\"python\", \"train.py\"]")
-    newest_checkpoint_step = serializers.IntegerField(source="newest_checkpoint.step", read_only=True, default=None)
+    newest_checkpoint_step = serializers.IntegerField(source="newest_checkpoint.step", read_only=True,
+                                                      default=None, allow_null=True)
     newest_valid_checkpoint_step = serializers.IntegerField(
-        source="newest_valid_checkpoint.step", read_only=True, default=None
+        source="newest_valid_checkpoint.step", read_only=True, default=None, allow_null=True
     )
+    # Declared so the schema lists "" (not failed); a read-only model field loses allow_blank.
+    failure_cause = serializers.ChoiceField(choices=FailureCause.CHOICES, allow_blank=True, read_only=True)
 
     class Meta:
         model = Job
@@ -142,6 +146,7 @@ class InstanceSerializer(serializers.ModelSerializer):
             "id", "job", "rank", "world_size", "provider", "region", "zone", "instance_type", "market",
             "provider_instance_id", "price_per_hour_at_launch", "state", "end_reason", "requested_at",
             "running_at", "ended_at", "last_heartbeat_at", "last_step", "hostname", "agent_version",
+            "checkpoint_interval",
         ]
 
 
@@ -201,3 +206,17 @@ class JobLogsSerializer(serializers.Serializer):
     more = serializers.BooleanField(help_text="More lines are ready now: read again at once.")
     job_status = serializers.CharField()
     finished = serializers.BooleanField(help_text="The job has ended and every line has been returned.")
+
+
+class InterruptionRateSerializer(serializers.Serializer):
+    provider = serializers.CharField()
+    region = serializers.CharField()
+    zone = serializers.CharField()
+    instance_type = serializers.CharField()
+    market = serializers.CharField()
+    per_hour = serializers.FloatField(help_text="Posterior mean interruptions per hour.")
+    mtbi_hours = serializers.FloatField(allow_null=True)
+    usable_notice_fraction = serializers.FloatField()
+    events = serializers.IntegerField(help_text="Interruptions observed in the window.")
+    exposure_hours = serializers.FloatField(help_text="Instance-hours observed in the window.")
+    prior_per_hour = serializers.FloatField()

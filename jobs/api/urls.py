@@ -16,6 +16,7 @@ router.register("audit", audit.AuditEventViewSet, basename="audit")
 
 people_urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="auth-token"),
+    path("interruption-rates/", views.InterruptionRateView.as_view(), name="interruption-rates"),
     path("jobs/<int:pk>/cost/", costs.JobCostView.as_view(), name="job-cost"),
     path("teams/<int:pk>/cost/", costs.TeamCostView.as_view(), name="team-cost"),
     path("teams/<int:team_pk>/limits/", teamadmin.TeamLimitsView.as_view(), name="team-limits"),

@@ -176,3 +176,14 @@ class TokenView(APIView):
         name = body.validated_data["token_name"]
         _, token = issue_token(user, name, via="login")
         return Response({"token": token, "name": name}, status=status.HTTP_201_CREATED)
+
+
+class InterruptionRateView(APIView):
+    """Estimated interruption rates per placement (survival estimate with a prior from
+    published frequency buckets), as placement and the checkpoint interval use them."""
+
+    @extend_schema(responses=s.InterruptionRateSerializer(many=True))
+    def get(self, request):
+        from jobs.placement import interruption_rates
+
+        return Response(s.InterruptionRateSerializer(interruption_rates(), many=True).data)

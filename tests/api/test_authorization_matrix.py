@@ -27,6 +27,7 @@ ENDPOINTS = [
     ("teams-list", "get", "/api/v1/teams/", "team.view", 200),
     ("teams-detail", "get", "/api/v1/teams/{team}/", "team.view", 200),
     ("prices-list", "get", "/api/v1/prices/", "price.view", 200),
+    ("interruption-rates", "get", "/api/v1/interruption-rates/", "price.view", 200),
     ("jobs-logs", "get", "/api/v1/jobs/{job}/logs/", "job.view", 200),
     ("jobs-cost", "get", "/api/v1/jobs/{job}/cost/", "job.view", 200),
     ("teams-cost", "get", "/api/v1/teams/{team}/cost/", "team.view", 200),

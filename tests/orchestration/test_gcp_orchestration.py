@@ -7,7 +7,7 @@ from django.utils import timezone
 from jobs import orchestration
 from jobs.choices import EndReason, FailureCause, InstanceState, JobStatus
 from jobs.cloud import provider_for
-from jobs.models import Instance, InterruptionEvent, Job, PlacementBackoff, PriceQuote
+from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from jobs.tokens import hash_token
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.factories import make_job, make_team_with_members
@@ -87,7 +87,6 @@ def test_a_stock_out_backs_the_zone_off_and_fails_over_to_the_next(gcp, team):
     gcp.fail_next_insert("ZONE_RESOURCE_POOL_EXHAUSTED")
     first = launched(job)
     assert first.state == InstanceState.ENDED and first.end_reason == EndReason.CAPACITY_ERROR
-    assert PlacementBackoff.objects.filter(zone=first.zone).exists()
     assert InterruptionEvent.objects.get(instance=first).kind == "capacity_error"
     assert Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING
     second = launched(job)
