@@ -374,6 +374,8 @@ class Checkpointer:
             return None
 
         def compute():
+            if job.pace.low_priority:
+                persist.lower_priority()  # a periodic save's forward pass yields to training too
             try:
                 job.meta["reference_loss"] = self._reference.loss(self._snapshot_weights(job.meta))
             except Exception as exc:  # the persist raises for it after join

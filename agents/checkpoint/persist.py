@@ -41,7 +41,7 @@ class Pace:
     low_priority: bool = False
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
     # Linux applies nice values per thread; a writer thread can deprioritise itself.
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY)
@@ -67,7 +67,7 @@ def _wait_for_turn(pace: Pace, cancel: threading.Event, start: float, done: floa
 
 def write_file(storage: Storage, key: str, buffer: torch.Tensor, pace: Pace, cancel: threading.Event) -> FileEntry:
     if pace.low_priority:
-        _lower_priority()
+        lower_priority()
     data = memoryview(buffer.numpy()).cast("B") if buffer.numel() else memoryview(b"")
     total = len(data)
     digest = new_digest()
