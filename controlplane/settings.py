@@ -147,7 +147,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.RespawnAutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"login": "20/min"},
 }
@@ -234,7 +234,28 @@ RESPAWN = {
     # An instance that has not registered this long after its launch request is replaced.
     "PROVISION_TIMEOUT_S": env_float("RESPAWN_PROVISION_TIMEOUT_S", 900.0),
     "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),
+    # The price refreshers (jobs/pricing/config.py: RefreshConfig's fields).
+    "PRICE_REFRESH": {
+        "azure_prices_url": os.environ.get("RESPAWN_AZURE_PRICES_URL", "https://prices.azure.com/api/retail/prices"),
+        "gcp_billing_url": os.environ.get("RESPAWN_GCP_BILLING_URL", "https://cloudbilling.googleapis.com"),
+        "gcp_api_key": secret_from_env_or_file("RESPAWN_GCP_BILLING_API_KEY"),
+        "aws_endpoint_url": PROVIDER_CONFIG.get("aws", {}).get("endpoint_url"),
+        "aws_lookback_h": env_float("RESPAWN_AWS_PRICE_LOOKBACK_H", 24.0),
+        "max_pages": int(os.environ.get("RESPAWN_PRICE_MAX_PAGES", 200)),
+    },
 }
+
+# Prices are refreshed only when asked for (a laptop has the shipped price book), for
+# each enabled cloud that publishes prices.
+PRICE_REFRESH_S = env_float("RESPAWN_PRICE_REFRESH_S", 0.0)
+if PRICE_REFRESH_S > 0:
+    for _cloud in (p for p in RESPAWN["PROVIDERS"] if p in ("aws", "azure", "gcp")):
+        CELERY_BEAT_SCHEDULE[f"refresh-prices-{_cloud}"] = {
+            "task": "jobs.tasks.refresh_prices",
+            "schedule": timedelta(seconds=PRICE_REFRESH_S),
+            "args": (_cloud,),
+            "options": {"expires": PRICE_REFRESH_S},
+        }
 
 LOGGING = {
     "version": 1,
