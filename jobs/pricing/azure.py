@@ -1,0 +1,96 @@
+"""Azure: the Retail Prices API, paged by its NextPageLink.
+
+The API lists every meter of a VM size: pay-as-you-go and Spot, Linux and
+Windows, the retired Low Priority, reservations and Dev/Test. Two of them are
+prices we pay for a Linux VM: pay-as-you-go (on_demand) and Spot (spot). A
+meter's kind shows only in its names: "Spot" / "Low Priority" in meterName,
+"Windows" in productName. Prices are per region (zone "").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import requests
+
+from jobs.pricing.config import RefreshConfig
+from jobs.pricing.quotes import BadRow, PriceRefreshError, Quote, decode_json_object, field, hourly_price, \
+    skip_bad_row, utc_timestamp
+
+SOURCE = "azure retail prices"
+
+
+def price_filter(wanted: dict[str, set[str]]) -> str:
+    """OData $filter for the VM sizes and regions asked for (the API knows `eq`,
+    `and`, `or`; not `in`)."""
+    regions = " or ".join(f"armRegionName eq '{r}'" for r in sorted(wanted))
+    sizes = " or ".join(f"armSkuName eq '{t}'" for t in sorted(set().union(*wanted.values())))
+    return f"serviceName eq 'Virtual Machines' and priceType eq 'Consumption' and ({regions}) and ({sizes})"
+
+
+def retail_quote_pages(wanted: dict[str, set[str]], config: RefreshConfig) -> Iterator[list[Quote]]:
+    url, params = config.azure_prices_url, {"$filter": price_filter(wanted)}
+    for number in range(1, config.max_pages + 1):
+        page = _get_page(url, params, config)
+        yield [q for q in parse_page(page) if q.instance_type in wanted.get(q.region, ())]
+        link = page.get("NextPageLink")
+        if not link:
+            return
+        if not isinstance(link, str) or _origin(link) != _origin(config.azure_prices_url):
+            raise PriceRefreshError(f"{SOURCE}: NextPageLink {link!r:.200} does not lead back to "
+                                    f"{config.azure_prices_url}")
+        url, params = link, None  # the link carries the filter and the skip
+    raise PriceRefreshError(f"{SOURCE}: more than {config.max_pages} pages; raise RESPAWN_PRICE_MAX_PAGES")
+
+
+def _origin(url: str) -> tuple:
+    # Azure's links name the port (https://prices.azure.com:443/...); the configured URL usually does not.
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return (parts.scheme, parts.hostname, None)
+    return (parts.scheme, parts.hostname, port)
+
+
+def _get_page(url: str, params: dict | None, config: RefreshConfig) -> dict:
+    try:
+        answer = requests.get(url, params=params, timeout=config.timeout_s)
+        answer.raise_for_status()
+    except requests.RequestException as exc:
+        raise PriceRefreshError(f"{SOURCE}: GET {url} failed: {exc}") from exc
+    return decode_json_object(answer.text, SOURCE)
+
+
+def parse_page(page: dict) -> Iterator[Quote]:
+    items = page.get("Items")
+    if not isinstance(items, list):
+        raise PriceRefreshError(f"{SOURCE}: a page without an Items list")
+    for item in items:
+        try:
+            quote = parse_item(item)
+        except BadRow as exc:
+            skip_bad_row(SOURCE, item, exc)
+            continue
+        if quote is not None:
+            yield quote
+
+
+def parse_item(item: object) -> Quote | None:
+    """The item's quote; None for a meter that is not Linux pay-as-you-go or Spot."""
+    meter = field(item, "meterName", str)
+    if (field(item, "type", str) != "Consumption" or "Windows" in field(item, "productName", str)
+            or "Low Priority" in meter):
+        return None
+    if field(item, "unitOfMeasure", str) != "1 Hour":
+        raise BadRow(f"unitOfMeasure {item['unitOfMeasure']!r} is not '1 Hour'")
+    if field(item, "currencyCode", str) != "USD":
+        raise BadRow(f"currencyCode {item['currencyCode']!r} is not 'USD'")
+    return Quote(
+        provider="azure", region=field(item, "armRegionName", str), zone="",
+        instance_type=field(item, "armSkuName", str), market="spot" if "Spot" in meter else "on_demand",
+        usd_per_hour=hourly_price(field(item, "retailPrice", (int, float, str)), "retailPrice"),
+        observed_at=utc_timestamp(field(item, "effectiveStartDate", str), "effectiveStartDate"),
+        source=f"{SOURCE} meter {meter!r}"[:300],
+    )
