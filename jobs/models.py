@@ -30,6 +30,9 @@ class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     monthly_budget_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
     max_concurrent_gpus = models.PositiveIntegerField(null=True, blank=True)
+    budget_warning = models.CharField(
+        max_length=300, blank=True, help_text="Set by the reconciler while the month's projected spend exceeds the budget."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from jobs import budget
 from jobs import placement as placements
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job
@@ -106,6 +107,10 @@ def provision(job: Job) -> list[int]:
         _wait(job, choice.reason)
         return []
     chosen = choice.chosen
+    over_budget = budget.hold_reason(team, budget.job_remaining_cost(chosen.usd_per_hour, job, job.nodes))
+    if over_budget:
+        _wait(job, over_budget)
+        return []
     with transaction.atomic():
         if not transition_job(job.pk, job.status, JobStatus.PROVISIONING,
                               message=f"placing {job.nodes} node(s) on {chosen.placement.provider} "

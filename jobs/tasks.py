@@ -11,9 +11,9 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import orchestration, pricing
-from jobs.choices import InstanceState
-from jobs.models import Instance, ProcessedEvent, ServiceBeat
+from jobs import budget, orchestration, pricing
+from jobs.choices import InstanceState, JobStatus
+from jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
 from jobs.providers.base import TransientError
 from jobs.services import heartbeat_timeout
 
@@ -96,6 +96,8 @@ def reconcile() -> int:
             orchestration.confirm_silent(instance)
             handled += 1
     handled += orchestration.retry_stuck_provisioning()
+    for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():
+        budget.warn_over_budget(team)
     orchestration.reap_orphans()
     orchestration.schedule()
     ProcessedEvent.objects.filter(received_at__lt=now - PROCESSED_EVENT_RETENTION).delete()

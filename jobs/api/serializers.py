@@ -23,7 +23,7 @@ class TeamSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Team
-        fields = ["id", "name", "monthly_budget_usd", "max_concurrent_gpus", "role", "created_at"]
+        fields = ["id", "name", "monthly_budget_usd", "max_concurrent_gpus", "budget_warning", "role", "created_at"]
 
     def get_role(self, team) -> str | None:
         from jobs.permissions import roles_of
