@@ -147,7 +147,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.RespawnAutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "DEFAULT_THROTTLE_RATES": {"login": "20/min"},
 }

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
+from django.views.defaults import page_not_found
 from django.views.decorators.cache import never_cache
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -11,6 +12,15 @@ from jobs.api.urls import agent_urlpatterns, people_urlpatterns
 def healthz(request):
     return JsonResponse({"ok": True})
 
+
+def not_found(request, exception):
+    """An unroutable URL under /api/ answers in the API's error shape, not an HTML page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return page_not_found(request, exception)
+
+
+handler404 = not_found
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

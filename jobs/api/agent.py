@@ -63,6 +63,13 @@ class FiniteFloatField(serializers.FloatField):
         return value
 
 
+class CountField(serializers.IntegerField):
+    """A step, byte count or offset: never negative, and it must fit the 64-bit column it is stored in."""
+
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0, max_value=2**63 - 1, **kwargs)
+
+
 class ReportSerializer(serializers.Serializer):
     event_id = serializers.UUIDField()
     sent_at = serializers.DateTimeField(required=False)
@@ -76,10 +83,10 @@ class RegisterSerializer(ReportSerializer):
 
 
 class HeartbeatSerializer(ReportSerializer):
-    step = serializers.IntegerField(min_value=0)
+    step = CountField()
     loss = FiniteFloatField(required=False, allow_null=True, default=None)
     samples_per_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
-    last_checkpoint_step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    last_checkpoint_step = CountField(required=False, allow_null=True)
     checkpoint_save_s = FiniteFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_DURATION_S)
     checkpoint_stall_s = FiniteFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_DURATION_S)
 
@@ -93,9 +100,9 @@ class NoticeSerializer(ReportSerializer):
 
 class CheckpointReportSerializer(ReportSerializer):
     checkpoint_id = serializers.UUIDField()
-    step = serializers.IntegerField(min_value=0)
+    step = CountField()
     uri = serializers.CharField(max_length=500)
-    bytes = serializers.IntegerField(min_value=0)
+    bytes = CountField()
     manifest_digest = serializers.CharField(max_length=200)
     kind = serializers.ChoiceField(choices=protocol.CheckpointKind.ALL, default=protocol.CheckpointKind.PERIODIC)
     committed_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
@@ -112,7 +119,7 @@ class ValidationReportSerializer(ReportSerializer):
 
 
 class LogBatchSerializer(ReportSerializer):
-    offset = serializers.IntegerField(min_value=0)
+    offset = CountField()
     lines = serializers.ListField(
         child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=protocol.MAX_LOG_LINE_CHARS),
         max_length=protocol.MAX_LOG_LINES_PER_BATCH,
@@ -122,7 +129,7 @@ class LogBatchSerializer(ReportSerializer):
 class ExitSerializer(ReportSerializer):
     reason = serializers.ChoiceField(choices=protocol.ExitReason.ALL)
     exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
-    final_step = serializers.IntegerField(required=False, allow_null=True, default=None, min_value=0)
+    final_step = CountField(required=False, allow_null=True, default=None)
     output_tail = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False,
                                         max_length=protocol.MAX_OUTPUT_TAIL_CHARS)
     last_exception = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)

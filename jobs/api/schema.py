@@ -1,6 +1,11 @@
-"""drf-spectacular descriptions of our two bearer-token schemes."""
+"""drf-spectacular: our two bearer-token schemes, and the error answers every
+operation can give, in the one error shape of jobs/api/errors.py, so a client
+(and the schema fuzz tests) can rely on the schema for failures too."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema
+from rest_framework import permissions, serializers
+from rest_framework.authentication import SessionAuthentication
 
 
 class PersonalTokenScheme(OpenApiAuthenticationExtension):
@@ -17,3 +22,39 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "Per-instance agent token (rsa_…)."}
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    errors = serializers.DictField(required=False, help_text="400 only: each bad field with its messages.")
+
+
+OPEN_PERMISSIONS = (permissions.AllowAny, permissions.IsAuthenticated)
+
+
+class RespawnAutoSchema(AutoSchema):
+    def get_operation(self, *args, **kwargs):
+        operation = super().get_operation(*args, **kwargs)
+        if operation is not None:
+            for code in self.error_codes(operation):
+                operation["responses"].setdefault(code, self._get_response_for_code(ErrorSerializer, code))
+        return operation
+
+    def error_codes(self, operation) -> list[str]:
+        view, where = self.view, {p["in"] for p in operation.get("parameters", [])}
+        codes = []
+        if "requestBody" in operation or "query" in where:
+            codes.append("400")
+        codes.append("401")  # every view checks a token, a session or credentials in its body
+        role_checked = any(not issubclass(p, OPEN_PERMISSIONS) for p in view.permission_classes)
+        csrf_checked = self.method not in permissions.SAFE_METHODS and any(
+            issubclass(a, SessionAuthentication) for a in view.authentication_classes)
+        if role_checked or csrf_checked:
+            codes.append("403")
+        if "path" in where:
+            codes.append("404")
+        if any(getattr(p, "max_body_bytes", None) for p in view.parser_classes):
+            codes.append("413")
+        if view.throttle_classes:
+            codes.append("429")
+        return codes
