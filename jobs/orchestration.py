@@ -12,6 +12,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import socket
 from datetime import timedelta
 
 from django.conf import settings
@@ -117,7 +118,8 @@ def provision(job: Job) -> list[int]:
                                       f"{chosen.placement.zone} {chosen.placement.instance_type} "
                                       f"({chosen.placement.market}, ${chosen.usd_per_hour}/h): {choice.reason}"):
             return []  # someone else moved the job first
-        ids = [_new_instance(job, rank, chosen) for rank in range(job.nodes)]
+        rendezvous = gang_rendezvous(job, chosen.placement)
+        ids = [_new_instance(job, rank, chosen, rendezvous) for rank in range(job.nodes)]
         transaction.on_commit(lambda: _enqueue_launches(ids))
     return ids
 
@@ -130,10 +132,22 @@ def _wait(job: Job, reason: str) -> None:
         transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.QUEUED, message=reason)
 
 
-def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement) -> int:
+def gang_rendezvous(job: Job, placement) -> str:
+    """rank 0's torch.distributed address. Local "VMs" share this machine, so a free
+    port here is known before launch; on a cloud it is rank 0's host, set when rank 0
+    registers (jobs.services.register_instance)."""
+    if job.nodes == 1 or placement.provider != "local":
+        return ""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str) -> int:
     p = chosen.placement
     instance = Instance(job=job, rank=rank, world_size=job.nodes, provider=p.provider, region=p.region, zone=p.zone,
-                        instance_type=p.instance_type, market=p.market, price_per_hour_at_launch=chosen.usd_per_hour)
+                        instance_type=p.instance_type, market=p.market, price_per_hour_at_launch=chosen.usd_per_hour,
+                        rendezvous_addr=rendezvous)
     instance.bootstrap_token_hash = hash_token(bootstrap_token_for(instance))
     instance.save()
     return instance.pk

@@ -19,6 +19,8 @@ from jobs.transitions import end_instance, log_job_event, transition_instance, t
 
 log = logging.getLogger(__name__)
 
+GANG_PORT = 29500  # torch.distributed's customary rendezvous port on rank 0's host
+
 
 def heartbeat_timeout() -> timedelta:
     return timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
@@ -118,6 +120,9 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         resume_checkpoint=resume,
         **({"provider_instance_id": provider_instance_id[:200]} if provider_instance_id else {}),
     )
+    if instance.rank == 0 and instance.world_size > 1 and not instance.rendezvous_addr:
+        Instance.objects.filter(job_id=instance.job_id, state__in=InstanceState.LIVE, rendezvous_addr="").update(
+            rendezvous_addr=f"{hostname}:{GANG_PORT}")
     instance.refresh_from_db()
     refresh_interval(instance)
     job = instance.job
