@@ -149,7 +149,24 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.RespawnAutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {"login": "20/min"},
+    # Per client address (login) and per person (minting tokens).
+    "DEFAULT_THROTTLE_RATES": {
+        "login": os.environ.get("RESPAWN_LOGIN_RATE", "20/min"),
+        "token_create": os.environ.get("RESPAWN_TOKEN_CREATE_RATE", "30/hour"),
+    },
+    # Proxies in front of gunicorn whose X-Forwarded-For entries are trusted. Without
+    # a number DRF would take the whole header, which any client can set, and a
+    # login rate limit would be a header away from bypassed.
+    "NUM_PROXIES": int(os.environ.get("RESPAWN_NUM_PROXIES", 0)),
+}
+
+# Rate limits count in the cache. Local memory is per process: with several gunicorn
+# workers, point RESPAWN_CACHE_URL at Redis so a limit holds across all of them.
+CACHE_URL = os.environ.get("RESPAWN_CACHE_URL", "")
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL,
+                "KEY_PREFIX": os.environ.get("RESPAWN_CACHE_PREFIX", "respawn")}
+    if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
 SPECTACULAR_SETTINGS = {

@@ -2,9 +2,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from frontend import views
+from frontend.login import RateLimitedLoginView
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="frontend/login.html"), name="login"),
+    path("login/", RateLimitedLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
     path("jobs.json", views.jobs_json, name="jobs-json"),

@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
 
 from jobs.administration import issue_token, revoke_token
 from jobs.models import ApiToken
@@ -39,8 +40,18 @@ class NewApiTokenSerializer(ApiTokenSerializer):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
 
 
+class TokenMintingThrottle(ScopedRateThrottle):
+    """Only minting is limited (a stolen session must not mint tokens by the
+    thousand); listing and revoking stay free."""
+
+    def allow_request(self, request, view):
+        return view.action != "create" or super().allow_request(request, view)
+
+
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ApiTokenSerializer
+    throttle_classes = [TokenMintingThrottle]
+    throttle_scope = "token_create"
     filterset_fields = ["name"]
 
     def get_queryset(self):
