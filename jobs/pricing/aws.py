@@ -14,7 +14,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from jobs.pricing.config import RefreshConfig
-from jobs.pricing.quotes import BadRow, PriceRefreshError, Quote, field, hourly_price, skip_bad_row
+from jobs.pricing.quotes import BadRow, PriceRefreshError, Quote, as_utc, field, hourly_price, skip_bad_row
 
 SOURCE = "aws DescribeSpotPriceHistory"
 # "Linux/UNIX (Amazon VPC)" is the same price under EC2-Classic's old name (moto still says it).
@@ -63,11 +63,8 @@ def parse_row(row: object, region: str) -> Quote | None:
     zone = field(row, "AvailabilityZone", str)
     if not zone.startswith(region):
         raise BadRow(f"zone {zone!r} is not in region {region!r}")
-    timestamp = field(row, "Timestamp", dt.datetime)
-    if timestamp.tzinfo is None:
-        raise BadRow("Timestamp has no time zone")
     return Quote(
         provider="aws", region=region, zone=zone, instance_type=field(row, "InstanceType", str), market="spot",
         usd_per_hour=hourly_price(field(row, "SpotPrice", str), "SpotPrice"),
-        observed_at=timestamp.astimezone(dt.timezone.utc), source=SOURCE,
+        observed_at=as_utc(field(row, "Timestamp", dt.datetime), "Timestamp"), source=SOURCE,
     )

@@ -130,9 +130,16 @@ def utc_timestamp(value: object, name: str) -> dt.datetime:
         parsed = dt.datetime.fromisoformat(_FRACTION.sub(r"\1", value.strip()))
     except ValueError:
         raise BadRow(f"{name} is not an ISO 8601 timestamp (got {value!r:.60})") from None
-    if parsed.tzinfo is None:
+    return as_utc(parsed, name)
+
+
+def as_utc(value: dt.datetime, name: str) -> dt.datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
         raise BadRow(f"{name} has no time zone (got {value!r:.60})")
-    return parsed.astimezone(dt.timezone.utc)
+    try:
+        return value.astimezone(dt.timezone.utc)
+    except OverflowError:  # year 1 at +01:00, year 9999 at -01:00
+        raise BadRow(f"{name} is out of range in UTC (got {value!r:.60})") from None
 
 
 def store_quotes(quotes: Iterable[Quote]) -> int:

@@ -7,10 +7,14 @@ class Command(BaseCommand):
     help = "Fetch current prices from the clouds into PriceQuote (every quote is kept; old ones never change)."
 
     def add_arguments(self, parser):
-        parser.add_argument("providers", nargs="*", choices=REFRESHERS, metavar="provider",
+        # Checked in handle(): argparse (3.11) rejects an empty list against `choices`.
+        parser.add_argument("providers", nargs="*", metavar="provider",
                             help=f"one or more of {', '.join(REFRESHERS)} (default: all)")
 
     def handle(self, *args, providers=(), **options):
+        unknown = [p for p in providers if p not in REFRESHERS]
+        if unknown:
+            raise CommandError(f"no price refresher for {', '.join(unknown)}; choose from {', '.join(REFRESHERS)}")
         failed = []
         for provider in providers or REFRESHERS:
             try:
