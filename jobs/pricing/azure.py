@@ -24,14 +24,18 @@ SOURCE = "azure retail prices"
 def price_filter(wanted: dict[str, set[str]]) -> str:
     """OData $filter for the VM sizes and regions asked for (the API knows `eq`,
     `and`, `or`; not `in`)."""
-    regions = " or ".join(f"armRegionName eq '{r}'" for r in sorted(wanted))
-    sizes = " or ".join(f"armSkuName eq '{t}'" for t in sorted(set().union(*wanted.values())))
+    regions = " or ".join(f"armRegionName eq {_literal(r)}" for r in sorted(wanted))
+    sizes = " or ".join(f"armSkuName eq {_literal(t)}" for t in sorted(set().union(*wanted.values())))
     return f"serviceName eq 'Virtual Machines' and priceType eq 'Consumption' and ({regions}) and ({sizes})"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"  # OData doubles a quote inside a string
 
 
 def retail_quote_pages(wanted: dict[str, set[str]], config: RefreshConfig) -> Iterator[list[Quote]]:
     url, params = config.azure_prices_url, {"$filter": price_filter(wanted)}
-    for number in range(1, config.max_pages + 1):
+    for _ in range(config.max_pages):
         page = _get_page(url, params, config)
         yield [q for q in parse_page(page) if q.instance_type in wanted.get(q.region, ())]
         link = page.get("NextPageLink")

@@ -115,3 +115,13 @@ def test_a_next_page_link_to_another_host_stops_the_refresh(azure, monkeypatch):
     with pytest.raises(PriceRefreshError, match="does not lead back"):
         refresh("azure")
     assert len(azure.requests_to("GET", "/api/retail/prices")) == 1
+
+
+def test_more_pages_than_allowed_stops_with_an_error_keeping_the_pages_read(azure, price_settings):
+    price_settings(azure_prices_url=azure.url, max_pages=2)
+
+    with pytest.raises(PriceRefreshError, match="more than 2 pages; raise RESPAWN_PRICE_MAX_PAGES"):
+        refresh("azure")
+
+    assert len(azure.requests_to("GET", "/api/retail/prices")) == 2
+    assert PriceQuote.objects.filter(provider="azure", observed_at__year=2026).exists()
