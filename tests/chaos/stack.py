@@ -1,0 +1,118 @@
+"""The whole system as real processes, for breaking on purpose: a job training
+the tiny model on the local provider (no simulated spot market: the faults are
+the test's own), a Celery worker and beat, and ways to find and kill the parts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jobs.choices import InstanceState, JobStatus
+from jobs.models import Instance, Job
+from jobs.providers.local import LocalConfig, LocalProvider
+from tests.conftest import ROOT, ChildProcess, wait_until
+from tests.factories import make_job, make_team_with_members
+
+STEPS, STEP_DELAY_S = 240, 0.03
+# Checkpoints of a few MiB, so a persist takes long enough to be killed in the middle of.
+TINY_HIDDEN = "1024"
+TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+# Seconds; generous because the box is shared: the outcome is awaited, never the clock asserted.
+JOB_TIMEOUT_S = 240
+STACK_ENV = {
+    "RESPAWN_LOCAL_MARKET": "none",
+    "RESPAWN_HEARTBEAT_INTERVAL_S": "0.5",
+    "RESPAWN_HEARTBEAT_TIMEOUT_S": "5",
+    "RESPAWN_RECONCILE_INTERVAL_S": "1",
+    "RESPAWN_PROVISION_TIMEOUT_S": "60",
+    "TINY_HIDDEN": TINY_HIDDEN,
+}
+CELERY = [sys.executable, "-m", "celery", "-A", "controlplane"]
+
+
+def reference_digest(directory: Path) -> str:
+    """The exported weights of the same training, never interrupted."""
+    uri = directory / "reference"
+    env = {**os.environ, "TINY_HIDDEN": TINY_HIDDEN}
+    subprocess.run([*TRAIN[:-2], "--uri", str(uri)], cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    return file_digest(uri / "export" / f"step-{STEPS:08d}" / "model.safetensors")
+
+
+def file_digest(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def worker(env: dict, log: Path) -> ChildProcess:
+    return ChildProcess([*CELERY, "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
+                         "--without-heartbeat", "--without-gossip", "--without-mingle"], env, log)
+
+
+def beat(env: dict, log: Path, schedule: Path) -> ChildProcess:
+    return ChildProcess([*CELERY, "beat", "--loglevel", "INFO", "-s", str(schedule)], env, log)
+
+
+def create_job(checkpoint_uri: Path, **fields) -> Job:
+    setup = make_team_with_members()
+    return make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
+                    checkpoint_uri=str(checkpoint_uri), checkpoint_interval_s=1.0, allowed_clouds=["local"],
+                    instance_types=["cpu-small"], env={"TINY_HIDDEN": TINY_HIDDEN},
+                    validation_model_factory="agents.examples.tiny:make_model",
+                    validation_batch_factory="agents.examples.tiny:validation_batch", **fields)
+
+
+def provider(env: dict) -> LocalProvider:
+    return LocalProvider(LocalConfig(root=str(Path(env["RESPAWN_VAR_DIR"]) / "local-vms")))
+
+
+def vm_dirs_by_instance(env: dict) -> dict[int, list[str]]:
+    """Every VM directory ever made, by the instance id it was launched for."""
+    root = Path(env["RESPAWN_VAR_DIR"]) / "local-vms"
+    found: dict[int, list[str]] = {}
+    for entry in sorted(root.glob("local-*-*")) if root.exists() else []:
+        found.setdefault(int(entry.name.split("-")[1]), []).append(entry.name)
+    return found
+
+
+def running_instance(job: Job, *, after: set[int] = frozenset(), min_step: int = 1) -> Instance | None:
+    """The job's running instance (not one of `after`) once it has trained `min_step` steps."""
+    return (Instance.objects.filter(job=job, state=InstanceState.RUNNING, last_step__gte=min_step)
+            .exclude(pk__in=after).exclude(provider_instance_id="").first())
+
+
+def wait_running(job: Job, proc: ChildProcess, **kwargs) -> Instance:
+    found: list[Instance] = []
+    wait_until(lambda: found.append(i) or True if (i := running_instance(job, **kwargs)) else False,
+               timeout=JOB_TIMEOUT_S, what="an instance of the job training", proc=proc, interval=0.2)
+    return found[0]
+
+
+def process_of(env: dict, instance: Instance, module: str) -> int:
+    """Pid of the VM's process running `python -m <module>` (the agent: "agents", the trainer: its module)."""
+    for pid in provider(env).processes(instance.provider_instance_id):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-m" in argv and argv[argv.index(b"-m") + 1].decode() == module:
+            return pid
+    raise AssertionError(f"no `python -m {module}` among the processes of VM {instance.provider_instance_id}")
+
+
+def wait_finished(job: Job, proc: ChildProcess) -> Job:
+    wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=JOB_TIMEOUT_S,
+               what="the job to finish", proc=proc, interval=0.5)
+    job.refresh_from_db()
+    return job
+
+
+def assert_one_vm_per_instance_and_none_left(env: dict, job: Job) -> None:
+    """No duplicate VM (one directory per instance id) and no orphan once the job has ended."""
+    dirs = vm_dirs_by_instance(env)
+    assert all(len(names) == 1 for names in dirs.values()), dirs
+    known = set(Instance.objects.filter(job=job).values_list("pk", flat=True))
+    assert set(dirs) <= known, (dirs, known)
+    cloud = provider(env)
+    wait_until(lambda: not cloud.list_ours(), timeout=60, what="every VM of the finished job to be gone")
