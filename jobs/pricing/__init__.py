@@ -11,7 +11,7 @@ cost ledger can use the price in force at each moment.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.utils import timezone
 
@@ -66,7 +66,22 @@ def _batches(provider: str, wanted: dict[str, set[str]], config: RefreshConfig):
     else:
         from jobs.pricing.gcp import catalog_quotes
 
-        yield _changed(list(catalog_quotes(wanted, config)))
+        yield _changed(_in_known_zones(list(catalog_quotes(wanted, config))))
+
+
+def _in_known_zones(quotes: list[Quote]) -> list[Quote]:
+    """Each region-wide quote again for every zone the database prices that type in:
+    Google's price is the same in every zone of a region, and a zone's own (older)
+    row would otherwise win over a newer region-wide one (DESIGN §8's look-up)."""
+    from jobs.models import PriceQuote
+
+    zones: dict[tuple, set[str]] = {}
+    for region, instance_type, market, zone in (PriceQuote.objects.filter(provider="gcp").exclude(zone="")
+                                                .values_list("region", "instance_type", "market", "zone")
+                                                .distinct()):
+        zones.setdefault((region, instance_type, market), set()).add(zone)
+    return quotes + [replace(q, zone=zone) for q in quotes
+                     for zone in sorted(zones.get((q.region, q.instance_type, q.market), ()))]
 
 
 def _changed(quotes: list[Quote]) -> list[Quote]:

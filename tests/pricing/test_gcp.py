@@ -9,6 +9,8 @@ from decimal import Decimal
 
 import pytest
 
+from jobs.ledger import PriceIndex
+from jobs.ledger import PriceQuote as LedgerQuote
 from jobs.models import PriceQuote
 from jobs.pricing import PriceRefreshError, refresh
 from jobs.tasks import refresh_prices
@@ -36,13 +38,14 @@ def gcp(price_settings):
         yield emulator
 
 
-def refreshed(instance_type, region="us-central1"):
-    return dict(PriceQuote.objects.filter(provider="gcp", instance_type=instance_type, region=region,
+def refreshed(instance_type, region="us-central1", zone=""):
+    return dict(PriceQuote.objects.filter(provider="gcp", instance_type=instance_type, region=region, zone=zone,
                                           observed_at__year=2026).values_list("market", "usd_per_hour"))
 
 
 def test_it_composes_each_machine_from_its_parts_on_both_markets(gcp):
-    assert refresh_prices("gcp") == 10  # a2 ×2, g2 ×2, c3: on demand and spot, in us-central1
+    # a2 ×2, g2 ×2, c3: on demand and spot, in us-central1; spot again in each of the book's two zones there
+    assert refresh_prices("gcp") == 10 + 10
 
     assert refreshed("a2-highgpu-1g")["on_demand"] == a2_on_demand("0.031611", "0.004237", "2.933908").quantize(
         Decimal("0.00001"))  # 3.67339, Google's list price is 3.673385
@@ -58,6 +61,13 @@ def test_it_composes_each_machine_from_its_parts_on_both_markets(gcp):
     # In force from when its last part's price was: the GPU's.
     assert quote.observed_at == dt.datetime(2026, 11, 3, 10, 0, 0, 123456, tzinfo=dt.timezone.utc)
     assert quote.zone == "" and "approximate" in quote.source and "12 vCPU + 85 GiB + 1 Tesla A100" in quote.source
+
+
+def test_a_zone_the_price_book_lists_gets_the_regions_price_so_its_old_row_does_not_win(gcp):
+    refresh("gcp")
+
+    for zone in ("us-central1-a", "us-central1-b"):  # the shipped book's spot rows are per zone
+        assert refreshed("g2-standard-4", zone=zone) == {"spot": refreshed("g2-standard-4")["spot"]}
 
 
 def test_a_machine_missing_a_part_gets_no_quote_and_a_log_line(gcp, caplog):
@@ -87,7 +97,7 @@ def test_a_refused_api_key_is_a_clear_error(gcp, price_settings):
 
 
 def test_running_twice_adds_nothing_even_when_the_catalog_restamps_unchanged_prices(gcp):
-    assert refresh("gcp").added == 10
+    assert refresh("gcp").added == 20
     for entry in gcp.skus:
         entry["pricingInfo"][0]["effectiveTime"] = "2026-11-10T00:00:00Z"
 
@@ -103,7 +113,7 @@ def test_a_new_gpu_price_adds_quotes_for_the_machines_with_that_gpu_and_keeps_th
 
     result = refresh("gcp")
 
-    assert result.added == 2  # a2-highgpu-1g and -8g on demand; spot is unchanged
+    assert result.added == 2  # a2-highgpu-1g and -8g on demand (region-wide only); spot is unchanged
     series = PriceQuote.objects.filter(provider="gcp", instance_type="a2-highgpu-1g", market="on_demand",
                                        observed_at__year=2026).order_by("observed_at")
     assert [q.usd_per_hour for q in series] == [
@@ -123,3 +133,22 @@ def test_a_broken_sku_is_skipped_with_a_log_line(gcp, caplog):
     [line] = [r.getMessage() for r in caplog.records if "Nvidia L4" in r.getMessage()]
     assert "'nanos' must be int" in line
     assert refreshed("g2-standard-4")["on_demand"] == Decimal("0.70682")
+
+
+def test_the_ledger_prices_a_spot_vm_in_a_listed_zone_at_the_refreshed_price_from_its_time_on(gcp):
+    refresh("gcp")
+    index = price_index(["g2-standard-4"])
+
+    def spot_at(when):
+        second = int((when - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)).total_seconds())
+        return index.price_at(second, "gcp", "us-central1", "us-central1-a", "g2-standard-4", "spot")
+
+    assert spot_at(dt.datetime(2026, 10, 31, tzinfo=dt.timezone.utc)) == Decimal("0.23320")  # the shipped book's
+    assert spot_at(dt.datetime(2026, 11, 2, tzinfo=dt.timezone.utc)) == refreshed("g2-standard-4")["spot"]
+
+
+def price_index(types):
+    rows = PriceQuote.objects.filter(provider="gcp", instance_type__in=types)
+    return PriceIndex(LedgerQuote(provider=q.provider, region=q.region, zone=q.zone, instance_type=q.instance_type,
+                                  market=q.market, usd_per_hour=q.usd_per_hour, observed_at=q.observed_at)
+                      for q in rows)
