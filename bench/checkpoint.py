@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -214,16 +213,27 @@ def peak_rss_bytes(mode: str, uri: str) -> int:
 
 
 def rss_probe(mode: str, uri: str) -> None:
+    """Both modes train the same steps; "save" also saves once while training goes on."""
     state = build_state()
     train_step(state)
+    ckpt = None
     if mode == "save":
         ckpt = Checkpointer(state, CheckpointConfig(uri=uri, interval_s=3600, validation=VALIDATION, handle_signals=False))
         ckpt.save(1, kind="periodic")
-        train_step(state)  # training goes on while the persist runs
-        ckpt.wait()
+    train_step(state)
+    if ckpt is not None:
         ckpt.close()
         drop(uri)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(peak_rss_of_this_process())
+
+
+def peak_rss_of_this_process() -> int:
+    """VmHWM: this address space's high-water mark. (ru_maxrss would not do: Linux
+    carries the parent's RSS across fork and exec into it.)"""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 @dataclass
@@ -282,6 +292,7 @@ def main() -> int:
         del state
         baseline_rss = peak_rss_bytes("baseline", f"{workdir}/rss")
         save_rss = peak_rss_bytes("save", f"{workdir}/rss")
+        print(f"peak RSS: {baseline_rss / (1 << 30):.2f} GiB training only, {save_rss / (1 << 30):.2f} GiB with a save", flush=True)
         figures = [
             Figure("stall per save / sync torch.save+fsync", stall_s / sync_s, 0.05, True),
             Figure("stall per save / DCP async_save blocking (warm)", stall_s / dcp_s, 0.5, True),

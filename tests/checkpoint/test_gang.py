@@ -18,7 +18,7 @@ from agents.checkpoint import init_process_group
 from agents.checkpoint import layout
 from agents.checkpoint.reader import CheckpointRef, committed, load
 from agents.checkpoint.storage.local import LocalStorage
-from agents.examples import tiny, tiny_gang
+from agents.examples import tiny_gang
 
 from .conftest import config
 

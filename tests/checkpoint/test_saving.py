@@ -13,7 +13,6 @@ import torch
 
 from agents import protocol, trainer
 from agents.checkpoint import CheckpointConfig, Checkpointer, ConfigError, TrainState
-from agents.checkpoint import layout
 from agents.checkpoint.reader import committed
 from agents.checkpoint.storage.local import LocalStorage
 
