@@ -236,7 +236,8 @@ def from_dict(cls: type[T], data: dict[str, Any]) -> T:
 ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"  # storage root for this job's checkpoints
 ENV_RESUME_FROM = "RESPAWN_RESUME_FROM"  # URI of the checkpoint to resume from (may be unset)
 ENV_CHECKPOINT_INTERVAL_S = "RESPAWN_CHECKPOINT_INTERVAL_S"
-ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # trainer -> agent: JSON {step, loss, samples_per_s, ...}, replaced atomically
+ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # trainer -> agent: JSON {step, loss, samples_per_s, ...}, replaced atomically;
+# "stopped": true once the trainer stopped on a stop request (in a gang, possibly another rank's)
 ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, one CheckpointReport-shaped record per commit
 ENV_CONTROL_FILE = "RESPAWN_CONTROL_FILE"  # agent -> trainer: JSON {checkpoint_interval_s}, replaced atomically
 ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline}, written before the stop signal

@@ -230,6 +230,8 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
         _after_failure(job, failure_signature, output_tail, setup_failure)
     elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
         _after_interruption(job, end_reason)
+    elif job.status == JobStatus.RECOVERING:
+        nudge_schedule()  # a stopped node of a gang: once the last one is down, the gang relaunches
 
 
 def _maybe_succeed(job: Job) -> None:

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from agents import protocol
+from agents import protocol, trainer
 
 from . import channel, layout, manifest, persist
 from .codec import flatten
@@ -228,6 +228,10 @@ class Checkpointer:
         busy = any(row[_BUSY] for row in table) if self.coord.world_size > 1 else self._inflight is not None
         stop = any(row[_STOP] for row in table)
         if stop or kind in (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL):
+            if stop and not self.should_stop:
+                # A gang's other ranks stop because one rank was asked to: their agents
+                # learn from this that the trainer's exit 0 is a stop, not the end of training.
+                trainer.report(step, force=True, stopped=True)
             self._stop_seen = False
             self.should_stop = self.should_stop or stop
             return self._save_now(step, kind or protocol.CheckpointKind.NOTICE, self._deadline(deadline, kind))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,7 @@ from agents.checkpoint import CheckpointConfig, Checkpointer, init_process_group
 from agents.examples import tiny
 
 
-def train(config: CheckpointConfig, steps: int) -> Checkpointer:
+def train(config: CheckpointConfig, steps: int, step_delay_s: float = 0.0) -> Checkpointer:
     """Train this rank to `steps` under an initialised process group; returns the closed Checkpointer."""
     rank, world = dist.get_rank(), dist.get_world_size()
     state = tiny.build(rank=rank, world_size=world)
@@ -31,6 +32,8 @@ def train(config: CheckpointConfig, steps: int) -> Checkpointer:
     start = ckpt.load_latest()
     for step in range(start, steps):
         tiny.train_step(state, x, y, model=ddp)
+        if step_delay_s:
+            time.sleep(step_delay_s)
         ckpt.save(step + 1)
         if ckpt.should_stop:
             ckpt.close()
@@ -44,12 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uri", default=os.environ.get("RESPAWN_CHECKPOINT_URI", ""))
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every-steps", type=int, default=25)
+    parser.add_argument("--step-delay", type=float, default=0.0, help="sleep per step, to make a short run last")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     init_process_group("gloo")
     try:
         config = CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, validation=tiny.VALIDATION)
-        train(config, args.steps)
+        train(config, args.steps, args.step_delay)
     finally:
         dist.destroy_process_group()
     return 0
