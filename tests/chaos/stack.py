@@ -5,13 +5,15 @@ the test's own), a Celery worker and beat, and ways to find and kill the parts."
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from jobs.choices import InstanceState, JobStatus
-from jobs.models import Instance, Job
+from jobs.models import Instance, Job, LogChunk, ProcessedEvent
 from jobs.providers.local import LocalConfig, LocalProvider
 from tests.conftest import ROOT, ChildProcess, wait_until
 from tests.factories import make_job, make_team_with_members
@@ -54,9 +56,11 @@ def beat(env: dict, log: Path, schedule: Path) -> ChildProcess:
     return ChildProcess([*CELERY, "beat", "--loglevel", "INFO", "-s", str(schedule)], env, log)
 
 
-def create_job(checkpoint_uri: Path, **fields) -> Job:
+def create_job(checkpoint_uri: Path, *, step_delay_s: float = STEP_DELAY_S, **fields) -> Job:
+    """The tiny training as a job; a longer `step_delay_s` makes it last (same weights)."""
     setup = make_team_with_members()
-    return make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
+    command = [*TRAIN[:-1], str(step_delay_s)]
+    return make_job(setup.team, setup.people["member"].user, command=command, total_steps=STEPS,
                     checkpoint_uri=str(checkpoint_uri), checkpoint_interval_s=1.0, allowed_clouds=["local"],
                     instance_types=["cpu-small"], env={"TINY_HIDDEN": TINY_HIDDEN},
                     validation_model_factory="agents.examples.tiny:make_model",
@@ -116,3 +120,28 @@ def assert_one_vm_per_instance_and_none_left(env: dict, job: Job) -> None:
     assert set(dirs) <= known, (dirs, known)
     cloud = provider(env)
     wait_until(lambda: not cloud.list_ours(), timeout=60, what="every VM of the finished job to be gone")
+
+
+def journaled_reports(env: dict, instance: Instance) -> dict[str, str]:
+    """event_id -> protocol path of every report the instance's agent journaled (DESIGN §1:
+    each is appended before it is sent), read from its VM's offline journal."""
+    vm = provider(env).vm_dir(instance.provider_instance_id)
+    reports = {}
+    for line in (Path(vm.work_dir) / "journal" / "journal.log").read_bytes().splitlines():
+        record = json.loads(line.split(b" ", 1)[1])
+        reports[record["body"]["event_id"]] = record["path"]
+    return reports
+
+
+def assert_every_report_applied_once(env: dict, instance: Instance) -> None:
+    """Each journaled report reached the control plane, and was applied exactly once."""
+    journaled = journaled_reports(env, instance)
+    applied = list(ProcessedEvent.objects.filter(instance_id=instance.pk).values_list("event_id", flat=True))
+    assert len(applied) == len(set(applied))
+    missing = {e: p for e, p in journaled.items() if uuid.UUID(e) not in set(applied)}
+    assert not missing, f"{len(missing)} of {len(journaled)} journaled reports never applied: {sorted(set(missing.values()))}"
+    offsets = list(LogChunk.objects.filter(instance=instance).order_by("offset").values_list("offset", "lines"))
+    expected = 0
+    for offset, lines in offsets:  # the trainer's output, gap-free and never twice
+        assert offset == expected, (offset, expected)
+        expected += len(lines)
