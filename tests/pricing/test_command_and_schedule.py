@@ -46,10 +46,15 @@ def test_a_bad_endpoint_setting_is_refused_naming_it():
         RefreshConfig(azure_prices_url="prices.azure.com/api/retail/prices")
 
 
-def test_no_beat_entry_unless_an_interval_is_set(tmp_path):
-    env = {**CLEAN_ENV, "RESPAWN_VAR_DIR": str(tmp_path), "RESPAWN_PROVIDERS": "aws,local,gcp"}
-    assert json.loads(settings_value("__import__('json').dumps(sorted(settings.CELERY_BEAT_SCHEDULE))", env)) == [
-        "reconcile"]
+def test_no_beat_entry_unless_an_interval_is_set_and_the_endpoints_come_from_the_environment(tmp_path):
+    env = {**CLEAN_ENV, "RESPAWN_VAR_DIR": str(tmp_path), "RESPAWN_PROVIDERS": "aws,local,gcp",
+           "RESPAWN_AZURE_PRICES_URL": "http://127.0.0.1:9/prices", "RESPAWN_GCP_BILLING_URL": "http://127.0.0.1:9",
+           "RESPAWN_PROVIDER_CONFIG": '{"aws": {"endpoint_url": "http://127.0.0.1:5000"}}'}
+    beat, config = json.loads(settings_value(
+        "__import__('json').dumps([sorted(settings.CELERY_BEAT_SCHEDULE), settings.RESPAWN['PRICE_REFRESH']])", env))
+    assert beat == ["reconcile"]
+    assert (config["azure_prices_url"], config["gcp_billing_url"], config["aws_endpoint_url"]) == (
+        "http://127.0.0.1:9/prices", "http://127.0.0.1:9", "http://127.0.0.1:5000")
 
     env["RESPAWN_PRICE_REFRESH_S"] = "3600"
     expr = ("__import__('json').dumps({k: [v['task'], list(v['args']), v['options']] "
@@ -58,11 +63,3 @@ def test_no_beat_entry_unless_an_interval_is_set(tmp_path):
         "refresh-prices-aws": ["jobs.tasks.refresh_prices", ["aws"], {"expires": 3600.0}],
         "refresh-prices-gcp": ["jobs.tasks.refresh_prices", ["gcp"], {"expires": 3600.0}],
     }
-
-
-def test_the_endpoints_come_from_the_environment(tmp_path):
-    env = {**CLEAN_ENV, "RESPAWN_VAR_DIR": str(tmp_path), "RESPAWN_AZURE_PRICES_URL": "http://127.0.0.1:9/prices",
-           "RESPAWN_GCP_BILLING_URL": "http://127.0.0.1:9", "RESPAWN_PROVIDER_CONFIG": '{"aws": {"endpoint_url": "http://127.0.0.1:5000"}}'}
-    config = json.loads(settings_value("__import__('json').dumps(settings.RESPAWN['PRICE_REFRESH'])", env))
-    assert (config["azure_prices_url"], config["gcp_billing_url"], config["aws_endpoint_url"]) == (
-        "http://127.0.0.1:9/prices", "http://127.0.0.1:9", "http://127.0.0.1:5000")

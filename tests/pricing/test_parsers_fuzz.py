@@ -18,7 +18,7 @@ from jobs.pricing.quotes import Quote, decode_json_object, store_quotes
 from tests.emulators.azure_prices import meter_row
 from tests.emulators.gcp_billing import sku
 
-FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=60),
