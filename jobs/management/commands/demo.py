@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from jobs.choices import Role
+from jobs.choices import JobStatus, Role
 from jobs.cloud import provider_for
 from jobs.models import ApiToken, Job, Membership, Team
 from jobs.services import create_job
@@ -32,9 +32,12 @@ def seed_demo() -> tuple[User, str, Job]:
     Membership.objects.get_or_create(user=user, team=team, defaults={"role": Role.ADMIN})
     token, digest = new_token(PERSONAL_PREFIX)
     ApiToken.objects.create(user=user, name="make demo", key_hash=digest, prefix=token[:8])
-    job = Job.objects.filter(team=team, name="demo: tiny classifier").first() or create_job(
+    unfinished = Job.objects.filter(team=team, name="demo: tiny classifier").exclude(status__in=JobStatus.TERMINAL)
+    job = unfinished.first() or create_job(
         team=team, owner=user, name="demo: tiny classifier",
-        command=[sys.executable, "-m", "agents.examples.tiny"],
+        # A short sleep per step stretches the tiny model's training over a couple of
+        # minutes, so the simulated spot market preempts it a few times while you watch.
+        command=[sys.executable, "-m", "agents.examples.tiny", "--step-delay", "0.03"],
         total_steps=3000, checkpoint_interval_s=5, allowed_clouds=["local"], instance_types=["cpu-small"],
         checkpoint_uri=str(settings.RESPAWN["DEFAULT_CHECKPOINT_URI"]),
         validation_model_factory="agents.examples.tiny:make_model",
@@ -65,7 +68,10 @@ class Command(BaseCommand):
         self._serve(port, url)
 
     def _serve(self, port: int, url: str) -> None:
-        env = {**os.environ, "RESPAWN_API_URL": url}
+        # Unless configured otherwise, the local spot market reclaims each VM 40 s after it
+        # boots, with a 10 s notice: preemptions you can watch on the dashboard.
+        env = {"RESPAWN_LOCAL_MARKET": "every", "RESPAWN_LOCAL_PREEMPT_EVERY_S": "40", "RESPAWN_LOCAL_NOTICE_S": "10",
+               **os.environ, "RESPAWN_API_URL": url}
         python = sys.executable
         commands = {
             "web": [python, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "--workers", "2",
