@@ -106,6 +106,8 @@ class Agent:
         self.notice: NoticeEvent | None = None
         self.notice_commit: protocol.CheckpointReport | None = None
         self.last_checkpoint: protocol.CheckpointReport | None = None
+        self.checkpoint_requested = False  # SIGUSR1 sent, no commit seen since
+        self.commit_journaled_at: datetime | None = None
         self.stopped_by_control_plane = False
         self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
         self.heartbeat_interval_s = 10.0
@@ -232,14 +234,14 @@ class Agent:
         if event[0] == "notice":
             self._on_notice(event[1])
         elif event[0] == "answer":
-            self._on_heartbeat_answer(event[1])
+            self._on_heartbeat_answer(event[1], event[2])
 
     def _emit(self, notice: NoticeEvent) -> None:
         self.events.put(("notice", notice))
 
-    def _on_answer(self, path: str, answer: dict | None) -> None:
+    def _on_answer(self, path: str, answer: dict | None, sent: dict) -> None:
         if path == protocol.PATH_HEARTBEAT and answer is not None:
-            self.events.put(("answer", answer))
+            self.events.put(("answer", answer, sent.get("sent_at", "")))
 
     # --- notices ------------------------------------------------------------------
     def budget_s(self) -> float:
@@ -293,7 +295,7 @@ class Agent:
             self._agent_line("no checkpoint committed within the notice budget; the job resumes from its previous checkpoint")
 
     # --- heartbeat answers ----------------------------------------------------------
-    def _on_heartbeat_answer(self, answer: dict) -> None:
+    def _on_heartbeat_answer(self, answer: dict, heartbeat_sent_at: str) -> None:
         action = answer.get("action", protocol.Action.CONTINUE)
         if action not in protocol.Action.ALL:
             log.warning("heartbeat answer with an unknown action, ignored: %r", answer)
@@ -307,7 +309,8 @@ class Agent:
         heartbeat = finite_or_none(answer.get("heartbeat_interval_s"))
         if heartbeat is not None and heartbeat > 0:
             self.heartbeat_interval_s = heartbeat
-        if action == protocol.Action.CHECKPOINT:
+        if action == protocol.Action.CHECKPOINT and self._checkpoint_wanted(heartbeat_sent_at):
+            self.checkpoint_requested = True
             self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
         elif action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP) and not (self.stopped_by_control_plane or self.notice):
             self.stopped_by_control_plane = True
@@ -315,6 +318,16 @@ class Agent:
             self._signal_trainer(self.config.stop_signal)
             self.kill_at = time.monotonic() + grace
             self._agent_line(f"control plane asked to {action}; stopping the trainer within {grace:.1f}s")
+
+    def _checkpoint_wanted(self, heartbeat_sent_at: str) -> bool:
+        """A `checkpoint` answer is repeated until the control plane sees a commit:
+        act on it once, not again for heartbeats sent before the commit it asked for."""
+        if self.checkpoint_requested:
+            return False
+        if self.commit_journaled_at is not None and heartbeat_sent_at:
+            # Heartbeats made after the commit was journaled reach the control plane after it.
+            return datetime.fromisoformat(heartbeat_sent_at) > self.commit_journaled_at
+        return True
 
     def _signal_trainer(self, name: str) -> None:
         if self.trainer is not None:
@@ -325,6 +338,8 @@ class Agent:
         for report in self.checkpoints.new_reports():
             self.reporter.report(protocol.PATH_CHECKPOINTS, report)
             self.last_checkpoint = report
+            self.commit_journaled_at = utcnow()
+            self.checkpoint_requested = False
             if self.notice is not None and self.notice_commit is None and report.kind in NOTICE_COMMIT_KINDS:
                 self._on_notice_commit(report)
             elif self.validator is not None:

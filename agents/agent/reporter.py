@@ -21,7 +21,8 @@ from agents.journal import Journal
 
 log = logging.getLogger(__name__)
 
-OnAnswer = Callable[[str, dict[str, Any] | None], None]
+# (path, decoded answer or None, the body that was sent)
+OnAnswer = Callable[[str, dict[str, Any] | None, dict[str, Any]], None]
 
 
 @dataclass(kw_only=True)
@@ -77,7 +78,7 @@ class Reporter:
             if outcome.kind == DELIVERED:
                 self.journal.delivered(entry)
                 self.backoff.reset()
-                self._answer(entry.path, outcome.answer)
+                self._answer(entry, outcome.answer)
             elif outcome.kind == REFUSED:
                 log.warning("control plane refused %s (HTTP %s), not resending: %s; body=%r", entry.path, outcome.status, outcome.detail, entry.body)
                 self.journal.delivered(entry)
@@ -86,8 +87,8 @@ class Reporter:
                 log.info("control plane unavailable for %s (%s %s); %d report(s) journaled, retrying in %.2fs", entry.path, outcome.status or "", outcome.detail[:200], self.journal.pending_count(), wait)
                 self._stop.wait(wait)
 
-    def _answer(self, path: str, answer: dict[str, Any] | None) -> None:
+    def _answer(self, entry, answer: dict[str, Any] | None) -> None:
         try:
-            self.on_answer(path, answer)
+            self.on_answer(entry.path, answer, entry.body)
         except Exception:  # an answer handler bug must not stop delivery of later reports
-            log.exception("handling the answer to %s failed; answer=%r", path, answer)
+            log.exception("handling the answer to %s failed; answer=%r", entry.path, answer)

