@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from agents import protocol
+from agents import protocol, trainer
 
 from . import channel, layout, manifest, persist
 from .codec import flatten
@@ -231,8 +231,6 @@ class Checkpointer:
             if stop and not self.should_stop:
                 # A gang's other ranks stop because one rank was asked to: their agents
                 # learn from this that the trainer's exit 0 is a stop, not the end of training.
-                from agents import trainer
-
                 trainer.report(step, force=True, stopped=True)
             self._stop_seen = False
             self.should_stop = self.should_stop or stop
@@ -510,8 +508,6 @@ class Checkpointer:
         mark(ref, verdict)
         artifact = export_weights(ref)
         # The agent ships the artifact with its exit report (agents/protocol.py channel).
-        from agents import trainer
-
         trainer.report(step, force=True, artifact_uri=artifact.uri, artifact_digest=artifact.digest)
         return artifact
 
