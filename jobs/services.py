@@ -118,6 +118,7 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         last_heartbeat_at=now,
         heartbeat_deadline=now + heartbeat_timeout(),
         resume_checkpoint=resume,
+        last_step=resume.step if resume else 0,  # where its trainer starts, until it reports
         **({"provider_instance_id": provider_instance_id[:200]} if provider_instance_id else {}),
     )
     if instance.rank == 0 and instance.world_size > 1 and not instance.rendezvous_addr:
