@@ -193,6 +193,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(_broker_dir / "processed"),
         "control_folder": str(_broker_dir / "control"),  # else kombu writes ./control in the working dir
         "store_processed": False,
+        # An idle worker looks for new tasks this often (kombu's default is 1 s): with a
+        # relaunch taking two hops (schedule, launch), it bounds the relaunch latency.
+        "polling_interval": 0.1,
     }
 else:
     # Redis returns an unacked task after the visibility timeout: minutes, not the
