@@ -11,14 +11,25 @@ def uninterrupted_digest(tmp_path_factory):
 
 
 @pytest.fixture
-def chaos_web(child_env, tmp_path):
+def broker_url(child_env):
+    """The Celery broker of every process of the test (a test module may bring its own)."""
+    return child_env["CELERY_BROKER_URL"]
+
+
+@pytest.fixture
+def chaos_env(child_env, broker_url):
+    return {**child_env, **stack.STACK_ENV, "CELERY_BROKER_URL": broker_url}
+
+
+@pytest.fixture
+def chaos_web(chaos_env, tmp_path):
     """The web process, on the chaos tests' heartbeat timeout (it sets the deadlines)."""
-    server = WebServer({**child_env, **stack.STACK_ENV}, tmp_path / "web.log").start()
+    server = WebServer(chaos_env, tmp_path / "web.log").start()
     yield server
     server.stop()
 
 
 @pytest.fixture
-def stack_env(child_env, chaos_web):
+def stack_env(chaos_env, chaos_web):
     """Environment of the worker, beat and VMs of a chaos test, talking to `chaos_web`."""
-    return {**child_env, **stack.STACK_ENV, "RESPAWN_API_URL": chaos_web.url}
+    return {**chaos_env, "RESPAWN_API_URL": chaos_web.url}

@@ -15,7 +15,7 @@ from pathlib import Path
 from jobs.choices import InstanceState, JobStatus
 from jobs.models import Instance, Job, LogChunk, ProcessedEvent
 from jobs.providers.local import LocalConfig, LocalProvider
-from tests.conftest import ROOT, ChildProcess, wait_until
+from tests.conftest import ROOT, ChildProcess, free_port, wait_until
 from tests.factories import make_job, make_team_with_members
 
 STEPS, STEP_DELAY_S = 240, 0.03
@@ -145,3 +145,31 @@ def assert_every_report_applied_once(env: dict, instance: Instance) -> None:
     for offset, lines in offsets:  # the trainer's output, gap-free and never twice
         assert offset == expected, (offset, expected)
         expected += len(lines)
+
+
+class RedisServer(ChildProcess):
+    """The test's own redis-server: nothing on disk, so a restart loses every queued message."""
+
+    def __init__(self, log_path: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        super().__init__(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--daemonize", "no"], dict(os.environ), log_path)
+
+    def start(self):
+        super().start()
+        wait_until(self._answers, timeout=30, what=f"redis-server on port {self.port}", proc=self)
+        return self
+
+    def client(self):
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=2)
+
+    def _answers(self) -> bool:
+        import redis
+
+        try:
+            return self.client().ping()
+        except redis.RedisError:
+            return False

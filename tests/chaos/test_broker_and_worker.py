@@ -1,0 +1,104 @@
+"""The broker is only a nudge; the database is the truth (DESIGN §1). A Celery
+worker SIGKILLed in the middle of launching a VM, and the test's own Redis
+restarted empty with messages queued: no duplicate VM, no orphan, the job
+finishes with the uninterrupted weights."""
+
+import os
+import signal
+
+import pytest
+
+from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.models import Checkpoint, Instance, Job
+from tests.chaos import stack
+from tests.conftest import wait_until
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    server = stack.RedisServer(tmp_path / "redis.log").start()
+    yield server
+    server.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def broker_url(redis_server):
+    return redis_server.url
+
+
+@pytest.fixture
+def env(stack_env):
+    # A killed worker's unacked task comes back within the test, so its redelivery is exercised too.
+    return {**stack_env, "RESPAWN_VISIBILITY_TIMEOUT_S": "10"}
+
+
+def ends_of(job):
+    return dict(Instance.objects.filter(job=job).values_list("pk", "end_reason"))
+
+
+def launching_instance(env) -> int | None:
+    """The instance whose VM the provider is writing (its spec is there), if any."""
+    for instance_id, names in stack.vm_dirs_by_instance(env).items():
+        if any((stack.provider(env).vm_dir(name).spec_file).exists() for name in names):
+            return instance_id
+    return None
+
+
+@pytest.mark.e2e
+def test_worker_killed_mid_launch_makes_no_duplicate_and_no_orphan_vm(env, tmp_path, uninterrupted_digest):
+    job = stack.create_job(tmp_path / "ckpt")
+    worker = stack.worker(env, tmp_path / "worker.log").start()
+    beat = stack.beat(env, tmp_path / "beat.log", tmp_path / "beat").start()
+    try:
+        wait_until(lambda: launching_instance(env), timeout=120, what="a VM being launched", proc=worker,
+                   interval=0.005)
+        worker.stop(signal.SIGKILL)
+        instance_id = launching_instance(env)
+        assert Instance.objects.get(pk=instance_id).state == InstanceState.REQUESTED  # the database has no VM id yet
+        worker = stack.worker(env, tmp_path / "worker-again.log").start()
+        job = stack.wait_finished(job, worker)
+    finally:
+        beat.stop()
+        worker.stop()
+    assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
+    assert job.artifact_digest == uninterrupted_digest
+    # Either the half-launched VM registered and trained (it is adopted), or it never came up and its
+    # instance was replaced after the provisioning timeout; nothing else.
+    ends = ends_of(job)
+    completed = [pk for pk, end in ends.items() if end == EndReason.COMPLETED]
+    assert len(completed) == 1 and set(ends.values()) <= {EndReason.COMPLETED, EndReason.CAPACITY_ERROR}, ends
+    assert instance_id in completed or ends[instance_id] == EndReason.CAPACITY_ERROR
+    stack.assert_one_vm_per_instance_and_none_left(env, job)
+
+
+@pytest.mark.e2e
+def test_redis_restarted_empty_loses_queued_messages_and_the_database_makes_up_for_them(
+        env, redis_server, tmp_path, uninterrupted_digest):
+    job = stack.create_job(tmp_path / "ckpt")
+    worker = stack.worker(env, tmp_path / "worker.log").start()
+    beat = stack.beat(env, tmp_path / "beat.log", tmp_path / "beat").start()
+    try:
+        first = stack.wait_running(job, worker)
+        wait_until(lambda: Checkpoint.objects.filter(instance=first).exists(), timeout=120,
+                   what="a first committed checkpoint", proc=worker)
+        worker.stop()  # messages now wait in Redis
+        # The trainer dies: the web records the failure and queues "schedule a replacement".
+        os.kill(stack.process_of(env, first, "agents.examples.tiny"), signal.SIGKILL)
+        wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING, timeout=60,
+                   what="the job to wait for a replacement", proc=beat)
+        queue = redis_server.client()
+        assert queue.llen("celery") > 0
+        redis_server.stop(signal.SIGKILL)
+        redis_server = stack.RedisServer(tmp_path / "redis-again.log", port=redis_server.port).start()
+        assert redis_server.client().llen("celery") == 0  # every queued message is gone
+        worker = stack.worker(env, tmp_path / "worker-again.log").start()
+        job = stack.wait_finished(job, worker)
+    finally:
+        beat.stop()
+        worker.stop()
+        redis_server.stop(signal.SIGKILL)
+    assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
+    assert job.artifact_digest == uninterrupted_digest
+    ends = ends_of(job)
+    assert ends.pop(first.pk) == EndReason.FAILED and list(ends.values()) == [EndReason.COMPLETED]
+    stack.assert_one_vm_per_instance_and_none_left(env, job)
