@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import difflib
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -88,15 +89,18 @@ def load_job_spec(path: Path) -> JobSpec:
         raise InvalidSpec(path, [f"{path}: cannot read the file: {e.strerror}"]) from e
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
+    except yaml.YAMLError as e:  # a MarkedYAMLError, or a ReaderError for a character YAML refuses
+        mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise InvalidSpec(path, [f"{where}: not valid YAML: {e.problem}"]) from e
+        raise InvalidSpec(path, [f"{where}: not valid YAML: {getattr(e, 'problem', None) or e}"]) from e
     if not isinstance(root, yaml.MappingNode):
         raise InvalidSpec(path, [f"{path}: a job file is a mapping of field: value (see docs/job-spec.example.yaml)"])
     spec, problems = JobSpec(path, {}), []
     for key_node, value_node in root.value:
         name, line = key_node.value, key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            problems.append(f"{path}:{line}: a field name must be plain text, not a list or mapping")
+            continue
         if name in spec.lines:
             problems.append(f"{path}:{line}: field '{name}' is given twice (first on line {spec.lines[name]})")
             continue
@@ -111,7 +115,11 @@ def load_job_spec(path: Path) -> JobSpec:
             problems += [f"{path}:{line}: field 'env': {key} must be text; quote it: {key}: \"{raw}\""
                          for line, key, raw in unquoted]
             continue
-        value = yaml.SafeLoader("").construct_document(value_node)
+        try:
+            value = yaml.SafeLoader("").construct_document(value_node)
+        except yaml.YAMLError as e:  # an unknown tag (!foo), an unhashable key, ...
+            problems.append(f"{path}:{line}: field '{name}': cannot be read: {getattr(e, 'problem', None) or e}")
+            continue
         try:
             spec.body[name] = check(name, FIELDS[name], value)
         except ValueError as e:
@@ -167,6 +175,8 @@ def _int(value, f: Field):
 def _number(value, f: Field):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"must be a number, got {_show(value)}")
+    if not math.isfinite(value):  # YAML's .nan and .inf
+        raise ValueError(f"must be a finite number, got {value}")
     _bounded(value, f)
     return str(value) if isinstance(value, float) else value  # money stays exact as a decimal string
 
