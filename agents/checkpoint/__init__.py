@@ -32,6 +32,10 @@ Public API (everything else in this package is internal):
 - `export_weights(ref)` writes model.safetensors from a checkpoint recorded valid.
 - `init_process_group(timeout_s=...)`: gloo/nccl with a short timeout; under
   torch.distributed each rank writes its own data files, rank 0 commits.
+- Format: DESIGN §6, one step-NNNNNNNN/ directory per checkpoint (agents/checkpoint/layout.py).
+  Tensors are packed into a few raw data files per rank (not torch.distributed.checkpoint):
+  that is what lets snapshots reuse one set of (pinned) host buffers, persists be paced
+  chunk by chunk, and digests be computed while writing, which DCP's async_save does not offer.
 - Errors: CheckpointError and its subclasses CorruptCheckpointError,
   IncompatibleCheckpointError, ExportRefusedError, FactoryError; ConfigError for
   bad settings; storage.UnknownSchemeError for an unknown URI scheme.
