@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 from jobs.choices import InstanceState, JobStatus
@@ -31,6 +30,8 @@ STACK_ENV = {
     "RESPAWN_RECONCILE_INTERVAL_S": "1",
     "RESPAWN_PROVISION_TIMEOUT_S": "60",
     "TINY_HIDDEN": TINY_HIDDEN,
+    # Agents back off at most a small part of the heartbeat timeout, as in production (30 s of 120 s).
+    "RESPAWN_BACKOFF_MAX_S": "1",
 }
 CELERY = [sys.executable, "-m", "celery", "-A", "controlplane"]
 
@@ -122,10 +123,10 @@ def assert_one_vm_per_instance_and_none_left(env: dict, job: Job) -> None:
     wait_until(lambda: not cloud.list_ours(), timeout=60, what="every VM of the finished job to be gone")
 
 
-def journaled_reports(env: dict, instance: Instance) -> dict[str, str]:
-    """event_id -> protocol path of every report the instance's agent journaled (DESIGN §1:
-    each is appended before it is sent), read from its VM's offline journal."""
-    vm = provider(env).vm_dir(instance.provider_instance_id)
+def journaled_reports(env: dict, vm_id: str) -> dict[str, str]:
+    """event_id -> protocol path of every report the VM's agent journaled (DESIGN §1:
+    each is appended before it is sent), read from its offline journal."""
+    vm = provider(env).vm_dir(vm_id)
     reports = {}
     for line in (Path(vm.work_dir) / "journal" / "journal.log").read_bytes().splitlines():
         record = json.loads(line.split(b" ", 1)[1])
@@ -134,15 +135,21 @@ def journaled_reports(env: dict, instance: Instance) -> dict[str, str]:
 
 
 def assert_every_report_applied_once(env: dict, instance: Instance) -> None:
-    """Each journaled report reached the control plane, and was applied exactly once."""
-    journaled = journaled_reports(env, instance)
     applied = list(ProcessedEvent.objects.filter(instance_id=instance.pk).values_list("event_id", flat=True))
-    assert len(applied) == len(set(applied))
-    missing = {e: p for e, p in journaled.items() if uuid.UUID(e) not in set(applied)}
+    logs = list(LogChunk.objects.filter(instance=instance).values_list("offset", "lines"))
+    assert_reports_applied_once(journaled_reports(env, instance.provider_instance_id), applied, logs)
+
+
+def assert_reports_applied_once(journaled: dict[str, str], applied: list, logs: list[tuple[int, list]]) -> None:
+    """Each journaled report reached the control plane and was applied exactly once
+    (`applied`: the instance's processed event ids), and the trainer's output (`logs`:
+    offset and lines of each batch) arrived gap-free and never twice."""
+    applied_ids = {str(event_id) for event_id in applied}
+    assert len(applied) == len(applied_ids)
+    missing = {e: p for e, p in journaled.items() if e not in applied_ids}
     assert not missing, f"{len(missing)} of {len(journaled)} journaled reports never applied: {sorted(set(missing.values()))}"
-    offsets = list(LogChunk.objects.filter(instance=instance).order_by("offset").values_list("offset", "lines"))
     expected = 0
-    for offset, lines in offsets:  # the trainer's output, gap-free and never twice
+    for offset, lines in sorted(logs):
         assert offset == expected, (offset, expected)
         expected += len(lines)
 

@@ -1,0 +1,127 @@
+"""PostgreSQL stops mid-run and comes back. The whole stack (web, worker, beat)
+runs on the test's own cluster, so it can be stopped without touching anyone
+else's: agents' reports fail while it is down and replay from their offline
+journal, none is lost or applied twice, no instance is wrongly marked lost, and
+the job ends with the uninterrupted weights."""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.chaos import stack
+from tests.conftest import ROOT, WebServer, free_port, wait_until
+
+
+class PostgresCluster:
+    """A throwaway cluster on a free port; initdb refuses root, so it runs as postgres."""
+
+    def __init__(self):
+        self.port = free_port()
+        # Not under pytest's tmp dir: postgres must be able to reach it.
+        self.home = Path(tempfile.mkdtemp(prefix="respawn-chaos-pg-"))
+        self.home.chmod(0o755)
+        self.data = self.home / "data"
+        self.data.mkdir()
+        shutil.chown(self.data, "postgres", "postgres")
+        self.bin = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_postgres(self, *argv: str) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, timeout=120)
+
+    def init(self):
+        self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                          "--no-sync")
+        return self
+
+    def start(self):
+        options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options,
+                          "-l", str(self.data / "server.log"), "-w", "start")
+        return self
+
+    def stop(self):
+        """Immediate: the way a crashed or killed server goes (it recovers on start)."""
+        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def query(self, sql: str, *params):
+        with psycopg.connect(self.url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+            return conn.execute(sql, params).fetchall()
+
+    def remove(self):
+        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / "pg_ctl"), "-D", str(self.data), "-m",
+                        "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster():
+    pg = PostgresCluster().init().start()
+    yield pg
+    pg.remove()
+
+
+def django(env: dict, code: str) -> str:
+    """Run `code` in a Django process of the stack (its ORM, its database) and return what it prints."""
+    done = subprocess.run([sys.executable, "-c", f"import django; django.setup()\n{code}"], cwd=ROOT,
+                          env={**env, "DJANGO_SETTINGS_MODULE": "controlplane.settings"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def job_row(cluster, job_id):
+    return cluster.query("SELECT status, artifact_digest, status_reason FROM jobs_job WHERE id = %s", job_id)[0]
+
+
+@pytest.mark.e2e
+def test_postgres_restarted_mid_run_loses_no_report_and_no_instance(cluster, tmp_path, uninterrupted_digest):
+    env = {**os.environ, **stack.STACK_ENV, "DATABASE_URL": cluster.url, "RESPAWN_VAR_DIR": str(tmp_path / "var"),
+           "CELERY_BROKER_URL": "filesystem://", "PYTHONUNBUFFERED": "1"}
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)
+    web = WebServer(env, tmp_path / "web.log").start()
+    env["RESPAWN_API_URL"] = web.url
+    job_id = int(django(env, "from pathlib import Path\nfrom tests.chaos.stack import create_job\n"
+                             f"print(create_job(Path({str(tmp_path / 'ckpt')!r}), step_delay_s=0.1).pk)"))
+    worker = stack.worker(env, tmp_path / "worker.log").start()
+    beat = stack.beat(env, tmp_path / "beat.log", tmp_path / "beat").start()
+    try:
+        def training():
+            return cluster.query(
+                "SELECT i.id, i.provider_instance_id FROM jobs_instance i JOIN jobs_checkpoint c ON c.instance_id = i.id"
+                " WHERE i.job_id = %s AND i.state = 'running' LIMIT 1", job_id)
+
+        wait_until(training, timeout=stack.JOB_TIMEOUT_S, what="the job training with a checkpoint", proc=worker,
+                   interval=0.5)
+        ((instance_id, vm_id),) = training()
+        agent_log = stack.provider(env).vm_dir(vm_id).agent_log
+        failures_before = agent_log.read_text().count("control plane unavailable")
+        cluster.stop()
+        # Down until agent reports have failed for longer than a heartbeat timeout (5xx: no database).
+        wait_until(lambda: agent_log.read_text().count("control plane unavailable") >= failures_before + 8,
+                   timeout=60, what="agent reports failing while PostgreSQL is down", proc=worker)
+        cluster.start()
+        wait_until(lambda: job_row(cluster, job_id)[0] in ("succeeded", "failed", "cancelled"),
+                   timeout=stack.JOB_TIMEOUT_S, what="the job to finish", proc=worker, interval=0.5)
+    finally:
+        beat.stop()
+        worker.stop()
+        web.stop()
+        stack.provider(env).terminate_all()
+    status, digest, reason = job_row(cluster, job_id)
+    assert (status, digest) == ("succeeded", uninterrupted_digest), reason
+    assert cluster.query("SELECT id, end_reason FROM jobs_instance WHERE job_id = %s", job_id) == \
+        [(instance_id, "completed")]
+    assert cluster.query("SELECT count(*) FROM jobs_interruptionevent")[0][0] == 0
+    applied = [row[0] for row in cluster.query("SELECT event_id FROM jobs_processedevent WHERE instance_id = %s",
+                                               instance_id)]
+    logs = cluster.query('SELECT "offset", lines FROM jobs_logchunk WHERE instance_id = %s', instance_id)
+    stack.assert_reports_applied_once(stack.journaled_reports(env, vm_id), applied, logs)
