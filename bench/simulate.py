@@ -34,8 +34,7 @@ from jobs.policies.placement import spot_overhead_fraction  # noqa: E402
 from jobs.policies.rates import Lifetime, RatePrior, estimate_availability, estimate_rate, on_demand_rate  # noqa: E402
 from jobs.pricebook import load_price_book  # noqa: E402
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[1] / "shared" / "data" / "spot-traces"
-FALLBACK_TRACES = Path("/work/shared/data/spot-traces")
+DEFAULT_TRACES = Path(__file__).resolve().parents[1] / "data" / "spot-traces"
 OFFSETS = 20
 JOB_FRACTION = 0.25
 RESTART_S = 360.0
@@ -338,7 +337,7 @@ def write_png(summary: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES if DEFAULT_TRACES.is_dir() else FALLBACK_TRACES,
+    parser.add_argument("--traces", type=Path, default=DEFAULT_TRACES,
                         help="folder of trace JSON files (searched recursively)")
     parser.add_argument("--png", type=Path, default=Path("var/bench/simulate.png"), help="where to write the plot")
     parser.add_argument("--check", action="store_true", help="exit 1 unless ours meets every deadline and beats UP")

@@ -12,7 +12,7 @@ Modes:
 - `every`: preempted `every_s` real seconds after boot (deterministic, for tests).
 - `rate`: exponential time to preemption, `rate_per_hour` preemptions per market hour.
 - `trace`: a zone's availability trace (`{"metadata": {"gap_seconds": N}, "data":
-  [v0, v1, ...]}`, e.g. ../shared/data/spot-traces/): a launch at a tick with
+  [v0, v1, ...]}`, e.g. data/spot-traces/): a launch at a tick with
   value 0 is refused; a VM is preempted at the first later tick with value 0.
   Past its end a trace starts again from its beginning.
 On-demand VMs are never preempted and only refused in a zone listed as out of

@@ -10,8 +10,7 @@ from jobs.providers.local_vm import proc_stat
 
 REPO = Path(__file__).resolve().parents[2]
 # The published traces (../shared/data/spot-traces), in the checkout or beside it.
-SPOT_TRACES = next((p for p in (REPO / "shared/data/spot-traces", REPO.parent / "shared/data/spot-traces") if p.is_dir()),
-                   REPO / "shared/data/spot-traces")
+SPOT_TRACES = REPO / "data" / "spot-traces"
 AWS_V100_TRACE = str(SPOT_TRACES / "preemption/1-node/aws-04-22-2023/us-west-2b_v100_1.json")
 STANDIN_AGENT = (sys.executable, str(Path(__file__).with_name("standin_agent.py")))
 # Agent settings in fractions of a second, so notices and exits are seen at once.

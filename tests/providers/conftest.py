@@ -32,8 +32,8 @@ def moto_url():
 
 @pytest.fixture
 def moto(moto_url):
-    requests.post(f"{moto_url}/moto-api/reset", timeout=5).raise_for_status()
+    requests.post(f"{moto_url}/moto-api/reset", timeout=60).raise_for_status()
     recorder = MotoRecorder(moto_url)
     recorder.start()
     yield recorder
-    requests.post(f"{moto_url}/moto-api/recorder/stop-recording", timeout=5)
+    requests.post(f"{moto_url}/moto-api/recorder/stop-recording", timeout=60)

@@ -20,12 +20,12 @@ class MotoRecorder:
         self.url = url
 
     def start(self) -> None:
-        requests.post(f"{self.url}/moto-api/recorder/reset-recording", timeout=5).raise_for_status()
-        requests.post(f"{self.url}/moto-api/recorder/start-recording", timeout=5).raise_for_status()
+        requests.post(f"{self.url}/moto-api/recorder/reset-recording", timeout=60).raise_for_status()
+        requests.post(f"{self.url}/moto-api/recorder/start-recording", timeout=60).raise_for_status()
 
     def calls(self, action: str) -> list[dict[str, str]]:
         """The form parameters of every recorded call of this EC2 action, in order."""
-        text = requests.get(f"{self.url}/moto-api/recorder/download-recording", timeout=5).text
+        text = requests.get(f"{self.url}/moto-api/recorder/download-recording", timeout=60).text
         found = []
         for line in filter(None, text.splitlines()):
             entry = json.loads(line)
