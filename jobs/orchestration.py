@@ -26,7 +26,7 @@ from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKin
 from jobs.models import Instance, InterruptionEvent, Job
 from jobs.providers.base import CapacityError, CloudState, LaunchRequest, PrecheckError, render_user_data
 from jobs.cloud import provider_for
-from jobs.services import after_instance_ended, enqueue_terminate, nudge_schedule
+from jobs.services import after_instance_ended, enqueue_terminate, judge_failure, nudge_schedule
 from jobs.tokens import BOOTSTRAP_PREFIX, hash_token
 from jobs.transitions import end_instance, transition_instance, transition_job
 
@@ -245,15 +245,35 @@ def confirm_silent(instance: Instance) -> None:
         return
     cloud = provider_for(instance.provider, instance.region)
     if cloud.describe(instance.provider_instance_id).state == CloudState.GONE:
-        with transaction.atomic():
-            if end_instance(instance, EndReason.PREEMPTED, message="heartbeat deadline passed; the cloud says gone"):
-                InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
-                                                 source="provider_api", checkpoint_saved=False)
-                after_instance_ended(instance.job_id, EndReason.PREEMPTED)
+        _end_gone(instance, "heartbeat deadline passed; the cloud says gone")
     else:
         cloud.terminate(instance.provider_instance_id)
         mark_lost(instance)
     nudge_schedule()
+
+
+def _end_gone(instance: Instance, message: str) -> None:
+    with transaction.atomic():
+        if end_instance(instance, EndReason.PREEMPTED, message=message):
+            InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
+                                             source="provider_api", checkpoint_saved=False)
+            after_instance_ended(instance.job_id, EndReason.PREEMPTED)
+
+
+def check_gang_failure(job_id: int, signature: str, output_tail: str) -> None:
+    """A rank of a gang failed while its peers still counted as live. A peer whose VM
+    the cloud says is gone was preempted, and the failure followed from it; else the
+    failure is the code's. Either way the job moves on only from where it was (an
+    interruption found meanwhile has already moved it)."""
+    for peer in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(provider_instance_id=""):
+        if provider_for(peer.provider, peer.region).describe(peer.provider_instance_id).state == CloudState.GONE:
+            _end_gone(peer, "another rank of its gang failed; the cloud says this VM is gone")
+            nudge_schedule()
+            return
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+            judge_failure(job, signature, output_tail)
 
 
 def reap_orphans() -> int:

@@ -254,6 +254,18 @@ def _after_interruption(job: Job, end_reason: str) -> None:
 
 def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool) -> None:
     request_action(job.pk, Action.STOP)
+    if job.nodes > 1 and not setup_failure and Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
+        # A rank also fails when a peer's VM vanishes (its collectives break): the
+        # cloud is asked about the peers before the code is blamed.
+        from jobs.tasks import check_gang_failure
+
+        transaction.on_commit(lambda: check_gang_failure.delay(job.pk, signature, output_tail))
+        return
+    judge_failure(job, signature, output_tail, setup_failure)
+
+
+def judge_failure(job: Job, signature: str, output_tail: str, setup_failure: bool = False) -> None:
+    """The user's code failed: relaunch, or fail the job if it failed the same way twice."""
     same_again = signature == job.last_failure_signature
     too_many = job.failure_restarts >= job.max_restarts
     if setup_failure or same_again or too_many:

@@ -74,6 +74,11 @@ def terminate_instance(instance_id: int) -> None:
     orchestration.terminate(instance_id)
 
 
+@shared_task(name="jobs.tasks.check_gang_failure", ignore_result=True, **CLOUD_RETRY)
+def check_gang_failure(job_id: int, signature: str, output_tail: str) -> None:
+    orchestration.check_gang_failure(job_id, signature, output_tail)
+
+
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)
 def reconcile() -> int:
     """The safety net, in bounded batches: silent instances confirmed with the

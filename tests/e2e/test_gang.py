@@ -24,6 +24,7 @@ from tests.conftest import ROOT, ChildProcess, free_port, wait_until
 from tests.factories import make_job, make_team_with_members
 
 STEPS, STEP_DELAY_S, EVERY_STEPS, NODES = 300, 0.03, 25, 2
+GLOO_ERROR = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61625: Connection reset by peer"
 TRAIN = [sys.executable, "-m", "agents.examples.tiny_gang", "--steps", str(STEPS), "--every-steps", str(EVERY_STEPS)]
 
 
@@ -32,9 +33,10 @@ def exported_digest(uri: Path) -> str:
     return "sha256:" + hashlib.sha256(exported.read_bytes()).hexdigest()
 
 
-def reference_digest(tmp_path: Path) -> str:
+@pytest.fixture(scope="module")
+def reference_digest(tmp_path_factory) -> str:
     """The exported weights of the same 2-rank training, never interrupted."""
-    uri = tmp_path / "reference"
+    uri = tmp_path_factory.mktemp("gang") / "reference"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
     env.update(WORLD_SIZE=str(NODES), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     ranks = [subprocess.Popen([*TRAIN, "--uri", str(uri)], cwd=ROOT, env={**env, "RANK": str(rank)},
@@ -96,7 +98,7 @@ def gangs(job: Job) -> list[list[Instance]]:
 
 
 @pytest.mark.e2e
-def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finishes_exactly(gang_job, tmp_path):
+def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finishes_exactly(gang_job, reference_digest):
     job, vms, worker = gang_job
     first = first_gang_running_with_a_checkpoint(job, worker)
     metadata_url = vms.vm_dir(first[1].provider_instance_id).metadata_url_file.read_text()
@@ -115,11 +117,11 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     assert [i.end_reason for i in relaunched] == [EndReason.COMPLETED] * NODES
     assert [i.resume_checkpoint_id for i in relaunched] == [notice.pk] * NODES
     assert len({i.rendezvous_addr for i in interrupted + relaunched}) == 2  # a fresh rendezvous per gang
-    assert job.artifact_digest == reference_digest(tmp_path)
+    assert job.artifact_digest == reference_digest
 
 
 @pytest.mark.e2e
-def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finishes_exactly(gang_job, tmp_path):
+def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finishes_exactly(gang_job, reference_digest):
     job, vms, worker = gang_job
     first = first_gang_running_with_a_checkpoint(job, worker)
     for pid in vms.processes(first[1].provider_instance_id):
@@ -137,4 +139,42 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
     assert job.preemptions == 1 and job.failure_restarts == 0
     assert not Checkpoint.objects.filter(job=job, kind="notice").exists()  # no collective save with a dead rank
     assert [i.resume_checkpoint_id for i in relaunched] == [last_commit.pk] * NODES and last_commit.step > 0
-    assert job.artifact_digest == reference_digest(tmp_path)
+    assert job.artifact_digest == reference_digest
+
+
+def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db, django_capture_on_commit_callbacks):
+    from agents.protocol import ExitReason
+    from jobs import orchestration, services
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    survivor = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-900-0000aaaa").instance
+    vanished = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-901-0000bbbb").instance
+    with django_capture_on_commit_callbacks() as queued:
+        services.record_exit(survivor, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception=GLOO_ERROR,
+                             output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
+    assert len(queued) == 1  # the peers are checked before the code is blamed
+    job.refresh_from_db()
+    assert (job.status, job.failure_restarts) == (JobStatus.RUNNING, 0)
+
+    orchestration.check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR)  # what the queued task runs
+    job.refresh_from_db()
+    vanished.refresh_from_db()
+    assert vanished.end_reason == EndReason.PREEMPTED  # the local provider has no such VM: gone
+    assert (job.status, job.preemptions, job.failure_restarts) == (JobStatus.RECOVERING, 1, 0)
+
+
+def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
+    from agents.protocol import ExitReason
+    from jobs import services
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    make_instance(job, rank=1, state=InstanceState.ENDED, end_reason=EndReason.FENCED)
+    failed = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-902-0000cccc").instance
+    services.record_exit(failed, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception="ValueError: bad",
+                         output_tail="ValueError: bad", artifact_uri="", artifact_digest="")
+    job.refresh_from_db()
+    assert (job.status, job.preemptions, job.failure_restarts) == (JobStatus.RECOVERING, 0, 1)
