@@ -74,12 +74,34 @@ def read(storage: Storage, ckpt: str) -> Manifest:
     raw = storage.read(key)
     try:
         body = json.loads(raw)
+        if not isinstance(body, dict) or not isinstance(body.get("files"), dict):
+            raise ValueError("not an object with a 'files' object")
         if body["digest_algorithm"] != ALGORITHM:
             raise ValueError(f"digest algorithm {body['digest_algorithm']!r} is not {ALGORITHM!r}")
-        files = {name: FileEntry(int(e["size"]), str(e["digest"])) for name, e in body["files"].items()}
-        return Manifest(step=int(body["step"]), files=files, raw=raw)
+        files = {_file_name(name): FileEntry(_count(e["size"], f"size of {name}"), _text(e["digest"], f"digest of {name}"))
+                 for name, e in body["files"].items()}
+        return Manifest(step=_count(body["step"], "step"), files=files, raw=raw)
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpointError(f"checkpoint {where}: {layout.MANIFEST} is malformed ({exc})") from None
+
+
+def _count(value, what: str) -> int:
+    if type(value) is not int or value < 0:  # not bool, not 1.5, not "7"
+        raise ValueError(f"{what} is {value!r}, not a non-negative whole number")
+    return value
+
+
+def _text(value, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {value!r}, not text")
+    return value
+
+
+def _file_name(name: str) -> str:
+    """A manifest names files inside its own checkpoint directory only."""
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        raise ValueError(f"file name {name!r} is not inside the checkpoint")
+    return name
 
 
 def read_verified(storage: Storage, ckpt: str, name: str, entry: FileEntry) -> bytearray:
