@@ -165,7 +165,9 @@ def record_checkpoint(instance: Instance, **fields) -> Checkpoint:
     if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
         Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
     if checkpoint.kind == CheckpointKind.NOTICE:
-        notice = instance.interruptions.filter(kind=InterruptionKind.NOTICE, checkpoint_saved__isnull=True).last()
+        # In a gang, rank 0 commits the notice save of whichever node got the notice.
+        notice = InterruptionEvent.objects.filter(instance__job_id=instance.job_id, kind=InterruptionKind.NOTICE,
+                                                  checkpoint_saved__isnull=True).last()
         if notice is not None:
             notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
             notice.save(update_fields=["checkpoint_saved"])

@@ -291,6 +291,8 @@ class Agent:
     def _report_notice_outcome(self) -> None:
         if self.notice_commit is not None:
             self._agent_line(f"notice checkpoint committed at step {self.notice_commit.step}: {self.notice_commit.uri}")
+        elif self.job is not None and self.job.rank > 0:
+            self._agent_line(f"rank {self.job.rank} stopped; rank 0 commits and reports the gang's notice checkpoint")
         else:
             self._agent_line("no checkpoint committed within the notice budget; the job resumes from its previous checkpoint")
 

@@ -18,12 +18,12 @@ import pytest
 import requests
 
 from jobs.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, Job
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
 from jobs.providers.local import LocalConfig, LocalProvider
 from tests.conftest import ROOT, ChildProcess, free_port, wait_until
 from tests.factories import make_job, make_team_with_members
 
-STEPS, STEP_DELAY_S, EVERY_STEPS, NODES = 300, 0.03, 25, 2
+STEPS, STEP_DELAY_S, EVERY_STEPS, NODES = 150, 0.03, 25, 2
 GLOO_ERROR = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61625: Connection reset by peer"
 TRAIN = [sys.executable, "-m", "agents.examples.tiny_gang", "--steps", str(STEPS), "--every-steps", str(EVERY_STEPS)]
 
@@ -109,6 +109,7 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     notice = Checkpoint.objects.get(job=job, kind="notice")
     manifest = json.loads((Path(notice.uri) / "MANIFEST.json").read_text())
     assert {f"data-r{rank}-0.bin" for rank in range(NODES)} <= set(manifest["files"])
+    assert InterruptionEvent.objects.get(instance=first[1], kind="notice").checkpoint_saved  # within its deadline
 
     job = run_to_the_end(job, worker)
     assert job.preemptions == 1
