@@ -20,13 +20,14 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from agents.protocol import Action
 from jobs import budget
 from jobs import placement as placements
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job
 from jobs.providers.base import CapacityError, CloudState, LaunchRequest, PrecheckError, render_user_data
 from jobs.cloud import provider_for
-from jobs.services import after_instance_ended, enqueue_terminate, judge_failure, nudge_schedule
+from jobs.services import after_instance_ended, enqueue_terminate, judge_failure, nudge_schedule, request_action
 from jobs.tokens import BOOTSTRAP_PREFIX, hash_token
 from jobs.transitions import end_instance, transition_instance, transition_job
 
@@ -258,6 +259,10 @@ def _end_gone(instance: Instance, message: str) -> None:
             InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
                                              source="provider_api", checkpoint_saved=False)
             after_instance_ended(instance.job_id, EndReason.PREEMPTED)
+            if not instance.interruptions.filter(kind=InterruptionKind.NOTICE).exists():
+                # Gone without a notice: no collective save can succeed without it, so the
+                # rest of its gang stops at once (from their newest committed checkpoint).
+                request_action(instance.job_id, Action.STOP)
 
 
 def check_gang_failure(job_id: int, signature: str, output_tail: str) -> None:

@@ -179,3 +179,19 @@ def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
                          output_tail="ValueError: bad", artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     assert (job.status, job.preemptions, job.failure_restarts) == (JobStatus.RECOVERING, 0, 1)
+
+
+def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db, django_capture_on_commit_callbacks):
+    from jobs import orchestration
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    alive = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-903-0000dddd").instance
+    silent = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-904-0000eeee").instance
+    with django_capture_on_commit_callbacks():
+        orchestration.confirm_silent(silent)  # the heartbeat deadline passed; the cloud has no such VM
+    alive.refresh_from_db()
+    job.refresh_from_db()
+    assert alive.requested_action == "stop"  # not checkpoint_and_stop: no collective save can succeed without rank 1
+    assert (job.status, job.preemptions) == (JobStatus.RECOVERING, 1)
