@@ -4,7 +4,12 @@ and still finishes with bitwise the weights of a 2-node run never interrupted.
 
 Real processes throughout: gunicorn, a Celery worker and beat, two detached
 local "VMs" per gang, each running the agent, which runs its rank of the
-trainer (torch.distributed over gloo)."""
+trainer (torch.distributed over gloo).
+
+The last tests pin, on the database alone, the control plane's judgement of a
+node killed outright, which the end-to-end run only sometimes reaches (the
+surviving rank's trainer may exit on the broken collective before the dead node's
+heartbeat deadline, or hang until it is told to stop)."""
 
 import hashlib
 import json
