@@ -270,7 +270,8 @@ def main(argv=None) -> int:
     throughput_ratio, p99_ratio = beats.rate / trivial.rate, beats.p99 / trivial.p99
     concurrency = args.clients * args.threads
     print(f"gunicorn {args.web_workers} workers x {args.web_threads} threads; {concurrency} concurrent "
-          f"requests; {args.seconds:g} s a phase")
+          f"requests; {args.seconds:g} s a phase; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores "
+          "(other work on the machine moves both sides of each ratio, not evenly)")
     print(f"trivial view  : {trivial.rate:8.0f} req/s   p99 {ms(trivial.p99)}")
     print(f"heartbeats    : {beats.rate:8.0f} req/s   p99 {ms(beats.p99)}   "
           f"(ratio {throughput_ratio:.2f}, need >= {THROUGHPUT_RATIO_MIN}; p99 ratio {p99_ratio:.2f}, "
