@@ -11,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import redis
+
 from jobs.choices import InstanceState, JobStatus
-from jobs.models import Instance, Job, LogChunk, ProcessedEvent
+from jobs.models import Instance, Job, LogChunk, MetricPoint, ProcessedEvent
 from jobs.providers.local import LocalConfig, LocalProvider
 from tests.conftest import ROOT, ChildProcess, free_port, wait_until
 from tests.factories import make_job, make_team_with_members
@@ -81,17 +83,16 @@ def vm_dirs_by_instance(env: dict) -> dict[int, list[str]]:
     return found
 
 
-def running_instance(job: Job, *, after: set[int] = frozenset(), min_step: int = 1) -> Instance | None:
-    """The job's running instance (not one of `after`) once it has trained `min_step` steps."""
-    return (Instance.objects.filter(job=job, state=InstanceState.RUNNING, last_step__gte=min_step)
+def running_instance(job: Job, *, after: set[int] = frozenset()) -> Instance | None:
+    """The job's running instance (not one of `after`) once it has trained a step."""
+    return (Instance.objects.filter(job=job, state=InstanceState.RUNNING, last_step__gte=1)
             .exclude(pk__in=after).exclude(provider_instance_id="").first())
 
 
-def wait_running(job: Job, proc: ChildProcess, **kwargs) -> Instance:
-    found: list[Instance] = []
-    wait_until(lambda: found.append(i) or True if (i := running_instance(job, **kwargs)) else False,
-               timeout=JOB_TIMEOUT_S, what="an instance of the job training", proc=proc, interval=0.2)
-    return found[0]
+def wait_running(job: Job, proc: ChildProcess, *, after: set[int] = frozenset()) -> Instance:
+    wait_until(lambda: running_instance(job, after=after) is not None, timeout=JOB_TIMEOUT_S,
+               what="an instance of the job training", proc=proc, interval=0.2)
+    return running_instance(job, after=after)
 
 
 def process_of(env: dict, instance: Instance, module: str) -> int:
@@ -135,19 +136,21 @@ def journaled_reports(env: dict, vm_id: str) -> dict[str, str]:
 
 
 def assert_every_report_applied_once(env: dict, instance: Instance) -> None:
-    applied = list(ProcessedEvent.objects.filter(instance_id=instance.pk).values_list("event_id", flat=True))
-    logs = list(LogChunk.objects.filter(instance=instance).values_list("offset", "lines"))
-    assert_reports_applied_once(journaled_reports(env, instance.provider_instance_id), applied, logs)
+    applied = ProcessedEvent.objects.filter(instance_id=instance.pk).values_list("event_id", flat=True)
+    assert_reports_applied_once(journaled_reports(env, instance.provider_instance_id), list(applied),
+                                heartbeats_applied=MetricPoint.objects.filter(instance=instance).count(),
+                                logs=list(LogChunk.objects.filter(instance=instance).values_list("offset", "lines")))
 
 
-def assert_reports_applied_once(journaled: dict[str, str], applied: list, logs: list[tuple[int, list]]) -> None:
-    """Each journaled report reached the control plane and was applied exactly once
-    (`applied`: the instance's processed event ids), and the trainer's output (`logs`:
-    offset and lines of each batch) arrived gap-free and never twice."""
+def assert_reports_applied_once(journaled: dict[str, str], applied: list, *, heartbeats_applied: int,
+                                logs: list[tuple[int, list]]) -> None:
+    """Each journaled report reached the control plane (`applied`: the instance's processed
+    event ids) and took effect once: one metric point per heartbeat, and the trainer's
+    output (`logs`: offset and lines of each batch) gap-free and never twice."""
     applied_ids = {str(event_id) for event_id in applied}
-    assert len(applied) == len(applied_ids)
     missing = {e: p for e, p in journaled.items() if e not in applied_ids}
     assert not missing, f"{len(missing)} of {len(journaled)} journaled reports never applied: {sorted(set(missing.values()))}"
+    assert heartbeats_applied == list(journaled.values()).count("heartbeat")
     expected = 0
     for offset, lines in sorted(logs):
         assert offset == expected, (offset, expected)
@@ -168,14 +171,10 @@ class RedisServer(ChildProcess):
         wait_until(self._answers, timeout=30, what=f"redis-server on port {self.port}", proc=self)
         return self
 
-    def client(self):
-        import redis
-
+    def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_timeout=2)
 
     def _answers(self) -> bool:
-        import redis
-
         try:
             return self.client().ping()
         except redis.RedisError:

@@ -123,5 +123,8 @@ def test_postgres_restarted_mid_run_loses_no_report_and_no_instance(cluster, tmp
     assert cluster.query("SELECT count(*) FROM jobs_interruptionevent")[0][0] == 0
     applied = [row[0] for row in cluster.query("SELECT event_id FROM jobs_processedevent WHERE instance_id = %s",
                                                instance_id)]
-    logs = cluster.query('SELECT "offset", lines FROM jobs_logchunk WHERE instance_id = %s', instance_id)
-    stack.assert_reports_applied_once(stack.journaled_reports(env, vm_id), applied, logs)
+    stack.assert_reports_applied_once(
+        stack.journaled_reports(env, vm_id), applied,
+        heartbeats_applied=cluster.query("SELECT count(*) FROM jobs_metricpoint WHERE instance_id = %s",
+                                         instance_id)[0][0],
+        logs=cluster.query('SELECT "offset", lines FROM jobs_logchunk WHERE instance_id = %s', instance_id))
