@@ -123,7 +123,7 @@ def job_json(request, pk: int):
 @login_required
 def job_cancel(request, pk: int):
     job = access.scoped_job(request.user, pk, "job.cancel")
-    cancelled = cancel_job(job, by=request.user.username)
+    cancelled = cancel_job(job, by=request.user)
     job.refresh_from_db(fields=["status"])
     if request.headers.get("Accept", "").startswith("application/json"):
         return JsonResponse({"status": job.status, "cancelled": cancelled}, status=202 if cancelled else 409)

@@ -69,26 +69,38 @@ def enqueue_terminate(instance_id: int) -> None:
     transaction.on_commit(lambda: terminate_instance.delay(instance_id))
 
 
+@transaction.atomic
 def create_job(**fields) -> Job:
+    """Every door that submits (API, dashboard, demo) comes here: the job, its first
+    event and its audit row commit together."""
+    from jobs.audit import audit_job_submitted
+
     job = Job.objects.create(**fields)
     log_job_event(job.pk, f"submitted by {job.owner}")
+    audit_job_submitted(job.owner, job)
     nudge_schedule()
     return job
 
 
+@transaction.atomic
 def cancel_job(job: Job, *, by) -> bool:
     """Queued jobs end at once; jobs with VMs go through `cancelling` until every
-    live instance has ended. Returns False if the job was already finished."""
+    live instance has ended. Returns False if the job was already finished.
+    `by` is the person cancelling; the cancel is audited in the same transaction."""
+    from jobs.audit import audit_job_cancelled
+
     for _ in range(3):
         job.refresh_from_db(fields=["status"])
         if job.status == JobStatus.QUEUED:
             if transition_job(job.pk, JobStatus.QUEUED, JobStatus.CANCELLED, message=f"cancelled by {by}"):
+                audit_job_cancelled(by, job)
                 return True
         elif job.status in JobStatus.ACTIVE:
             if transition_job(job.pk, job.status, JobStatus.CANCELLING, message=f"cancelled by {by}"):
                 for pk in Instance.objects.filter(job_id=job.pk, state__in=InstanceState.LIVE).values_list("pk", flat=True):
                     enqueue_terminate(pk)
                 finish_cancelling(job.pk)
+                audit_job_cancelled(by, job)
                 return True
         else:
             return job.status == JobStatus.CANCELLING

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import django_filters
 from django.contrib.auth import authenticate
-from django.db import transaction
 from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -17,7 +16,6 @@ from rest_framework.views import APIView
 from jobs.api import serializers as s
 from jobs.administration import issue_token
 from jobs.api.errors import Unauthorized
-from jobs.audit import audit_job_cancelled, audit_job_submitted
 from jobs.choices import JobStatus
 from jobs.joblogs import BadCursor, read_job_logs
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
@@ -82,18 +80,14 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
             raise Http404("No Team matches the given query.")
         if not can(self.request.user, "job.create", team.pk):
             raise PermissionDenied("Your role in this team cannot submit jobs.")
-        with transaction.atomic():
-            job = serializer.save(owner=self.request.user)
-            audit_job_submitted(self.request.user, job)
+        serializer.save(owner=self.request.user)
 
     @extend_schema(request=None, responses={202: s.JobSerializer, 409: None})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = self.get_object()
-        with transaction.atomic():
-            if not cancel_job(job, by=request.user.username):
-                return Response({"detail": f"job is already {job.status}"}, status=status.HTTP_409_CONFLICT)
-            audit_job_cancelled(request.user, job)
+        if not cancel_job(job, by=request.user):
+            return Response({"detail": f"job is already {job.status}"}, status=status.HTTP_409_CONFLICT)
         job.refresh_from_db()
         return Response(self.get_serializer(job).data, status=status.HTTP_202_ACCEPTED)
 

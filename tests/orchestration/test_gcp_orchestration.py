@@ -139,7 +139,7 @@ def test_cancel_terminates_every_live_vm(gcp, team, django_capture_on_commit_cal
     job = gcp_job(team)
     instance = launched(job)
     with django_capture_on_commit_callbacks() as callbacks:
-        cancel_job(job, by="tester")
+        cancel_job(job, by=team.people["member"].user)
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLING
     orchestration.terminate(instance.pk)  # what the enqueued terminate task does
     assert not gcp.instances
