@@ -15,5 +15,5 @@ def test_dashboard_submit_and_cancel_are_audited(db):
     assert response.status_code == 302, response.content[:500]
     job = Job.objects.get(name="from-the-form")
     browser.post(f"/jobs/{job.pk}/cancel/")
-    actions = list(AuditEvent.objects.filter(target=f"job:{job.pk}").values_list("action", "actor_username"))
+    actions = list(AuditEvent.objects.filter(target=f"job:{job.pk}").order_by("pk").values_list("action", "actor_username"))
     assert actions == [("job.submitted", member.username), ("job.cancelled", member.username)]
