@@ -22,6 +22,7 @@ from frontend.forms import JobFilterForm, SubmitJobForm
 from jobs.costs import CostError, parse_month
 from jobs.models import Membership, PriceQuote
 from jobs.permissions import can
+from jobs.placement import interruption_rates
 from jobs.services import cancel_job
 
 
@@ -111,7 +112,9 @@ def _job_status(request, pk):
 @login_required
 def job_page(request, pk: int):
     job, status = _job_status(request, pk)
-    return page(request, "frontend/job.html", job=job, status=status)
+    interval = (job.instances.exclude(checkpoint_interval=None).order_by("-requested_at")
+                .values_list("checkpoint_interval", flat=True).first())
+    return page(request, "frontend/job.html", job=job, status=status, interval=interval)
 
 
 @json_view
@@ -135,7 +138,8 @@ def job_cancel(request, pk: int):
 def _team_page(request, team, form, http_status=200):
     month = request.GET.get("month") or None
     data = selectors.team_status(team, month)
-    return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, form=form,
+    rates = [r for r in interruption_rates() if r["exposure_hours"] > 0]
+    return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, form=form, rates=rates,
                 may_submit=can(request.user, "job.create", team.pk),
                 role=access.role_in(request.user, team.pk))
 
