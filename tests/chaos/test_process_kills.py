@@ -1,14 +1,17 @@
 """SIGKILL of the trainer in the middle of writing a checkpoint, then of the
-agent of its replacement: the torn checkpoint is never loaded, each
+agent of its replacement, then of the Celery worker in the middle of the
+reconcile that finds that agent silent: the torn checkpoint is never loaded, each
 replacement resumes from a committed one, and the job ends with bitwise the
 weights of an uninterrupted run."""
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from jobs.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance
@@ -28,6 +31,10 @@ def kill_mid_persist(pid: int, storage: Path, timeout: float = 90.0) -> str:
     raise AssertionError(f"no persist in progress under {storage} within {timeout}s")
 
 
+def reconciles_received(worker) -> int:
+    return len(re.findall(r"jobs\.tasks\.reconcile\[[^\]]+\] received", worker.output()))
+
+
 def died(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -37,7 +44,7 @@ def died(pid: int) -> bool:
 
 
 @pytest.mark.e2e
-def test_killed_trainer_mid_persist_and_killed_agent_end_with_the_uninterrupted_weights(
+def test_killed_trainer_mid_persist_agent_and_worker_mid_reconcile_end_with_the_uninterrupted_weights(
         stack_env, tmp_path, uninterrupted_digest):
     job = stack.create_job(tmp_path / "ckpt")
     storage = tmp_path / "ckpt" / f"job-{job.pk}"
@@ -57,6 +64,14 @@ def test_killed_trainer_mid_persist_and_killed_agent_end_with_the_uninterrupted_
         wait_until(lambda: Instance.objects.get(pk=second.pk).last_step >= resumed_at + 20, timeout=120,
                    what="the replacement to train past its resume step", proc=worker)
         os.kill(stack.process_of(stack_env, second, "agents"), signal.SIGKILL)
+        # The worker is SIGKILLed as it takes the first reconcile that finds the instance silent (dying inside it).
+        deadline = Instance.objects.get(pk=second.pk).heartbeat_deadline
+        wait_until(lambda: timezone.now() > deadline, timeout=60, what="the silent instance's deadline", proc=worker)
+        reconciles = reconciles_received(worker)
+        wait_until(lambda: reconciles_received(worker) > reconciles, timeout=60, what="a reconcile", proc=worker,
+                   interval=0.01)
+        worker.stop(signal.SIGKILL)
+        worker = stack.worker(stack_env, tmp_path / "worker-again.log").start()
 
         third = stack.wait_running(job, worker, after={first.pk, second.pk})
         job = stack.wait_finished(job, worker)
