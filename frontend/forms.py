@@ -20,7 +20,22 @@ class JobFilterForm(forms.Form):
     page = forms.IntegerField(required=False, min_value=1)
 
 
-class SubmitJobForm(forms.Form):
+class DashboardForm(forms.Form):
+    """A form whose API serializer has the last word: its refusals are shown by field."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, field in self.fields.items():
+            if field.help_text:  # the template renders it with this id
+                field.widget.attrs["aria-describedby"] = f"{self.auto_id % name}-help"
+
+    def take_errors(self, serializer) -> None:
+        for field, messages in serializer.errors.items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, f"{field}: {message}")
+
+
+class SubmitJobForm(DashboardForm):
     name = forms.CharField(max_length=200)
     command = forms.CharField(max_length=2000, help_text="As you would type it in a shell, e.g. python train.py --lr 3e-4")
     total_steps = forms.IntegerField(required=False, min_value=1)
@@ -31,12 +46,6 @@ class SubmitJobForm(forms.Form):
     checkpoint_interval_s = forms.FloatField(required=False, min_value=1, label="Checkpoint interval (s)",
                                              help_text="Empty: chosen from measured checkpoint cost and interruption rate")
     priority = forms.IntegerField(initial=0, min_value=-100, max_value=100)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        for name, field in self.fields.items():
-            if field.help_text:  # the template renders it with this id
-                field.widget.attrs["aria-describedby"] = f"{self.auto_id % name}-help"
 
     def clean_command(self):
         try:
@@ -54,8 +63,3 @@ class SubmitJobForm(forms.Form):
         data = {key: value for key, value in self.cleaned_data.items() if value not in (None, "")}
         data["team"] = team.pk
         return JobSerializer(data=data, context=context)
-
-    def take_errors(self, serializer: JobSerializer) -> None:
-        for field, messages in serializer.errors.items():
-            for message in messages:
-                self.add_error(field if field in self.fields else None, f"{field}: {message}")

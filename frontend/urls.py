@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend import team_settings, token_pages, views
 from frontend.login import RateLimitedLoginView
 
 urlpatterns = [
@@ -16,5 +16,14 @@ urlpatterns = [
     path("teams/<int:pk>/", views.team_page, name="team"),
     path("teams/<int:pk>/status.json", views.team_json, name="team-json"),
     path("teams/<int:pk>/submit/", views.team_submit, name="team-submit"),
+    path("teams/<int:pk>/settings/", team_settings.settings_page, name="team-settings"),
+    path("teams/<int:pk>/settings/members/", team_settings.member_add, name="team-member-add"),
+    path("teams/<int:pk>/settings/members/<int:member_pk>/role/", team_settings.member_role, name="team-member-role"),
+    path("teams/<int:pk>/settings/members/<int:member_pk>/remove/", team_settings.member_remove,
+         name="team-member-remove"),
+    path("teams/<int:pk>/settings/limits/", team_settings.limits_change, name="team-limits"),
     path("prices/", views.prices, name="prices"),
+    path("tokens/", token_pages.tokens_page, name="tokens"),
+    path("tokens/new/", token_pages.token_create, name="token-create"),
+    path("tokens/<int:token_pk>/revoke/", token_pages.token_revoke, name="token-revoke"),
 ]
