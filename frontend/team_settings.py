@@ -23,9 +23,18 @@ from jobs.permissions import can
 AUDIT_EVENTS_SHOWN = 50
 
 
+def _readable(value) -> str:
+    """An audit row's details as a person reads them: 'old → new' for a change."""
+    if isinstance(value, dict) and set(value) == {"old", "new"}:
+        return f"{_readable(value['old'])} → {_readable(value['new'])}"
+    if isinstance(value, dict):
+        return "; ".join(f"{key} {_readable(inner)}" for key, inner in value.items())
+    return "none" if value is None else str(value)
+
+
 def _audit_rows(team) -> list[dict]:
     return [{"at": event.created_at, "actor": event.actor_username, "action": event.action, "target": event.target,
-             "details": ", ".join(f"{key}: {value}" for key, value in event.details.items())}
+             "details": ", ".join(f"{key}: {_readable(value)}" for key, value in event.details.items())}
             for event in AuditEvent.objects.filter(team=team)[:AUDIT_EVENTS_SHOWN]]
 
 

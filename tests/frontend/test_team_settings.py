@@ -98,6 +98,7 @@ def test_an_admin_sees_forms_and_the_teams_audit_events(db):
     assert 'id="limits-form"' in html and 'id="add-member-form"' in html
     audit = html[html.index('id="audit-table"'):]
     assert AuditAction.LIMITS_CHANGED in audit and "vision-admin" in audit
+    assert "monthly_budget_usd 1000.00 → none; max_concurrent_gpus 8 → 4" in audit
 
 
 def test_the_team_page_links_to_settings(db):

@@ -151,3 +151,19 @@ def test_token_posts_need_the_csrf_token(db, action, success):
     browser.get("/tokens/")  # sets the CSRF cookie, as a browser's visit would
     assert browser.post(url, {**body, "csrfmiddlewaretoken": browser.cookies["csrftoken"].value}).status_code == success
     assert _token_changes(own) == (action == "new", action == "revoke")
+
+
+def test_minting_on_the_page_counts_against_the_apis_per_person_limit(db):
+    limit = 30  # settings: "token_create": "30/hour"
+    setup = make_team_with_members()
+    person = setup.people[Role.VIEWER]
+    browser, api = signed_in(person), Client(HTTP_AUTHORIZATION=f"Bearer {person.token}")
+    for n in range(limit // 2):
+        assert browser.post("/tokens/new/", {"name": f"page-{n}"}).status_code == 201
+        assert api.post("/api/v1/tokens/", {"name": f"api-{n}"}, content_type="application/json").status_code == 201
+    count = ApiToken.objects.count()
+    refused = browser.post("/tokens/new/", {"name": "one-too-many"})
+    assert refused.status_code == 429 and b"Too many tokens created" in refused.content
+    assert api.post("/api/v1/tokens/", {"name": "api-too"}, content_type="application/json").status_code == 429
+    assert ApiToken.objects.count() == count
+    assert browser.get("/tokens/").status_code == 200  # listing stays open
