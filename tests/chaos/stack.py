@@ -149,7 +149,8 @@ def assert_reports_applied_once(journaled: dict[str, str], applied: list, *, hea
     output (`logs`: offset and lines of each batch) gap-free and never twice."""
     applied_ids = {str(event_id) for event_id in applied}
     missing = {e: p for e, p in journaled.items() if e not in applied_ids}
-    assert not missing, f"{len(missing)} of {len(journaled)} journaled reports never applied: {sorted(set(missing.values()))}"
+    assert not missing, (f"{len(missing)} of {len(journaled)} journaled reports never applied: "
+                         f"{sorted(set(missing.values()))}")
     assert heartbeats_applied == list(journaled.values()).count("heartbeat")
     expected = 0
     for offset, lines in sorted(logs):

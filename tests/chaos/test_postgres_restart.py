@@ -96,7 +96,8 @@ def test_postgres_restarted_mid_run_loses_no_report_and_no_instance(cluster, tmp
     try:
         def training():
             return cluster.query(
-                "SELECT i.id, i.provider_instance_id FROM jobs_instance i JOIN jobs_checkpoint c ON c.instance_id = i.id"
+                "SELECT i.id, i.provider_instance_id FROM jobs_instance i"
+                " JOIN jobs_checkpoint c ON c.instance_id = i.id"
                 " WHERE i.job_id = %s AND i.state = 'running' LIMIT 1", job_id)
 
         wait_until(training, timeout=stack.JOB_TIMEOUT_S, what="the job training with a checkpoint", proc=worker,
