@@ -251,6 +251,8 @@ RESPAWN = {
     "MAX_CONCURRENT_GPUS": int(os.environ["RESPAWN_MAX_CONCURRENT_GPUS"]) if os.environ.get("RESPAWN_MAX_CONCURRENT_GPUS") else None,
     "SCHEDULE_BATCH": int(os.environ.get("RESPAWN_SCHEDULE_BATCH", 50)),
     "PLACEMENT_BACKOFF_S": env_float("RESPAWN_PLACEMENT_BACKOFF_S", 900.0),
+    # A `requested` instance with no VM this long after its request gets its launch sent again.
+    "LAUNCH_RESEND_S": env_float("RESPAWN_LAUNCH_RESEND_S", 60.0),
     # An instance that has not registered this long after its launch request is replaced.
     "PROVISION_TIMEOUT_S": env_float("RESPAWN_PROVISION_TIMEOUT_S", 900.0),
     "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),

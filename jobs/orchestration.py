@@ -303,6 +303,17 @@ def _regions_in_use(provider: str) -> list[str]:
     return sorted(set(regions)) or [""]
 
 
+def resend_lost_launches() -> int:
+    """A launch message lost with a killed worker or a restarted broker is sent again:
+    `requested` instances with no VM id after a short age. Launch is idempotent (the
+    provider looks the VM up by our tag first), so a slow first attempt does no harm."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN["LAUNCH_RESEND_S"])
+    stale = Instance.objects.filter(state=InstanceState.REQUESTED, provider_instance_id="", requested_at__lt=cutoff)
+    ids = list(stale.values_list("pk", flat=True)[: settings.RESPAWN["RECONCILE_BATCH"]])
+    transaction.on_commit(lambda: _enqueue_launches(ids))
+    return len(ids)
+
+
 def retry_stuck_provisioning() -> int:
     """Instances that never registered within the provisioning timeout are fenced
     and their job re-placed."""

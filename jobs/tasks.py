@@ -101,6 +101,7 @@ def reconcile() -> int:
             orchestration.confirm_silent(instance)
             handled += 1
     handled += orchestration.retry_stuck_provisioning()
+    orchestration.resend_lost_launches()
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():
         budget.warn_over_budget(team)
     orchestration.reap_orphans()

@@ -146,3 +146,25 @@ def test_cancel_terminates_every_live_vm(gcp, team, django_capture_on_commit_cal
     assert Instance.objects.get(pk=instance.pk).end_reason == EndReason.CANCELLED
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
     assert callbacks  # the web side only enqueued work
+
+
+def test_a_launch_whose_message_was_lost_is_sent_again(gcp, team, settings, monkeypatch,
+                                                         django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    import jobs.tasks
+
+    settings.RESPAWN = {**settings.RESPAWN, "LAUNCH_RESEND_S": 30}
+    job = gcp_job(team)
+    orchestration.schedule()  # its launch message is "lost": nothing consumes it here
+    instance = Instance.objects.get(job=job)
+    assert orchestration.resend_lost_launches() == 0  # too young: the first message may still be on its way
+    Instance.objects.filter(pk=instance.pk).update(requested_at=timezone.now() - timedelta(minutes=5))
+    sent = []
+    monkeypatch.setattr(jobs.tasks.launch_instance, "delay", sent.append)  # the broker boundary
+    with django_capture_on_commit_callbacks(execute=True):
+        assert orchestration.resend_lost_launches() == 1
+    assert sent == [instance.pk]
+    orchestration.launch(instance.pk)
+    orchestration.launch(instance.pk)  # the original message arriving late changes nothing
+    assert len(gcp.instances) == 1
