@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.utils import timezone
 
 from jobs.choices import InstanceState, JobStatus
-from jobs.costs import team_month_cost
+from jobs.costs import CostError, team_month_cost
 from jobs.models import Instance, Team
 from jobs.placement import remaining_work_s
 from jobs.transitions import log_job_event
@@ -46,7 +46,16 @@ def projection(team: Team, now=None) -> Projection:
     live = Instance.objects.filter(job__team=team, state__in=InstanceState.LIVE).select_related("job")
     committed = sum((job_remaining_cost(i.price_per_hour_at_launch or Decimal(0), i.job, 1) for i in live),
                     Decimal(0))
-    return Projection(team_month_cost(team, now=now).spent, committed, team.monthly_budget_usd)
+    return Projection(_month_spent(team, now), committed, team.monthly_budget_usd)
+
+
+def _month_spent(team: Team, now) -> Decimal:
+    """The ledger's figure; an instance that started between `now` and the query is
+    a race, so the figure is taken again a moment later (its start is then past)."""
+    try:
+        return team_month_cost(team, now=now).spent
+    except CostError:
+        return team_month_cost(team, now=timezone.now()).spent
 
 
 def hold_reason(team: Team, launch_cost: Decimal) -> str:
