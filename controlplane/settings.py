@@ -129,6 +129,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = int(os.environ.get("RESPAWN_MAX_BODY_BYTES", 1024 
 # --- security (production values; `check --deploy` is clean with DJANGO_DEBUG unset) ---
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+# Health checks and scrapers call the container directly over plain HTTP, inside the proxy.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
 SESSION_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS", 0))
