@@ -11,6 +11,8 @@ import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import agents
+
 TAG_JOB = "respawn:job"
 TAG_INSTANCE = "respawn:instance"
 # GCP labels allow only [a-z0-9_-]: the same keys, spelled for labels.
@@ -129,11 +131,58 @@ class Provider(ABC):
         return None
 
 
-def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str, agent_package: str = "respawn[agent]") -> str:
-    """The boot script a VM runs: install the agent, store the single-use bootstrap
-    token in a 0600 file, start the agent. Providers embed it as user data /
+AGENT_VERSION = agents.__version__
+AGENT_UNIT = "/etc/systemd/system/respawn-agent.service"
+AGENT_BIN = "/usr/local/bin/respawn-agent"
+
+
+def systemd_quote(value: str) -> str:
+    """One ExecStart argument, literal: systemd would otherwise expand % specifiers and $VARS."""
+    if any(ch in value for ch in "\n\r\0"):
+        raise ValueError(f"a systemd argument cannot contain a line break or NUL: {value!r}")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
+    """The systemd unit that keeps the agent running: restarted when it fails, a
+    bounded number of times so a broken agent does not spin forever."""
+    argv = [AGENT_BIN, "run", "--control-plane-url", control_plane_url,
+            "--bootstrap-token-file", "/var/lib/respawn/bootstrap-token",
+            "--provider", provider, "--work-dir", "/var/lib/respawn/work"]
+    return "\n".join(
+        [
+            "[Unit]",
+            "Description=Respawn agent: runs and checkpoints this VM's training job",
+            "Wants=network-online.target",
+            "After=network-online.target",
+            "StartLimitIntervalSec=600",
+            "StartLimitBurst=5",
+            "",
+            "[Service]",
+            "Type=simple",
+            "ExecStart=" + " ".join(systemd_quote(arg) for arg in argv),
+            "Restart=on-failure",
+            "RestartSec=5",
+            # The agent forwards SIGTERM to the trainer and saves a checkpoint: give it time.
+            "KillMode=mixed",
+            "TimeoutStopSec=120",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
+
+
+def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str, agent_package: str = f"respawn[agent]=={AGENT_VERSION}") -> str:
+    """The boot script a VM runs: install the pinned agent unless that version is
+    already there (a prebuilt image), store the single-use bootstrap token in a
+    0600 file, run the agent under systemd. Providers embed it as user data /
     startup-script / custom data."""
     q = shlex.quote
+    unit = render_agent_unit(control_plane_url=control_plane_url, provider=provider)
+    installed = "python3 -c 'import importlib.metadata as m; print(m.version(\"respawn\"))' 2>/dev/null || true"
     return "\n".join(
         [
             "#!/bin/bash",
@@ -141,12 +190,17 @@ def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: 
             "umask 077",
             "install -d -m 700 /var/lib/respawn",
             f"printf '%s' {q(bootstrap_token)} > /var/lib/respawn/bootstrap-token",
-            f"command -v respawn-agent >/dev/null || python3 -m pip install --quiet {q(agent_package)}",
-            "exec respawn-agent run"
-            f" --control-plane-url {q(control_plane_url)}"
-            " --bootstrap-token-file /var/lib/respawn/bootstrap-token"
-            f" --provider {q(provider)}"
-            " --work-dir /var/lib/respawn/work",
+            f'if [ "$({installed})" != {q(AGENT_VERSION)} ]; then',
+            # A VM image's system Python is ours to install into (PEP 668 would refuse).
+            f"  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet {q(agent_package)}",
+            "fi",
+            # systemd's PATH may lack pip's script dir (e.g. /opt/conda/bin): pin one path.
+            f'agent=$(command -v respawn-agent); [ "$agent" = {AGENT_BIN} ] || ln -sf "$agent" {AGENT_BIN}',
+            f"cat > {AGENT_UNIT} <<'RESPAWN_UNIT'",
+            unit + "RESPAWN_UNIT",
+            f"chmod 644 {AGENT_UNIT}",
+            "systemctl daemon-reload",
+            "systemctl enable --now respawn-agent.service",
             "",
         ]
     )

@@ -1,0 +1,100 @@
+"""The agent bootstrap every provider embeds as user data: a pinned agent under
+a systemd unit that restarts it. The unit is verified by systemd-analyze; the
+script is run by bash against a scratch root with stand-in systemctl/python3."""
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agents
+from jobs.providers.base import AGENT_BIN, render_user_data
+
+URL = "https://cp.example.org/base%20path$HOME"
+VENV_AGENT = Path(sys.executable).with_name("respawn-agent")
+
+
+def rendered(**overrides) -> str:
+    kwargs = dict(control_plane_url=URL, bootstrap_token="rb_boot'tok", provider="aws") | overrides
+    return render_user_data(**kwargs)
+
+
+def unit_text(script: str) -> str:
+    """What bash writes for the unit: the quoted heredoc, run by bash itself."""
+    match = re.search(r"^cat > (\S+) <<'RESPAWN_UNIT'\n.*?^RESPAWN_UNIT$", script, re.S | re.M)
+    assert match, "the script writes no unit file"
+    return subprocess.run(["bash", "-c", match.group(0).replace(match.group(1), "/dev/stdout", 1)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_user_data_installs_the_pinned_agent_version():
+    script = rendered()
+    assert f"python3 -m pip install --quiet 'respawn[agent]=={agents.__version__}'" in script
+    assert "systemctl daemon-reload" in script
+    assert "systemctl enable --now respawn-agent.service" in script
+    assert "exec respawn-agent" not in script
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    assert shutil.which("systemd-analyze"), "systemd-analyze is missing: apt-get install systemd"
+    unit = unit_text(rendered())
+    assert "Restart=on-failure" in unit.splitlines()
+    assert "WantedBy=multi-user.target" in unit.splitlines()
+    # verify checks the executable exists: point it at this checkout's real agent entry point.
+    path = tmp_path / "respawn-agent.service"
+    path.write_text(unit.replace(AGENT_BIN, str(VENV_AGENT)))
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_verify_would_catch_a_broken_unit(tmp_path):
+    path = tmp_path / "broken.service"
+    path.write_text(unit_text(rendered()).replace(f'ExecStart="{AGENT_BIN}"', "ExecStart=respawn agent"))
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+
+
+def test_systemd_sees_the_agent_arguments_literally():
+    """% and $ in a URL would be systemd specifiers and variables if not escaped."""
+    exec_line = next(line for line in unit_text(rendered()).splitlines() if line.startswith("ExecStart="))
+    assert '"https://cp.example.org/base%%20path$$HOME"' in exec_line
+    assert '"--provider" "aws"' in exec_line
+
+
+def test_a_line_break_in_an_argument_is_refused():
+    with pytest.raises(ValueError, match="line break"):
+        rendered(control_plane_url="https://cp.example.org/\n[Service]\nExecStartPre=/bin/rm")
+
+
+def test_the_script_runs_writes_a_0600_token_and_starts_the_unit(tmp_path):
+    root, bin_dir = tmp_path / "root", tmp_path / "bin"
+    for d in (root / "etc/systemd/system", root / "usr/local/bin", bin_dir):
+        d.mkdir(parents=True)
+    calls = tmp_path / "systemctl.calls"
+    fakes = {
+        "systemctl": f'echo "$*" >> {calls}',
+        # The pinned version is already installed (a prebuilt image): no pip at all.
+        "python3": f'case "$*" in *importlib.metadata*) echo {agents.__version__};; *) echo "unexpected python3 $*" >&2; exit 9;; esac',
+        "respawn-agent": "exit 0",
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    script = rendered()
+    for system_path in ("/var/lib/respawn", "/etc/systemd/system", "/usr/local/bin"):
+        script = script.replace(system_path, f"{root}{system_path}")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    subprocess.run(["bash", "-c", script], env=env, check=True, timeout=60, capture_output=True)
+
+    token = root / "var/lib/respawn/bootstrap-token"
+    assert token.read_text() == "rb_boot'tok"
+    assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(root / "var/lib/respawn").st_mode) == 0o700
+    assert (root / "usr/local/bin/respawn-agent").resolve() == bin_dir / "respawn-agent"
+    assert "Restart=on-failure" in (root / "etc/systemd/system/respawn-agent.service").read_text()
+    assert calls.read_text().splitlines() == ["daemon-reload", "enable --now respawn-agent.service"]
