@@ -34,6 +34,8 @@ def secret_from_env_or_file(name: str, default: str | None = None) -> str | None
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = secret_from_env_or_file("DJANGO_SECRET_KEY")
+# Optional bearer token for /metrics; open to any scraper when unset.
+RESPAWN_METRICS_TOKEN = secret_from_env_or_file("RESPAWN_METRICS_TOKEN", "")
 if not SECRET_KEY:
     # A laptop default that is stable across restarts of `make demo`, never shipped:
     # production must set DJANGO_SECRET_KEY (check --deploy says so).

@@ -6,6 +6,7 @@ from django.views.decorators.cache import never_cache
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs.api.urls import agent_urlpatterns, people_urlpatterns
+from jobs.metrics import metrics_view
 
 
 @never_cache
@@ -24,6 +25,7 @@ handler404 = not_found
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(people_urlpatterns)),
     path("api/agent/v1/", include(agent_urlpatterns)),

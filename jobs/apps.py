@@ -17,3 +17,4 @@ class JobsConfig(AppConfig):
         # is in the database from the first migrate on.
         post_migrate.connect(_seed_prices, sender=self)
         from jobs.api import schema  # noqa: F401  (registers the OpenAPI auth schemes)
+        from jobs import metrics  # noqa: F401  (workers count task failures for /metrics)
