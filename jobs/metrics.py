@@ -55,16 +55,19 @@ class RespawnCollector:
 
         interruptions = CounterMetricFamily("respawn_interruptions", "Interruptions recorded, by kind and source.",
                                             labels=["kind", "source"])
-        for row in InterruptionEvent.objects.values("kind", "source").annotate(n=Count("pk")).order_by("kind", "source"):
+        by_kind = InterruptionEvent.objects.values("kind", "source").annotate(n=Count("pk")).order_by("kind", "source")
+        for row in by_kind:
             interruptions.add_metric([row["kind"], row["source"]], row["n"])
         yield interruptions
 
         checkpoints = Checkpoint.objects.all()
-        yield _histogram("respawn_checkpoint_save", "Time to persist a checkpoint.", checkpoints, "save_s", DURATION_BUCKETS_S)
+        yield _histogram("respawn_checkpoint_save", "Time to persist a checkpoint.", checkpoints, "save_s",
+                         DURATION_BUCKETS_S)
         yield _histogram("respawn_checkpoint_stall", "Time training waited on a checkpoint.", checkpoints, "stall_s",
                          DURATION_BUCKETS_S)
 
-        yield from self._heartbeat_lag(Instance.objects.filter(state__in=InstanceState.LIVE, last_heartbeat_at__isnull=False))
+        live = Instance.objects.filter(state__in=InstanceState.LIVE, last_heartbeat_at__isnull=False)
+        yield from self._heartbeat_lag(live)
         yield self._task_failures()
 
     def _heartbeat_lag(self, live):
@@ -82,7 +85,7 @@ class RespawnCollector:
         yield histogram
 
     def _task_failures(self):
-        family = CounterMetricFamily("respawn_celery_task_failures", "Celery tasks that raised, counted by the workers.",
+        family = CounterMetricFamily("respawn_celery_task_failures", "Celery tasks that raised, counted by workers.",
                                      labels=["task"])
         import jobs.tasks  # noqa: F401  (registers our tasks, whatever this process has imported so far)
 

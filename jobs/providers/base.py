@@ -175,7 +175,8 @@ def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
     )
 
 
-def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str, agent_package: str = f"respawn[agent]=={AGENT_VERSION}") -> str:
+def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str,
+                     agent_package: str = f"respawn[agent]=={AGENT_VERSION}") -> str:
     """The boot script a VM runs: install the pinned agent unless that version is
     already there (a prebuilt image), store the single-use bootstrap token in a
     0600 file, run the agent under systemd. Providers embed it as user data /

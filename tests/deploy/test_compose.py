@@ -6,6 +6,7 @@ what our stack needs to run unattended."""
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -91,3 +92,13 @@ def test_web_health_check_passes_against_a_running_control_plane(compose, live_s
     bad = subprocess.run([*argv[:2], argv[2].replace("/healthz", "/no-such-page")], env={"DJANGO_ALLOWED_HOSTS": "localhost"},
                          capture_output=True, timeout=30)
     assert bad.returncode != 0
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile.controlplane", "Dockerfile.agent"])
+def test_images_copy_every_package_they_install(dockerfile):
+    """`pip install .` silently skips a package missing from the build context,
+    leaving an entry point (`respawn`, `respawn-agent`) that cannot import."""
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = {p.rstrip("*") for p in find["include"]}
+    copied = {line.split()[1] for line in (ROOT / "docker" / dockerfile).read_text().splitlines() if line.startswith("COPY ")}
+    assert packages <= copied, f"{dockerfile} does not COPY {sorted(packages - copied)}"
