@@ -23,7 +23,7 @@ LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
 
 def spot_quote_pages(region: str, instance_types: set[str], config: RefreshConfig,
                      now: dt.datetime) -> Iterator[list[Quote]]:
-    client = boto3.client("ec2", region_name=region, endpoint_url=config.aws_endpoint_url,
+    client = boto3.session.Session().client("ec2", region_name=region, endpoint_url=config.aws_endpoint_url,
                           config=Config(retries={"mode": "standard"}, connect_timeout=config.timeout_s,
                                         read_timeout=config.timeout_s))
     pages = client.get_paginator("describe_spot_price_history").paginate(

@@ -125,7 +125,9 @@ class AwsProvider(Provider):
     def __init__(self, config: AwsConfig):
         self.config = config
         creds = config.credentials
-        self._ec2 = boto3.client(
+        # A session of its own: boto3's module-level default session caches the
+        # credentials it first found and is not safe to share between worker threads.
+        self._ec2 = boto3.session.Session().client(
             "ec2",
             region_name=config.region,
             endpoint_url=config.endpoint_url,
