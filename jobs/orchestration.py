@@ -265,11 +265,15 @@ def _end_gone(instance: Instance, message: str) -> None:
                 request_action(instance.job_id, Action.STOP)
 
 
-def check_gang_failure(job_id: int, signature: str, output_tail: str) -> None:
+def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:
     """A rank of a gang failed while its peers still counted as live. A peer whose VM
     the cloud says is gone was preempted, and the failure followed from it; else the
     failure is the code's. Either way the job moves on only from where it was (an
-    interruption found meanwhile has already moved it)."""
+    interruption found meanwhile has already moved it), and a judgement that arrives
+    after the gang was already replaced is dropped: it is about an older generation."""
+    failed = Instance.objects.filter(pk=instance_id).first() if instance_id is not None else None
+    if failed and Instance.objects.filter(job_id=job_id, rank=failed.rank, pk__gt=failed.pk).exists():
+        return  # its slot already has a replacement
     for peer in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(provider_instance_id=""):
         if provider_for(peer.provider, peer.region).describe(peer.provider_instance_id).state == CloudState.GONE:
             _end_gone(peer, "another rank of its gang failed; the cloud says this VM is gone")

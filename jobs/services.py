@@ -227,11 +227,11 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
         Job.objects.filter(pk=instance.job_id).update(artifact_uri=artifact_uri, artifact_digest=artifact_digest)
     signature = f"exit {exit_code}: {last_exception}".strip()[:500]
     after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
-                         setup_failure=reason == ExitReason.SETUP)
+                         setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)
 
 
 def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str = "", output_tail: str = "",
-                         setup_failure: bool = False) -> None:
+                         setup_failure: bool = False, instance_id: int | None = None) -> None:
     """Move the job on after one of its instances ended."""
     job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.CANCELLING:
@@ -242,7 +242,7 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
     if end_reason == EndReason.COMPLETED:
         _maybe_succeed(job)
     elif end_reason == EndReason.FAILED:
-        _after_failure(job, failure_signature, output_tail, setup_failure)
+        _after_failure(job, failure_signature, output_tail, setup_failure, instance_id)
     elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
         _after_interruption(job, end_reason)
     elif job.status == JobStatus.RECOVERING:
@@ -266,14 +266,14 @@ def _after_interruption(job: Job, end_reason: str) -> None:
             nudge_schedule()
 
 
-def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool) -> None:
+def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool, instance_id: int | None) -> None:
     request_action(job.pk, Action.STOP)
     if job.nodes > 1 and not setup_failure and Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
         # A rank also fails when a peer's VM vanishes (its collectives break): the
         # cloud is asked about the peers before the code is blamed.
         from jobs.tasks import check_gang_failure
 
-        transaction.on_commit(lambda: check_gang_failure.delay(job.pk, signature, output_tail))
+        transaction.on_commit(lambda: check_gang_failure.delay(job.pk, signature, output_tail, instance_id))
         return
     judge_failure(job, signature, output_tail, setup_failure)
 

@@ -75,8 +75,8 @@ def terminate_instance(instance_id: int) -> None:
 
 
 @shared_task(name="jobs.tasks.check_gang_failure", ignore_result=True, **CLOUD_RETRY)
-def check_gang_failure(job_id: int, signature: str, output_tail: str) -> None:
-    orchestration.check_gang_failure(job_id, signature, output_tail)
+def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:
+    orchestration.check_gang_failure(job_id, signature, output_tail, instance_id)
 
 
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)

@@ -200,3 +200,20 @@ def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db,
     job.refresh_from_db()
     assert alive.requested_action == "stop"  # not checkpoint_and_stop: no collective save can succeed without rank 1
     assert (job.status, job.preemptions) == (JobStatus.RECOVERING, 1)
+
+
+def test_a_late_judgement_about_a_replaced_gang_leaves_the_new_gang_alone(db, django_capture_on_commit_callbacks):
+    from jobs import orchestration
+    from jobs.transitions import end_instance
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    failed = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-905-0000ffff").instance
+    end_instance(failed, EndReason.FAILED)
+    for rank in range(NODES):  # the gang was replaced before the queued check ran
+        make_instance(job, rank=rank, state=InstanceState.RUNNING, provider_instance_id=f"local-9{rank}6-00001111")
+    with django_capture_on_commit_callbacks():
+        orchestration.check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR, failed.pk)
+    job.refresh_from_db()
+    assert (job.status, job.failure_restarts, job.preemptions) == (JobStatus.RUNNING, 0, 0)
