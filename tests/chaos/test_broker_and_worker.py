@@ -87,7 +87,8 @@ def test_redis_restarted_empty_loses_queued_messages_and_the_database_makes_up_f
         wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING, timeout=60,
                    what="the job to wait for a replacement", proc=beat)
         queue = redis_server.client()
-        assert queue.llen("celery") > 0
+        # The nudge is pushed right after the commit that made the job recovering: wait for it.
+        wait_until(lambda: queue.llen("celery") > 0, timeout=30, what="a message waiting in Redis")
         redis_server.stop(signal.SIGKILL)
         redis_server = stack.RedisServer(tmp_path / "redis-again.log", port=redis_server.port).start()
         assert redis_server.client().llen("celery") == 0  # every queued message is gone
