@@ -12,6 +12,7 @@ import os
 import stat
 from dataclasses import dataclass
 
+from agents.envvars import env_float
 from agents.notices import DEFAULT_METADATA_URLS, DEFAULT_POLL_S, WATCHERS
 from agents.agent.validation import DEFAULT_COMMAND as DEFAULT_VALIDATE_COMMAND
 
@@ -102,16 +103,6 @@ def read_token_file(path: str) -> str:
     return token
 
 
-def _env_float(name: str) -> float | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={value!r} is not a number") from None
-
-
 # flag -> (environment variable, type); flags without a variable here are flag-only.
 TUNING = {
     "notice_poll_s": "RESPAWN_NOTICE_POLL_S",
@@ -151,7 +142,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     tuning = {}
     for name, var in TUNING.items():
         value = getattr(args, name)
-        value = value if value is not None else _env_float(var)
+        value = value if value is not None else env_float(var, ConfigError)
         if value is not None:
             tuning[name] = value
     return AgentConfig(

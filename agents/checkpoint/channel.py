@@ -17,15 +17,6 @@ from pathlib import Path
 
 from agents import protocol
 
-def env_float(name: str) -> float | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not a number") from None
-
 
 def write_json_atomic(path: str | Path, body: dict) -> None:
     """Replace `path` with `body` so a reader sees the old or the new content, never a mix."""

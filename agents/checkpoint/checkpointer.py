@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 import torch
 
 from agents import protocol, trainer
+from agents.envvars import env_float
 
 from . import channel, layout, manifest, persist
 from .codec import flatten
@@ -97,7 +98,7 @@ class CheckpointConfig:
         env = os.environ
         values = {
             "uri": env.get(protocol.ENV_CHECKPOINT_URI, ""),
-            "interval_s": channel.env_float(protocol.ENV_CHECKPOINT_INTERVAL_S),
+            "interval_s": env_float(protocol.ENV_CHECKPOINT_INTERVAL_S),
             "resume_from": env.get(protocol.ENV_RESUME_FROM) or None,
             "checkpoints_file": env.get(protocol.ENV_CHECKPOINTS_FILE) or None,
             "control_file": env.get(protocol.ENV_CONTROL_FILE) or None,
