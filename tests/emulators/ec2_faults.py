@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
-import requests
-
-HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}
+from tests.emulators.moto_proxy import MotoProxy
 
 
 @dataclass
@@ -33,18 +29,12 @@ class RunInstancesFault:
     times: int | None  # None: until cleared
 
 
-class Ec2FaultProxy:
+class Ec2FaultProxy(MotoProxy):
     def __init__(self, moto_url: str):
-        self.moto_url = moto_url.rstrip("/")
+        super().__init__(moto_url)
         self.faults: list[RunInstancesFault] = []
         self.refused: list[dict[str, str]] = []  # the RunInstances calls answered with a fault
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address
-        return f"http://{host}:{port}"
 
     def fail_run_instances(self, code: str, *, status: int = 400, message: str = "", zone: str | None = None, times: int | None = 1) -> None:
         """Answer the next `times` RunInstances (in `zone`, if given) with this EC2 error."""
@@ -69,49 +59,11 @@ class Ec2FaultProxy:
                     return fault
         return None
 
-    def start(self):
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                fault = proxy._fault_for(dict(parse_qsl(body.decode())))
-                if fault:
-                    self.answer(fault.status, {"Content-Type": "text/xml"}, _error_xml(fault).encode())
-                    return
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-                upstream = requests.post(proxy.moto_url + self.path, data=body, headers=headers, timeout=30)
-                kept = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP | {"content-encoding"}}
-                self.answer(upstream.status_code, kept, upstream.content)
-
-            def answer(self, status, headers, payload):
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+    def handle(self, path, params, body, headers):
+        fault = self._fault_for(params)
+        if fault:
+            return fault.status, {"Content-Type": "text/xml"}, _error_xml(fault).encode()
+        return super().handle(path, params, body, headers)
 
 
 def _error_xml(fault: RunInstancesFault) -> str:

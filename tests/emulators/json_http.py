@@ -13,8 +13,10 @@ import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
+
+from tests.emulators.serving import LocalHttpServer
 
 Reply = tuple[int, dict | None, dict[str, str]]
 Handler = Callable[[re.Match, dict[str, str], dict | None], Reply]
@@ -29,25 +31,19 @@ class Received:
     headers: dict[str, str]
 
 
-class JsonHttpEmulator:
+class JsonHttpEmulator(LocalHttpServer):
     """Serves on 127.0.0.1 on a free port from a daemon thread; use as a context manager."""
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None):
+        super().__init__(ssl_context=ssl_context)
         self.routes: list[tuple[str, re.Pattern, Handler]] = []
         self.received: list[Received] = []
         self.lock = threading.RLock()
-        self._ssl_context = ssl_context
-        self._server: ThreadingHTTPServer | None = None
 
     def route(self, method: str, pattern: str, handler: Handler) -> None:
         self.routes.append((method, re.compile(pattern + r"/?$"), handler))
 
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address
-        return f"{'https' if self._ssl_context else 'http'}://{host}:{port}"
-
-    def start(self):
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         emulator = self
 
         class RequestHandler(BaseHTTPRequestHandler):
@@ -77,26 +73,7 @@ class JsonHttpEmulator:
             def log_message(self, *args):
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), RequestHandler)
-        self._server.daemon_threads = True
-        if self._ssl_context:
-            self._server.socket = self._ssl_context.wrap_socket(self._server.socket, server_side=True)
-        # A short poll interval: stop() waits up to one interval, and tests stop many emulators.
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name=type(self).__name__, daemon=True
-        ).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+        return RequestHandler
 
     def dispatch(self, method: str, path: str, query: dict[str, str], body: dict | None) -> Reply:
         for route_method, pattern, handler in self.routes:
