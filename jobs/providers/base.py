@@ -134,6 +134,11 @@ class Provider(ABC):
 AGENT_VERSION = agents.__version__
 AGENT_UNIT = "/etc/systemd/system/respawn-agent.service"
 AGENT_BIN = "/usr/local/bin/respawn-agent"
+STATE_DIR = "/var/lib/respawn"
+TOKEN_FILE = f"{STATE_DIR}/bootstrap-token"
+WORK_DIR = f"{STATE_DIR}/work"
+# Paths the boot script writes: under $RESPAWN_ROOT when a test plays the VM, under / on a VM.
+SYSTEM_PATHS = (AGENT_UNIT, AGENT_BIN, STATE_DIR, TOKEN_FILE, WORK_DIR)
 
 
 def systemd_quote(value: str) -> str:
@@ -144,12 +149,21 @@ def systemd_quote(value: str) -> str:
     return f'"{escaped}"'
 
 
+def shell_word(value: str) -> str:
+    """One bash word, literal, except that our system paths are placed under "$root"."""
+    return f'"$root"{shlex.quote(value)}' if value in SYSTEM_PATHS else shlex.quote(value)
+
+
+def agent_argv(*, control_plane_url: str, provider: str) -> list[str]:
+    """The agent's command line on a VM: what the unit runs."""
+    return [AGENT_BIN, "run", "--control-plane-url", control_plane_url, "--bootstrap-token-file", TOKEN_FILE,
+            "--provider", provider, "--work-dir", WORK_DIR]
+
+
 def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
     """The systemd unit that keeps the agent running: restarted when it fails, a
     bounded number of times so a broken agent does not spin forever."""
-    argv = [AGENT_BIN, "run", "--control-plane-url", control_plane_url,
-            "--bootstrap-token-file", "/var/lib/respawn/bootstrap-token",
-            "--provider", provider, "--work-dir", "/var/lib/respawn/work"]
+    argv = agent_argv(control_plane_url=control_plane_url, provider=provider)
     return "\n".join(
         [
             "[Unit]",
@@ -180,26 +194,37 @@ def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: 
     """The boot script a VM runs: install the pinned agent unless that version is
     already there (a prebuilt image), store the single-use bootstrap token in a
     0600 file, run the agent under systemd. Providers embed it as user data /
-    startup-script / custom data."""
+    startup-script / custom data.
+
+    Two variables that no cloud sets let a test run this very script on a machine
+    that is not a VM (tests/e2e/cloud_vm.py): RESPAWN_ROOT puts every file it
+    writes under that directory instead of /, and RESPAWN_NO_SYSTEMD=1 execs the
+    unit's command line in place of starting the unit."""
     q = shlex.quote
+    argv = agent_argv(control_plane_url=control_plane_url, provider=provider)
     unit = render_agent_unit(control_plane_url=control_plane_url, provider=provider)
     installed = "python3 -c 'import importlib.metadata as m; print(m.version(\"respawn\"))' 2>/dev/null || true"
+    w = shell_word
     return "\n".join(
         [
             "#!/bin/bash",
             "set -euo pipefail",
             "umask 077",
-            "install -d -m 700 /var/lib/respawn",
-            f"printf '%s' {q(bootstrap_token)} > /var/lib/respawn/bootstrap-token",
+            'root="${RESPAWN_ROOT:-}"',
+            f"install -d -m 700 {w(STATE_DIR)}",
+            f"printf '%s' {q(bootstrap_token)} > {w(TOKEN_FILE)}",
             f'if [ "$({installed})" != {q(AGENT_VERSION)} ]; then',
             # A VM image's system Python is ours to install into (PEP 668 would refuse).
             f"  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet {q(agent_package)}",
             "fi",
             # systemd's PATH may lack pip's script dir (e.g. /opt/conda/bin): pin one path.
-            f'agent=$(command -v respawn-agent); [ "$agent" = {AGENT_BIN} ] || ln -sf "$agent" {AGENT_BIN}',
-            f"cat > {AGENT_UNIT} <<'RESPAWN_UNIT'",
+            f'agent=$(command -v respawn-agent); [ "$agent" = {w(AGENT_BIN)} ] || ln -sf "$agent" {w(AGENT_BIN)}',
+            f"cat > {w(AGENT_UNIT)} <<'RESPAWN_UNIT'",
             unit + "RESPAWN_UNIT",
-            f"chmod 644 {AGENT_UNIT}",
+            f"chmod 644 {w(AGENT_UNIT)}",
+            'if [ -n "${RESPAWN_NO_SYSTEMD:-}" ]; then',
+            "  exec " + " ".join(w(arg) for arg in argv),
+            "fi",
             "systemctl daemon-reload",
             "systemctl enable --now respawn-agent.service",
             "",

@@ -71,25 +71,26 @@ def test_a_line_break_in_an_argument_is_refused():
         rendered(control_plane_url="https://cp.example.org/\n[Service]\nExecStartPre=/bin/rm")
 
 
-def test_the_script_runs_writes_a_0600_token_and_starts_the_unit(tmp_path):
+def scratch_vm(tmp_path, agent_body: str = "exit 0"):
+    """A scratch root laid out like a VM image, and stand-ins for systemctl/python3/the agent."""
     root, bin_dir = tmp_path / "root", tmp_path / "bin"
     for d in (root / "etc/systemd/system", root / "usr/local/bin", bin_dir):
         d.mkdir(parents=True)
-    calls = tmp_path / "systemctl.calls"
     fakes = {
-        "systemctl": f'echo "$*" >> {calls}',
+        "systemctl": f'echo "$*" >> {tmp_path}/systemctl.calls',
         # The pinned version is already installed (a prebuilt image): no pip at all.
         "python3": f'case "$*" in *importlib.metadata*) echo {agents.__version__};; *) echo "unexpected python3 $*" >&2; exit 9;; esac',
-        "respawn-agent": "exit 0",
+        "respawn-agent": agent_body,
     }
     for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    script = rendered()
-    for system_path in ("/var/lib/respawn", "/etc/systemd/system", "/usr/local/bin"):
-        script = script.replace(system_path, f"{root}{system_path}")
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    subprocess.run(["bash", "-c", script], env=env, check=True, timeout=60, capture_output=True)
+    return root, bin_dir, {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "RESPAWN_ROOT": str(root)}
+
+
+def test_the_script_runs_writes_a_0600_token_and_starts_the_unit(tmp_path):
+    root, bin_dir, env = scratch_vm(tmp_path)
+    subprocess.run(["bash", "-c", rendered()], env=env, check=True, timeout=60, capture_output=True)
 
     token = root / "var/lib/respawn/bootstrap-token"
     assert token.read_text() == "rb_boot'tok"
@@ -97,4 +98,23 @@ def test_the_script_runs_writes_a_0600_token_and_starts_the_unit(tmp_path):
     assert stat.S_IMODE(os.stat(root / "var/lib/respawn").st_mode) == 0o700
     assert (root / "usr/local/bin/respawn-agent").resolve() == bin_dir / "respawn-agent"
     assert "Restart=on-failure" in (root / "etc/systemd/system/respawn-agent.service").read_text()
-    assert calls.read_text().splitlines() == ["daemon-reload", "enable --now respawn-agent.service"]
+    assert (tmp_path / "systemctl.calls").read_text().splitlines() == ["daemon-reload", "enable --now respawn-agent.service"]
+
+
+def test_without_systemd_the_script_becomes_the_units_command(tmp_path):
+    """RESPAWN_NO_SYSTEMD (never set by a cloud) execs what ExecStart names, as its
+    own process, so a test can play the VM with this very script."""
+    root, _, env = scratch_vm(tmp_path, agent_body='printf "%s\\n" "$0" "$@"; echo "pid $$ parent $PPID"')
+    script = tmp_path / "user-data"
+    script.write_text(rendered())
+    script.chmod(0o700)
+    run = subprocess.run([str(script)], env={**env, "RESPAWN_NO_SYSTEMD": "1"}, check=True, timeout=60,
+                         capture_output=True, text=True)
+
+    *argv, pids = run.stdout.splitlines()
+    unit_argv = next(line for line in unit_text(rendered()).splitlines() if line.startswith("ExecStart="))
+    rooted = [arg.replace("/var/lib/respawn", f"{root}/var/lib/respawn").replace(AGENT_BIN, f"{root}{AGENT_BIN}")
+              for arg in re.findall(r'"((?:[^"\\]|\\.)*)"', unit_argv)]
+    assert argv == [arg.replace("%%", "%").replace("$$", "$") for arg in rooted]
+    assert not (tmp_path / "systemctl.calls").exists()
+    assert pids.split()[3] == str(os.getpid())  # exec'd: the agent took the script's own process
