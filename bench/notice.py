@@ -2,8 +2,9 @@
 
     python bench/notice.py [--check] [--trials 6] [--poll-s 1.0] [--hidden 4096]
 
-A real agent (subprocess) with a real trainer, the AWS metadata emulator and a
-recording stand-in for the control plane's agent API, all on 127.0.0.1:
+A real agent (subprocess) with a real trainer, the AWS metadata emulator and the
+recording stand-in for the control plane's agent API (tests/agent/standin.py),
+all on 127.0.0.1:
 
 1. notice -> first report: the notice becomes visible at a random moment of the
    poll period; latency = arrival of the agent's `notice` report - that moment,
@@ -23,86 +24,29 @@ recording stand-in for the control plane's agent API, all on 127.0.0.1:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from agents import protocol
-from agents.metadata_server import MetadataServer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agents import protocol  # noqa: E402  (after the path insert)
+from agents.metadata_server import MetadataServer  # noqa: E402
+from tests.agent.standin import StandInControlPlane  # noqa: E402
 
 MAX_LATENCY_RATIO = 1.2
 MAX_COMMIT_RATIO = 1.5
 
 
-class RecordingControlPlane:
-    """Answers the agent API like the control plane would and records arrivals."""
-
-    def __init__(self, job: protocol.JobSpec):
-        self.job = job
-        self.arrivals: list[tuple[float, str, dict]] = []  # (epoch, path, body)
-        self.cond = threading.Condition()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                arrived = time.time()
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                path = self.path.removeprefix(protocol.API_PREFIX)
-                with outer.cond:
-                    outer.arrivals.append((arrived, path, body))
-                    outer.cond.notify_all()
-                if path == protocol.PATH_REGISTER:
-                    answer = protocol.to_dict(protocol.RegisterAnswer(agent_token="bench-agent-token", job=outer.job))
-                elif path == protocol.PATH_HEARTBEAT:
-                    answer = protocol.to_dict(protocol.HeartbeatAnswer())
-                else:
-                    answer = protocol.to_dict(protocol.Ack())
-                raw = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = "http://%s:%d" % self.httpd.server_address[:2]
-
-    def wait_for(self, predicate, timeout: float, what: str):
-        end = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                found = [a for a in self.arrivals if predicate(a)]
-                if found:
-                    return found[0]
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise SystemExit(f"bench: no {what} within {timeout}s")
-                self.cond.wait(left)
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def run_agent(work: Path, job: protocol.JobSpec, poll_s: float, on_running) -> RecordingControlPlane:
+def run_agent(work: Path, job: protocol.JobSpec, poll_s: float, on_running) -> StandInControlPlane:
     """One agent life: start, wait for training, let `on_running(imds)` deliver the notice, wait for exit."""
-    plane = RecordingControlPlane(job)
+    plane = StandInControlPlane(job).start()
     imds = MetadataServer("aws").start()
     token = work / "bootstrap-token"
     token.write_text("bench-bootstrap")
@@ -206,4 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except TimeoutError as exc:  # the agent never sent what a trial waits for
+        raise SystemExit(f"bench: {exc}") from None

@@ -1,24 +1,43 @@
-"""A stand-in for the control plane's agent API, for reporter tests that need
-answers the real server never gives on cue (5xx, 429, nonsense bodies).
-The integration tests use the real control plane."""
+"""A stand-in for the control plane's agent API that records what arrives, for
+reporter tests that need answers the real server never gives on cue (5xx, 429,
+nonsense bodies) and for bench/notice.py, which times arrivals. By default it
+answers as the control plane does. The integration tests use the real control plane.
+
+    plane = StandInControlPlane(job).start()  # register hands the agent `job`
+    ...
+    plane.wait_for(lambda a: a[1] == "exit", 60, "exit report")
+    plane.stop()
+"""
 
 from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from http.server import BaseHTTPRequestHandler
 
-from agents.protocol import API_PREFIX
+from agents import protocol
+from tests.emulators.serving import LocalHttpServer
 
 
-class StandInControlPlane:
-    def __init__(self):
+class StandInControlPlane(LocalHttpServer):
+    def __init__(self, job: protocol.JobSpec | None = None):
+        super().__init__()
+        self.arrivals: list[tuple[float, str, dict]] = []  # (epoch, path, body) of every call, as it came
         self.accepted: list[tuple[str, dict]] = []  # (path, body), first delivery of each event_id
         self.seen_event_ids: set[str] = set()
         self.status = 200  # what every call answers next
         self.body = None  # overrides the JSON answer when set (a str is sent raw)
         self.register_status, self.register_answer = 200, None  # what `register` answers
-        self.lock = threading.Lock()
+        if job is not None:
+            self.register_answer = protocol.to_dict(protocol.RegisterAnswer(agent_token="standin-agent-token", job=job))
+        self.cond = threading.Condition()
+
+    @property
+    def url(self) -> str:
+        return self.endpoint
+
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,19 +47,20 @@ class StandInControlPlane:
                 pass
 
             def do_POST(self):
-                data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                path = self.path.removeprefix(API_PREFIX)
-                with outer.lock:
+                arrived = time.time()
+                doc = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                path = self.path.removeprefix(protocol.API_PREFIX)
+                with outer.cond:
+                    outer.arrivals.append((arrived, path, doc))
+                    outer.cond.notify_all()
                     status, body = outer.status, outer.body
-                    if path == "register":
+                    if path == protocol.PATH_REGISTER:
                         status, body = outer.register_status, outer.register_answer
-                    if status == 200:
-                        doc = json.loads(data)
-                        if doc["event_id"] not in outer.seen_event_ids:
-                            outer.seen_event_ids.add(doc["event_id"])
-                            outer.accepted.append((path, doc))
+                    if status == 200 and doc["event_id"] not in outer.seen_event_ids:
+                        outer.seen_event_ids.add(doc["event_id"])
+                        outer.accepted.append((path, doc))
                 if body is None:
-                    body = {"action": "continue"} if path == "heartbeat" else {"ok": True}
+                    body = protocol.to_dict(protocol.HeartbeatAnswer() if path == protocol.PATH_HEARTBEAT else protocol.Ack())
                 raw = (body if isinstance(body, str) else json.dumps(body)).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -48,14 +68,17 @@ class StandInControlPlane:
                 self.end_headers()
                 self.wfile.write(raw)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return Handler
 
-    @property
-    def url(self) -> str:
-        return "http://%s:%d" % self.httpd.server_address[:2]
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def wait_for(self, predicate, timeout: float, what: str) -> tuple[float, str, dict]:
+        """The first arrival `predicate` accepts, waiting up to `timeout` seconds for it."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [a for a in self.arrivals if predicate(a)]
+                if found:
+                    return found[0]
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {what} within {timeout}s")
+                self.cond.wait(left)

@@ -15,7 +15,7 @@ from tests.agent.standin import StandInControlPlane
 
 @pytest.fixture
 def plane():
-    server = StandInControlPlane()
+    server = StandInControlPlane().start()
     yield server
     server.stop()
 
