@@ -24,6 +24,7 @@ PATH_CHECKPOINTS = "checkpoints"
 PATH_VALIDATION = "checkpoints/{checkpoint_id}/validation"
 PATH_LOGS = "logs"
 PATH_EXIT = "exit"
+PATH_PREPARE = "prepare"
 
 MAX_LOG_LINES_PER_BATCH = 1000
 MAX_LOG_LINE_CHARS = 4096
@@ -79,6 +80,24 @@ class ExitReason:
     ALL = (COMPLETED, FAILED, PREEMPTED, STOPPED, SETUP)
 
 
+class Purpose:
+    """What an instance is for: the job's training, or its post step (evaluation or
+    export on one on-demand VM after training succeeded, from the job's artifact)."""
+
+    TRAIN = "train"
+    POST = "post"
+    ALL = (TRAIN, POST)
+
+
+class PrepareOutcome:
+    """How the prepare step went on one VM (reported with `POST prepare`)."""
+
+    RAN = "ran"  # the command ran and its outputs were stored under their key
+    REUSED = "reused"  # outputs under this key were already stored: fetched, the command skipped
+    FAILED = "failed"  # the command failed, an input is missing, or storage refused
+    ALL = (RAN, REUSED, FAILED)
+
+
 def new_event_id() -> str:
     return str(uuid.uuid4())
 
@@ -130,6 +149,13 @@ class JobSpec:
     rank: int = 0
     world_size: int = 1
     rendezvous_addr: str = ""  # "host:port" of rank 0; empty for single-node jobs
+    # Run before `command` (agents/agent/prepare.py); outputs cached under
+    # `<checkpoint_uri>/prepare/<key>/`, key = content hash of the command and inputs.
+    prepare_command: list[str] = field(default_factory=list)
+    prepare_inputs: list[str] = field(default_factory=list)  # paths (relative to working_dir) hashed into the key
+    purpose: str = Purpose.TRAIN  # "post": `command` is the job's post command
+    artifact_uri: str = ""  # the job's exported artifact (post instances only)
+    artifact_digest: str = ""
 
 
 @dataclass(kw_only=True)
@@ -203,6 +229,15 @@ class ExitReport(Report):
 
 
 @dataclass(kw_only=True)
+class PrepareReport(Report):
+    outcome: str  # a PrepareOutcome
+    key: str = ""  # the content hash the outputs are stored under
+    uri: str = ""  # where they are stored (empty when not stored, e.g. on ranks > 0)
+    seconds: float | None = None  # the step's wall time on this VM
+    message: str = ""  # what went wrong, for `failed`
+
+
+@dataclass(kw_only=True)
 class Ack:
     ok: bool = True
     duplicate: bool = False
@@ -244,6 +279,10 @@ ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notic
 ENV_VALIDATION_MODEL_FACTORY = "RESPAWN_MODEL_FACTORY"
 ENV_VALIDATION_BATCH_FACTORY = "RESPAWN_BATCH_FACTORY"
 ENV_TOTAL_STEPS = "RESPAWN_TOTAL_STEPS"
+ENV_PREPARE_DIR = "RESPAWN_PREPARE_DIR"  # the prepare step writes its outputs here; the trainer reads them here
+ENV_PREPARE_URI = "RESPAWN_PREPARE_URI"  # where those outputs are stored durably (set once the step is done)
+ENV_ARTIFACT_URI = "RESPAWN_ARTIFACT_URI"  # post step: the job's exported artifact
+ENV_ARTIFACT_DIGEST = "RESPAWN_ARTIFACT_DIGEST"  # post step: its digest ("sha256:<hex>")
 # Gangs use torch.distributed's own variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 
 # Signals the agent sends the trainer. Handlers only set a flag; the save happens

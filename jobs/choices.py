@@ -4,7 +4,7 @@ The transition tables of DESIGN §4 live here too: one table per state machine,
 consulted only by `jobs.transitions`.
 """
 
-from agents.protocol import CheckpointKind, NoticeSource, ValidationResult  # noqa: F401  (re-exported)
+from agents.protocol import CheckpointKind, NoticeSource, Purpose, ValidationResult  # noqa: F401  (re-exported)
 from jobs.providers.base import Market  # noqa: F401  (re-exported)
 
 
@@ -13,22 +13,27 @@ class JobStatus:
     PROVISIONING = "provisioning"
     RUNNING = "running"
     RECOVERING = "recovering"
+    FINISHING = "finishing"  # training succeeded, its artifact is recorded; the post step runs on on-demand
     CANCELLING = "cancelling"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    ALL = (QUEUED, PROVISIONING, RUNNING, RECOVERING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
+    ALL = (QUEUED, PROVISIONING, RUNNING, RECOVERING, FINISHING, CANCELLING, SUCCEEDED, FAILED, CANCELLED)
     TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED})
-    ACTIVE = frozenset({PROVISIONING, RUNNING, RECOVERING})  # holds or is getting VMs
-    CANCELLABLE = frozenset({QUEUED, PROVISIONING, RUNNING, RECOVERING})
+    ACTIVE = frozenset({PROVISIONING, RUNNING, RECOVERING, FINISHING})  # holds or is getting VMs
+    CANCELLABLE = frozenset({QUEUED, PROVISIONING, RUNNING, RECOVERING, FINISHING})
     CHOICES = [(s, s) for s in ALL]
 
     TRANSITIONS: dict[str, frozenset[str]] = {
         QUEUED: frozenset({PROVISIONING, CANCELLED}),
         PROVISIONING: frozenset({RUNNING, QUEUED, RECOVERING, FAILED, CANCELLING}),
-        RUNNING: frozenset({SUCCEEDED, RECOVERING, FAILED, CANCELLING}),
+        # running -> finishing only for a job with a post step (jobs.services._maybe_succeed).
+        RUNNING: frozenset({SUCCEEDED, FINISHING, RECOVERING, FAILED, CANCELLING}),
         RECOVERING: frozenset({PROVISIONING, FAILED, CANCELLING}),
+        # The post step's outcome is the job's: a failing post step fails the job (its
+        # artifact stays recorded); a lost post VM is replaced without a status change.
+        FINISHING: frozenset({SUCCEEDED, FAILED, CANCELLING}),
         CANCELLING: frozenset({CANCELLED}),
         SUCCEEDED: frozenset(),
         FAILED: frozenset(),
@@ -98,6 +103,7 @@ class Role:
 
 
 MARKET_CHOICES = [(m, m) for m in Market.ALL]
+PURPOSE_CHOICES = [(p, p) for p in Purpose.ALL]
 CHECKPOINT_KIND_CHOICES = [(k, k) for k in CheckpointKind.ALL]
 VALIDATION_CHOICES = [(v, v) for v in ValidationResult.ALL]
 NOTICE_SOURCE_CHOICES = [(s, s) for s in NoticeSource.ALL]

@@ -13,6 +13,7 @@ from jobs.choices import (
     AuditAction,
     MARKET_CHOICES,
     NOTICE_SOURCE_CHOICES,
+    PURPOSE_CHOICES,
     VALIDATION_CHOICES,
     CheckpointKind,
     EndReason,
@@ -21,6 +22,7 @@ from jobs.choices import (
     InterruptionKind,
     JobStatus,
     Market,
+    Purpose,
     Role,
     ValidationResult,
 )
@@ -80,8 +82,12 @@ class Job(models.Model):
     working_dir = models.CharField(max_length=500, blank=True)
     image = models.CharField(max_length=300, blank=True)
     env = models.JSONField(default=dict, blank=True)
-    prepare_command = models.JSONField(default=list, blank=True)
-    post_command = models.JSONField(default=list, blank=True)
+    prepare_command = models.JSONField(
+        default=list, blank=True, help_text="argv run before the command; its outputs are cached by content hash.")
+    prepare_inputs = models.JSONField(
+        default=list, blank=True, help_text="Paths (relative to working_dir) whose contents key the prepare cache.")
+    post_command = models.JSONField(
+        default=list, blank=True, help_text="argv run on one on-demand VM after training succeeded, from the artifact.")
 
     # Where to run it.
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
@@ -158,6 +164,8 @@ class Instance(models.Model):
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="instances")
     rank = models.PositiveIntegerField(default=0)
     world_size = models.PositiveIntegerField(default=1)
+    purpose = models.CharField(max_length=10, choices=PURPOSE_CHOICES, default=Purpose.TRAIN,
+                               help_text="train, or post: the job's post step on one on-demand VM.")
     provider = models.CharField(max_length=20)
     region = models.CharField(max_length=50, blank=True)
     zone = models.CharField(max_length=50, blank=True)
