@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,22 +71,32 @@ def train_step(state: TrainState, x: torch.Tensor, y: torch.Tensor, model: nn.Mo
     return loss.detach().item()
 
 
-def train(config: CheckpointConfig, steps: int, step_delay_s: float = 0.0) -> Checkpointer:
-    """Train to `steps`, resuming from the newest valid checkpoint; returns the
-    closed Checkpointer (its `should_stop` says whether a stop cut the run short)."""
+def single_process() -> tuple[TrainState, nn.Module]:
+    """The state of a one-process run, and the module that runs forward/backward: its model."""
     if not torch.are_deterministic_algorithms_enabled():
         torch.use_deterministic_algorithms(True)  # slow the first time (imports inductor): callers may do it early
     state = build()
+    return state, state.model
+
+
+def train(config: CheckpointConfig, steps: int, step_delay_s: float = 0.0, *,
+          setup: Callable[[], tuple[TrainState, nn.Module]] = single_process, report: bool = True) -> Checkpointer:
+    """Train to `steps`, resuming from the newest valid checkpoint; returns the
+    closed Checkpointer (its `should_stop` says whether a stop cut the run short).
+    `setup` builds the state and the module that trains it (tiny_gang: one rank's
+    share, wrapped in DistributedDataParallel); `report` sends progress to the agent."""
+    state, model = setup()
     x, y = dataset()
     ckpt = Checkpointer(state, config)
     start = ckpt.load_latest()
     state.model.train()
     for step in range(start, steps):
         began = time.monotonic()
-        loss = train_step(state, x, y)
+        loss = train_step(state, x, y, model)
         if step_delay_s:
             time.sleep(step_delay_s)
-        trainer.report(step + 1, loss, BATCH / max(time.monotonic() - began, 1e-9))
+        if report:
+            trainer.report(step + 1, loss, BATCH / max(time.monotonic() - began, 1e-9))
         ckpt.save(step + 1)
         if ckpt.should_stop:
             ckpt.close()

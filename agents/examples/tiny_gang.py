@@ -12,34 +12,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, init_process_group
+from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, init_process_group
 from agents.examples import tiny
+
+
+def one_rank() -> tuple[TrainState, nn.Module]:
+    """This rank's state under an initialised process group, and its model wrapped for the gang."""
+    state = tiny.build(rank=dist.get_rank(), world_size=dist.get_world_size())
+    return state, DistributedDataParallel(state.model)  # broadcasts rank 0's weights
 
 
 def train(config: CheckpointConfig, steps: int, step_delay_s: float = 0.0) -> Checkpointer:
     """Train this rank to `steps` under an initialised process group; returns the closed Checkpointer."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    state = tiny.build(rank=rank, world_size=world)
-    ddp = DistributedDataParallel(state.model)  # broadcasts rank 0's weights
-    x, y = tiny.dataset()
-    ckpt = Checkpointer(state, config)
-    start = ckpt.load_latest()
-    for step in range(start, steps):
-        tiny.train_step(state, x, y, model=ddp)
-        if step_delay_s:
-            time.sleep(step_delay_s)
-        ckpt.save(step + 1)
-        if ckpt.should_stop:
-            ckpt.close()
-            return ckpt
-    ckpt.finish(steps)
-    return ckpt
+    # No progress reports: ranks started together (torchrun --nproc-per-node) would share one status file.
+    return tiny.train(config, steps, step_delay_s, setup=one_rank, report=False)
 
 
 def main(argv: list[str] | None = None) -> int:
