@@ -26,7 +26,7 @@ from jobs import placement as placements
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job
 from jobs.providers.base import CapacityError, CloudState, LaunchRequest, PrecheckError, render_user_data
-from jobs.cloud import provider_for
+from jobs.cloud import REGIONAL, provider_for
 from jobs.services import after_instance_ended, enqueue_terminate, judge_failure, nudge_schedule, request_action
 from jobs.tokens import BOOTSTRAP_PREFIX, hash_token
 from jobs.transitions import end_instance, transition_instance, transition_job
@@ -304,7 +304,8 @@ def reap_orphans() -> int:
 def _regions_in_use(provider: str) -> list[str]:
     recent = timezone.now() - timedelta(days=7)
     regions = Instance.objects.filter(provider=provider, requested_at__gte=recent).values_list("region", flat=True)
-    return sorted(set(regions)) or [""]
+    # A regional provider (AWS) has no client without a region: with none in use there is nothing to list.
+    return sorted(set(regions)) or ([] if provider in REGIONAL else [""])
 
 
 def resend_lost_launches() -> int:
