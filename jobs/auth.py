@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from jobs.choices import InstanceState
-from jobs.models import ApiToken, Instance
+from jobs.models import ApiToken, Instance, Job
 from jobs.tokens import hash_token
 
 # Writing last_used_at on every request would turn reads into writes.
@@ -69,7 +71,7 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
         token = bearer_token(request)
         if token is None:
             raise exceptions.NotAuthenticated("Agent token required.")
-        instance = Instance.objects.select_related("job").filter(agent_token_hash=hash_token(token)).first()
+        instance = self.find_instance(hash_token(token))
         if instance is None:
             raise exceptions.AuthenticationFailed("Invalid agent token.")
         if instance.state == InstanceState.ENDED:
@@ -78,5 +80,59 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
                 raise exceptions.AuthenticationFailed("Agent token revoked: the instance ended.")
         return AgentPrincipal(instance), instance
 
+    def find_instance(self, digest: str) -> Instance | None:
+        return Instance.objects.select_related("job").filter(agent_token_hash=digest).first()
+
     def authenticate_header(self, request):
         return "Bearer"
+
+
+class HeartbeatTokenAuthentication(AgentTokenAuthentication):
+    """The same check, loading only what a heartbeat reads of the instance and its job.
+
+    Compiling the ORM's query for a whole instance and job took a millisecond of
+    CPU, more than the rest of a heartbeat; this statement is built once from the
+    models' metadata. A field the heartbeat starts reading must be added here, else
+    it costs a query of its own (the heartbeat's pinned query count says so)."""
+
+    INSTANCE_FIELDS = frozenset({"id", "job_id", "state", "ended_at", "requested_action", "checkpoint_interval"})
+    JOB_FIELDS = frozenset({"id", "status", "checkpoint_interval_s"})
+
+    def find_instance(self, digest: str) -> Instance | None:
+        sql, instance_fields, job_fields = self.lookup()
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [digest])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        instance = load_narrow(Instance, instance_fields, row[:len(instance_fields)])
+        instance.job = load_narrow(Job, job_fields, row[len(instance_fields):])
+        return instance
+
+    @classmethod
+    @functools.cache
+    def lookup(cls) -> tuple[str, list, list]:
+        instance_fields, job_fields = narrow_fields(Instance, cls.INSTANCE_FIELDS), narrow_fields(Job, cls.JOB_FIELDS)
+        q = connection.ops.quote_name
+        columns = [f"i.{q(f.column)}" for f in instance_fields] + [f"j.{q(f.column)}" for f in job_fields]
+        sql = (f"SELECT {', '.join(columns)} FROM {q(Instance._meta.db_table)} i "
+               f"JOIN {q(Job._meta.db_table)} j ON j.{q(Job._meta.pk.column)} = i.{q(Instance.job.field.column)} "
+               f"WHERE i.{q(Instance._meta.get_field('agent_token_hash').column)} = %s")
+        return sql, instance_fields, job_fields
+
+
+def narrow_fields(model, attnames) -> list:
+    """`attnames` of `model` as fields, in the model's order (the order `from_db` expects)."""
+    return [f for f in model._meta.concrete_fields if f.attname in attnames]
+
+
+def load_narrow(model, fields, values):
+    """A model instance from raw column values, converted as the ORM would (JSON, SQLite's datetimes);
+    the fields not loaded are deferred."""
+    converted = []
+    for field, value in zip(fields, values):
+        column = field.get_col(model._meta.db_table)
+        for convert in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
+            value = convert(value, column, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, [f.attname for f in fields], converted)

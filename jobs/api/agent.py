@@ -11,8 +11,6 @@ import math
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Subquery
-from django.db.models.functions import Greatest
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import exceptions, parsers, permissions, serializers, status
@@ -22,9 +20,9 @@ from rest_framework.views import APIView
 from agents import protocol
 from jobs import services
 from jobs.api.errors import Unauthorized
-from jobs.auth import AgentTokenAuthentication
+from jobs.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication
 from jobs.choices import InstanceState
-from jobs.models import Checkpoint, Instance, Job, LogChunk, MetricPoint, ProcessedEvent
+from jobs.models import Checkpoint, Instance, Job, LogChunk, ProcessedEvent
 from jobs.tokens import AGENT_PREFIX, hash_token, new_token
 
 AGENT_MAX_BODY_BYTES = 256 * 1024
@@ -173,6 +171,7 @@ class AgentView(APIView):
 
 
 class HeartbeatView(AgentView):
+    authentication_classes = [HeartbeatTokenAuthentication]
     body_serializer = HeartbeatSerializer
 
     @extend_schema(request=HeartbeatSerializer, responses=inline_serializer("HeartbeatAnswer", {
@@ -184,21 +183,8 @@ class HeartbeatView(AgentView):
         data = self.validated(request)
         instance = self.instance
         if instance.state in InstanceState.LIVE:
-            now = timezone.now()
-
-            def apply():
-                Instance.objects.filter(pk=instance.pk).update(
-                    last_step=Greatest("last_step", data["step"]),
-                    last_heartbeat_at=now,
-                    heartbeat_deadline=now + services.heartbeat_timeout(),
-                )
-                # The instance's step, not this report's: a reordered older heartbeat never moves the job back.
-                Job.objects.filter(pk=instance.job_id).update(
-                    last_step=Subquery(Instance.objects.filter(pk=instance.pk).values("last_step")[:1]))
-                MetricPoint.objects.create(job_id=instance.job_id, instance=instance, time=now, step=data["step"],
-                                           loss=data["loss"], samples_per_s=data["samples_per_s"])
-
-            apply_once(instance, data["event_id"], "heartbeat", apply)
+            services.record_heartbeat(instance, event_id=data["event_id"], step=data["step"], loss=data["loss"],
+                                      samples_per_s=data["samples_per_s"])
         answer = protocol.HeartbeatAnswer(
             action=services.heartbeat_action(instance),
             checkpoint_interval_s=services.checkpoint_interval_s(instance),

@@ -1,9 +1,12 @@
 """An agent's whole life through the API: register, heartbeat, notice,
 checkpoint, validation, logs, exit — and what the job and instance become."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+import requests
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -99,7 +102,9 @@ def test_heartbeat_costs_a_fixed_number_of_queries(agent):
         agent.post("checkpoints", checkpoint_report(step))
         agent.post("logs", protocol.LogBatch(offset=step * 10, lines=["x"] * 10))
     assert count() == baseline
-    assert baseline <= 10
+    # PostgreSQL: the token lookup and one statement that writes everything (jobs.services.record_heartbeat).
+    # Elsewhere the ORM's savepoint around the event row and one query per write.
+    assert baseline <= (2 if connection.vendor == "postgresql" else 9)
 
 
 def test_a_resent_report_is_applied_once(agent):
@@ -114,6 +119,28 @@ def test_a_resent_report_is_applied_once(agent):
     agent.post("heartbeat", beat)
     agent.post("heartbeat", beat)
     assert MetricPoint.objects.count() == 1
+
+
+def test_racing_resends_of_one_heartbeat_are_applied_once(team_setup, web_server):
+    """A retrying agent behind a lossy proxy: one heartbeat arrives many times at once."""
+    job = make_job(team_setup.team, team_setup.people["admin"].user, status=JobStatus.RUNNING)
+    setup = make_instance(job, state=InstanceState.RUNNING, registered=True)
+    body = protocol.to_dict(protocol.Heartbeat(step=7, loss=0.5))
+    racers = 8
+    start = threading.Barrier(racers)
+
+    def send(_):
+        start.wait()
+        return requests.post(web_server.url + protocol.API_PREFIX + protocol.PATH_HEARTBEAT, json=body, timeout=30,
+                             headers={"Authorization": f"Bearer {setup.agent_token}"})
+
+    with ThreadPoolExecutor(racers) as pool:
+        answers = list(pool.map(send, range(racers)))
+    assert [a.status_code for a in answers] == [200] * racers, [a.text for a in answers]
+    assert {a.json()["action"] for a in answers} == {"continue"}
+    assert MetricPoint.objects.filter(instance=setup.instance).count() == 1
+    assert ProcessedEvent.objects.filter(event_id=body["event_id"]).count() == 1
+    assert Instance.objects.get(pk=setup.instance.pk).last_step == Job.objects.get(pk=job.pk).last_step == 7
 
 
 def test_notice_then_checkpoint_before_deadline_then_exit(job, agent):
