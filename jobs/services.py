@@ -287,19 +287,28 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
         end_reason = EXIT_END_REASON[reason]
     if final_step is not None:
         Instance.objects.filter(pk=instance.pk, last_step__lt=final_step).update(last_step=final_step)
-        if instance.state in InstanceState.LIVE:  # a fenced instance's steps are not the job's progress
-            Job.objects.filter(pk=instance.job_id).update(last_step=final_step)
-    end_instance(instance, end_reason, message=f"agent exit: {reason} (code {exit_code})")
-    if artifact_uri and reason == ExitReason.COMPLETED:
-        Job.objects.filter(pk=instance.job_id).update(artifact_uri=artifact_uri, artifact_digest=artifact_digest)
+    if not end_instance(instance, end_reason, message=f"agent exit: {reason} (code {exit_code})"):
+        # The instance had already ended (lost, fenced) when this report arrived: its
+        # job has moved on, maybe to a new gang, which an old report must not stop,
+        # and its steps are not the job's progress.
+        return
     signature = f"exit {exit_code}: {last_exception}".strip()[:500]
     after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
                          setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)
+    # The job's row is written last, after any of its other instances were asked to
+    # stop, in the order a heartbeat locks rows (instance, then job): no lock cycle.
+    progress = {"last_step": final_step} if final_step is not None else {}
+    if artifact_uri and reason == ExitReason.COMPLETED:
+        progress.update(artifact_uri=artifact_uri, artifact_digest=artifact_digest)
+    if progress:
+        Job.objects.filter(pk=instance.job_id).update(**progress)
 
 
 def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str = "", output_tail: str = "",
                          setup_failure: bool = False, instance_id: int | None = None) -> None:
-    """Move the job on after one of its instances ended."""
+    """Move the job on after one of its instances ended, in the transaction that ended
+    it: jobs.transitions.end_instance took the job's lock, so when two ranks end at
+    once the second decision sees the first."""
     job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.CANCELLING:
         finish_cancelling(job_id)
@@ -312,8 +321,20 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
         _after_failure(job, failure_signature, output_tail, setup_failure, instance_id)
     elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
         _after_interruption(job, end_reason)
-    elif job.status == JobStatus.RECOVERING:
-        nudge_schedule()  # a stopped node of a gang: once the last one is down, the gang relaunches
+    else:
+        _after_stop(job)
+
+
+def _after_stop(job: Job) -> None:
+    """A node stopped (fenced, or exited `stopped` unasked). In a recovering gang the
+    last one down lets the gang relaunch; a running job with no node left is recovered,
+    never left `running` with nothing running it."""
+    if job.status == JobStatus.RECOVERING:
+        nudge_schedule()
+    elif job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING) and not Instance.objects.filter(
+            job=job, state__in=InstanceState.LIVE).exists():
+        if transition_job(job.pk, job.status, JobStatus.RECOVERING, message="every node stopped"):
+            nudge_schedule()
 
 
 def _maybe_succeed(job: Job) -> None:
@@ -334,6 +355,9 @@ def _after_interruption(job: Job, end_reason: str) -> None:
 
 
 def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool, instance_id: int | None) -> None:
+    if job.status == JobStatus.RECOVERING:
+        _after_stop(job)  # an interruption moved the job on first: the failure followed from it
+        return
     request_action(job.pk, Action.STOP)
     if job.nodes > 1 and not setup_failure and Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
         # A rank also fails when a peer's VM vanishes (its collectives break): the

@@ -8,7 +8,7 @@ of DESIGN §4 does not allow is a programming error and raises.
 
 from __future__ import annotations
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.choices import InstanceState, JobStatus
@@ -50,9 +50,29 @@ def transition_instance(instance_id: int, old: str, new: str, *, message: str = 
     return bool(updated)
 
 
+# The first key of PostgreSQL's two-key advisory locks, naming what the second locks.
+JOB_ENDINGS_LOCK = 0x5265  # "Re"
+
+
+def lock_job_endings(job_id: int) -> None:
+    """Serialize, per job, the transactions that end its instances and decide what the
+    job does next. Without it two ranks of a gang ending at once each still see the
+    other as live, and neither moves the job on. Held until the transaction ends; taken
+    before any row lock, so it orders enders without ever waiting inside a row-lock
+    cycle (heartbeats lock an instance, then its job). SQLite already runs one write
+    transaction at a time."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [JOB_ENDINGS_LOCK, job_id])
+
+
 def end_instance(instance: Instance, end_reason: str, *, message: str = "") -> bool:
     """End a live instance from whatever live state it is in now (retrying once if
-    it moved meanwhile, e.g. running -> preempting)."""
+    it moved meanwhile, e.g. running -> preempting). Call it in the transaction that
+    then moves the job on (jobs.services.after_instance_ended): the job's lock is
+    held from here to its end."""
+    if instance.state != InstanceState.ENDED:
+        lock_job_endings(instance.job_id)
     for _ in range(3):
         if instance.state == InstanceState.ENDED:
             return False

@@ -150,8 +150,10 @@ class WebServer(ChildProcess):
             return False
 
 
-def wait_until(predicate, *, timeout: float, what: str, proc: ChildProcess | None = None, interval: float = 0.05):
-    """Poll `predicate` (a recorded outcome, not a duration) until true."""
+def wait_until(predicate, *, timeout: float, what: str, proc: ChildProcess | None = None, interval: float = 0.05,
+               explain=None):
+    """Poll `predicate` (a recorded outcome, not a duration) until true. On a timeout the
+    failure carries `explain()` (what the system recorded meanwhile) and `proc`'s output."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -159,7 +161,8 @@ def wait_until(predicate, *, timeout: float, what: str, proc: ChildProcess | Non
         if proc is not None and proc.proc is not None and proc.proc.poll() is not None:
             raise AssertionError(f"{what}: process exited with {proc.proc.returncode}\n{proc.output()[-4000:]}")
         time.sleep(interval)
-    detail = f"\n{proc.output()[-4000:]}" if proc is not None else ""
+    detail = f"\n{explain()}" if explain is not None else ""
+    detail += f"\n{proc.output()[-4000:]}" if proc is not None else ""
     raise AssertionError(f"timed out waiting for {what}{detail}")
 
 
@@ -170,11 +173,29 @@ def web_server(child_env, tmp_path):
     server.stop()
 
 
+CELERY = [sys.executable, "-m", "celery", "-A", "controlplane"]
+
+
+def celery_worker(env: dict, log_path: Path, *, pool: str = "threads", concurrency: int | None = 4,
+                  loglevel: str = "INFO") -> ChildProcess:
+    """A real Celery worker of the control plane, not started yet (`concurrency` None: the pool's own)."""
+    sizing = ["--concurrency", str(concurrency)] if concurrency is not None else []
+    return ChildProcess([*CELERY, "worker", "--pool", pool, *sizing, "--loglevel", loglevel, "--without-heartbeat",
+                         "--without-gossip", "--without-mingle"], env, log_path)
+
+
+def start_worker_and_beat(env: dict, tmp_path: Path, *, pool: str = "threads", concurrency: int | None = 4,
+                          loglevel: str = "INFO") -> tuple[ChildProcess, ChildProcess]:
+    """A started Celery worker and beat (logs: worker.log, beat.log in `tmp_path`); stop beat, then the worker."""
+    worker = celery_worker(env, tmp_path / "worker.log", pool=pool, concurrency=concurrency, loglevel=loglevel).start()
+    beat = ChildProcess([*CELERY, "beat", "--loglevel", loglevel, "-s", str(tmp_path / "beat")], env,
+                        tmp_path / "beat.log").start()
+    return worker, beat
+
+
 @pytest.fixture
 def celery_worker_process(child_env, tmp_path):
     """A real Celery worker; call `.start()` (and `.stop(9)` to kill it)."""
-    worker = ChildProcess([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
-                           "--concurrency", "2", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
-                           "--without-mingle"], child_env, tmp_path / "worker.log")
+    worker = celery_worker(child_env, tmp_path / "worker.log", concurrency=2)
     yield worker
     worker.stop(9)

@@ -25,8 +25,9 @@ import requests
 from jobs.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
 from jobs.providers.local import LocalConfig, LocalProvider
-from tests.conftest import ROOT, ChildProcess, free_port, wait_until
+from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
+from tests.history import job_story
 
 STEPS, STEP_DELAY_S, EVERY_STEPS, NODES = 150, 0.03, 25, 2
 GLOO_ERROR = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61625: Connection reset by peer"
@@ -63,12 +64,7 @@ def gang_job(child_env, web_server, tmp_path):
                    checkpoint_uri=str(tmp_path / "ckpt"), allowed_clouds=["local"], instance_types=["cpu-small"],
                    validation_model_factory="agents.examples.tiny:make_model",
                    validation_batch_factory="agents.examples.tiny:validation_batch")
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-    worker = ChildProcess([*celery, "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
-                           "--without-heartbeat", "--without-gossip", "--without-mingle"], env,
-                          tmp_path / "worker.log").start()
-    beat = ChildProcess([*celery, "beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat")], env,
-                        tmp_path / "beat.log").start()
+    worker, beat = start_worker_and_beat(env, tmp_path)
     vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
     try:
         yield job, vms, worker
@@ -77,19 +73,20 @@ def gang_job(child_env, web_server, tmp_path):
         worker.stop()
 
 
-def first_gang_running_with_a_checkpoint(job: Job, worker) -> list[Instance]:
+def first_gang_running_with_a_checkpoint(job: Job, vms, worker) -> list[Instance]:
     """Wait until every node of the first gang runs and a checkpoint past step 0 is committed."""
     wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
                and Checkpoint.objects.filter(job=job, step__gt=0).exists(),
-               timeout=120, what="the gang to run and commit a checkpoint", proc=worker, interval=0.2)
+               timeout=120, what="the gang to run and commit a checkpoint", proc=worker, interval=0.2,
+               explain=lambda: job_story(job.pk, vms))
     gang = list(Instance.objects.filter(job=job, state=InstanceState.RUNNING).order_by("rank"))
     assert [i.rank for i in gang] == list(range(NODES))
     return gang
 
 
-def run_to_the_end(job: Job, worker) -> Job:
+def run_to_the_end(job: Job, vms, worker) -> Job:
     wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=240,
-               what="the job to finish", proc=worker, interval=0.5)
+               what="the job to finish", proc=worker, interval=0.5, explain=lambda: job_story(job.pk, vms))
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
     return job
@@ -105,18 +102,19 @@ def gangs(job: Job) -> list[list[Instance]]:
 @pytest.mark.e2e
 def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finishes_exactly(gang_job, reference_digest):
     job, vms, worker = gang_job
-    first = first_gang_running_with_a_checkpoint(job, worker)
+    first = first_gang_running_with_a_checkpoint(job, vms, worker)
     metadata_url = vms.vm_dir(first[1].provider_instance_id).metadata_url_file.read_text()
     requests.post(f"{metadata_url}/_respawn/notice", json={"in_s": 0, "deadline_in_s": 30}, timeout=5).raise_for_status()
     wait_until(lambda: not Instance.objects.filter(pk__in=[i.pk for i in first], state__in=InstanceState.LIVE).exists(),
-               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2)
+               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2,
+               explain=lambda: job_story(job.pk, vms))
     # Both ranks saved the one notice step: its single commit holds both ranks' shards.
     notice = Checkpoint.objects.get(job=job, kind="notice")
     manifest = json.loads((Path(notice.uri) / "MANIFEST.json").read_text())
     assert {f"data-r{rank}-0.bin" for rank in range(NODES)} <= set(manifest["files"])
     assert InterruptionEvent.objects.get(instance=first[1], kind="notice").checkpoint_saved  # within its deadline
 
-    job = run_to_the_end(job, worker)
+    job = run_to_the_end(job, vms, worker)
     assert job.preemptions == 1
     interrupted, relaunched = gangs(job)
     assert [i.end_reason for i in interrupted] == [EndReason.FENCED, EndReason.PREEMPTED]
@@ -129,17 +127,18 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
 @pytest.mark.e2e
 def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finishes_exactly(gang_job, reference_digest):
     job, vms, worker = gang_job
-    first = first_gang_running_with_a_checkpoint(job, worker)
+    first = first_gang_running_with_a_checkpoint(job, vms, worker)
     for pid in vms.processes(first[1].provider_instance_id):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     wait_until(lambda: not Instance.objects.filter(pk__in=[i.pk for i in first], state__in=InstanceState.LIVE).exists(),
-               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2)
+               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2,
+               explain=lambda: job_story(job.pk, vms))
     last_commit = Checkpoint.objects.filter(job=job).order_by("-step").first()
 
-    job = run_to_the_end(job, worker)
+    job = run_to_the_end(job, vms, worker)
     interrupted, relaunched = gangs(job)
     assert interrupted[1].end_reason in (EndReason.PREEMPTED, EndReason.LOST)
     assert job.preemptions == 1 and job.failure_restarts == 0
@@ -217,3 +216,106 @@ def test_a_late_judgement_about_a_replaced_gang_leaves_the_new_gang_alone(db, dj
         orchestration.check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR, failed.pk)
     job.refresh_from_db()
     assert (job.status, job.failure_restarts, job.preemptions) == (JobStatus.RUNNING, 0, 0)
+
+
+def test_a_rank_failing_after_its_peer_was_found_gone_is_not_judged(db):
+    """Seen in CI: the survivor's exit report (its collective broke) arrived after the
+    reconciler had found the peer gone and moved the job to recovering. It was judged
+    as the code's failure, an illegal recovering -> recovering move: a 500, resent
+    until the survivor was marked lost."""
+    from agents.protocol import ExitReason
+    from jobs import orchestration, services
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    survivor = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-907-0000aaaa").instance
+    vanished = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-908-0000bbbb").instance
+    orchestration.confirm_silent(vanished)
+    services.record_exit(survivor, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception=GLOO_ERROR,
+                         output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
+    job.refresh_from_db()
+    survivor.refresh_from_db()
+    assert survivor.end_reason == EndReason.FAILED
+    assert (job.status, job.preemptions, job.failure_restarts) == (JobStatus.RECOVERING, 1, 0)
+
+
+def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
+    """Seen in CI: a rank's exit report, resent until after its instance had been marked
+    lost and the gang relaunched, asked the new gang to stop; the new gang stopped and
+    the job stayed `running` with nothing running it."""
+    from agents.protocol import ExitReason
+    from jobs import services
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    old = make_instance(job, rank=0, state=InstanceState.ENDED, end_reason=EndReason.LOST).instance
+    new = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(NODES)]
+    services.record_exit(old, reason=ExitReason.FAILED, exit_code=1, final_step=40, last_exception=GLOO_ERROR,
+                         output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
+    job.refresh_from_db()
+    assert (job.status, job.failure_restarts) == (JobStatus.RUNNING, 0)
+    assert [Instance.objects.get(pk=i.pk).requested_action for i in new] == [""] * NODES
+
+
+def test_a_running_job_whose_last_node_stops_unasked_is_recovered(db):
+    from agents.protocol import ExitReason
+    from jobs import services
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
+    only = make_instance(job, state=InstanceState.RUNNING).instance
+    services.record_exit(only, reason=ExitReason.STOPPED, exit_code=-15, final_step=None, last_exception="",
+                         output_tail="", artifact_uri="", artifact_digest="")
+    job.refresh_from_db()
+    assert (job.status, job.failure_restarts) == (JobStatus.RECOVERING, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_both_ranks_completing_at_once_succeed_the_job():
+    """Each rank's exit is decided in its own transaction. Rank 1's report arrives
+    while rank 0's transaction is still open: without the job's lock each saw the
+    other still live and neither succeeded the job."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from agents.protocol import ExitReason
+    from jobs import services
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
+    ranks = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(NODES)]
+    first_ended, second_ended = threading.Event(), threading.Event()
+
+    def complete(instance):
+        services.record_exit(instance, reason=ExitReason.COMPLETED, exit_code=0, final_step=STEPS, last_exception="",
+                             output_tail="", artifact_uri="", artifact_digest="")
+
+    def rank_0():
+        try:
+            with transaction.atomic():
+                complete(ranks[0])
+                first_ended.set()
+                second_ended.wait(timeout=2)  # rank 1's report overlaps this transaction, if the lock lets it
+        finally:
+            connection.close()
+
+    def rank_1():
+        try:
+            first_ended.wait(timeout=10)
+            complete(ranks[1])
+            second_ended.set()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=rank_0), threading.Thread(target=rank_1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
