@@ -49,8 +49,12 @@ AWS_REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
 AWS_INSTANCE_ID = "/latest/meta-data/instance-id"
 GCP_PREEMPTED = "/computeMetadata/v1/instance/preempted"
 GCP_INSTANCE_ID = "/computeMetadata/v1/instance/id"
+GCP_NAME = "/computeMetadata/v1/instance/name"
+GCP_ZONE = "/computeMetadata/v1/instance/zone"
+GCP_PROJECT_NUMBER = "123456789012"  # instance/zone answers projects/<number>/zones/<zone>
 AZURE_EVENTS = "/metadata/scheduledevents"
 AZURE_INSTANCE_ID = "/metadata/instance/compute/vmId"
+AZURE_NAME = "/metadata/instance/compute/name"
 NOTICE_PATHS = (AWS_INSTANCE_ACTION, GCP_PREEMPTED, AZURE_EVENTS)
 
 GCP_DEFAULT_WAIT_S = 60.0
@@ -71,6 +75,8 @@ class MetadataState:
     """What the service currently says. All access under `cond`."""
 
     instance_id: str = field(default_factory=lambda: f"i-{secrets.token_hex(8)}")
+    name: str = ""  # the VM's name (gcp, azure); 404 when empty
+    zone: str = ""  # the VM's zone (gcp); 404 when empty
     preempt_at: float | None = None  # epoch seconds the notice becomes visible
     deadline: float | None = None  # epoch seconds the VM goes away
     rebalance_at: float | None = None
@@ -99,14 +105,17 @@ def _rfc1123(epoch: float) -> str:
 class MetadataServer:
     """`MetadataServer("aws").start()` serves on 127.0.0.1 at `.url` until `.stop()`."""
 
-    def __init__(self, flavour: str, *, host: str = "127.0.0.1", port: int = 0, instance_id: str | None = None):
-        """`instance_id`: what the instance-id paths answer (random when None, 404 when empty)."""
+    def __init__(self, flavour: str, *, host: str = "127.0.0.1", port: int = 0, instance_id: str | None = None,
+                 name: str = "", zone: str = ""):
+        """`instance_id`: what the instance-id paths answer (random when None, 404 when empty);
+        `name`, `zone`: what GCP's instance/name and instance/zone and Azure's compute/name answer."""
         if flavour not in FLAVOURS:
             raise ValueError(f"metadata flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
         self.flavour = flavour
         self.state = MetadataState()
         if instance_id is not None:
             self.state.instance_id = instance_id
+        self.state.name, self.state.zone = name, zone
         self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -329,6 +338,10 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.srv.state
         if path == GCP_INSTANCE_ID and st.instance_id:
             return self._send(200, st.instance_id, headers=headers)
+        if path == GCP_NAME and st.name:
+            return self._send(200, st.name, headers=headers)
+        if path == GCP_ZONE and st.zone:
+            return self._send(200, f"projects/{GCP_PROJECT_NUMBER}/zones/{st.zone}", headers=headers)
         if path != GCP_PREEMPTED:
             return self._send(404, "Not Found", "text/html", headers)
         value = self._gcp_wait(query) if query.get("wait_for_change", "").lower() == "true" else self._gcp_value()
@@ -375,6 +388,8 @@ class _Handler(BaseHTTPRequestHandler):
         st = self.srv.state
         if path == AZURE_INSTANCE_ID and st.instance_id:
             return self._send(200, st.instance_id)
+        if path == AZURE_NAME and st.name:
+            return self._send(200, st.name)
         if path != AZURE_EVENTS:
             return self._json(404, {"error": "Not found"})
         with st.cond:
@@ -386,7 +401,7 @@ class _Handler(BaseHTTPRequestHandler):
                         "EventId": st.event_id,
                         "EventType": "Preempt",
                         "ResourceType": "VirtualMachine",
-                        "Resources": [st.instance_id],
+                        "Resources": [st.name or st.instance_id],
                         "EventStatus": "Started" if started else "Scheduled",
                         "NotBefore": "" if started else _rfc1123(st.deadline),
                         "Description": "Virtual machine is being preempted.",

@@ -19,7 +19,7 @@ from agents.protocol import NoticeSource
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/metadata/scheduledevents"
-INSTANCE_ID_PATH = "/metadata/instance/compute/vmId"
+NAME_PATH = "/metadata/instance/compute/name"
 API_VERSION = "2020-07-01"
 HEADERS = {"Metadata": "true"}
 
@@ -94,5 +94,6 @@ class AzureWatcher(PollingWatcher):
         return acknowledge
 
     def instance_id(self) -> str:
-        r = self.session.get(self.base_url + INSTANCE_ID_PATH, params={"api-version": "2021-02-01", "format": "text"}, headers=HEADERS, timeout=self.timeout_s)
+        """The VM's name: what the control plane's Azure provider calls it (not the vmId GUID)."""
+        r = self.session.get(self.base_url + NAME_PATH, params={"api-version": "2021-02-01", "format": "text"}, headers=HEADERS, timeout=self.timeout_s)
         return r.text.strip() if r.status_code == 200 else ""

@@ -16,7 +16,8 @@ from agents.notices.base import PREEMPT, NoticeEvent, PayloadError, PollingWatch
 from agents.protocol import NoticeSource
 
 PREEMPTED_PATH = "/computeMetadata/v1/instance/preempted"
-INSTANCE_ID_PATH = "/computeMetadata/v1/instance/id"
+NAME_PATH = "/computeMetadata/v1/instance/name"
+ZONE_PATH = "/computeMetadata/v1/instance/zone"  # projects/<number>/zones/<zone>
 HEADERS = {"Metadata-Flavor": "Google"}
 PREEMPTION_WINDOW = timedelta(seconds=30)
 
@@ -70,5 +71,12 @@ class GcpWatcher(PollingWatcher):
         return 0.0 if self._long_polled else self.poll_interval_s
 
     def instance_id(self) -> str:
-        r = self.session.get(self.base_url + INSTANCE_ID_PATH, headers=HEADERS, timeout=self.timeout_s)
-        return r.text.strip() if r.status_code == 200 else ""
+        """The VM as the control plane's GCP provider names it, `<zone>/<name>` (names are
+        unique per zone only); not the numeric instance/id, which no API call of ours takes."""
+        values = []
+        for path in (ZONE_PATH, NAME_PATH):
+            r = self.session.get(self.base_url + path, headers=HEADERS, timeout=self.timeout_s)
+            if r.status_code != 200 or not r.text.strip():
+                return ""
+            values.append(r.text.strip())
+        return f"{values[0].rpartition('/')[2]}/{values[1]}"

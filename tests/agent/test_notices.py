@@ -15,6 +15,7 @@ from agents.metadata_server import CannedAnswer, MetadataServer
 from agents.notices import AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, PREEMPT, REBALANCE
 from agents.notices import sigterm
 from agents.protocol import NoticeSource
+from jobs.providers.gcp import vm_id  # how GcpProvider names a VM (no SDK import)
 
 POLL = 0.05
 
@@ -199,3 +200,18 @@ def test_metadata_control_calls_over_http(imds):
     assert r.status_code == 200 and r.json()["deadline"] is not None
     r = requests.post(imds.url + "/_respawn/notice", json={"kind": "reboot"}, timeout=2)
     assert r.status_code == 400 and "reboot" in r.json()["error"]
+
+
+@pytest.mark.parametrize("flavour, identity, expected", [
+    ("aws", {"instance_id": "i-0abc123"}, "i-0abc123"),
+    # Compute's numeric id and Azure's vmId GUID are not what our providers describe or terminate by.
+    ("gcp", {"instance_id": "4837261", "name": "respawn-12", "zone": "us-central1-a"}, vm_id("us-central1-a", "respawn-12")),
+    ("azure", {"instance_id": "3f2a9c1e-5b7d-4e0a-9c8b-1d2e3f4a5b6c", "name": "respawn-12"}, "respawn-12"),
+])
+def test_the_agent_names_its_vm_as_the_control_planes_provider_does(flavour, identity, expected):
+    watchers = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}
+    server = MetadataServer(flavour, **identity).start()
+    try:
+        assert watchers[flavour](server.url).instance_id() == expected
+    finally:
+        server.stop()
