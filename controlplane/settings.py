@@ -204,8 +204,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     }
 else:
     # Redis returns an unacked task after the visibility timeout: minutes, not the
-    # default hour, so a task held by a killed worker runs again soon.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("RESPAWN_VISIBILITY_TIMEOUT_S", 300))}
+    # default hour, so a task held by a killed worker runs again soon. A key prefix lets
+    # deployments (or concurrent test runs) share one Redis without taking each other's tasks.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("RESPAWN_VISIBILITY_TIMEOUT_S", 300)),
+                                       "global_keyprefix": os.environ.get("RESPAWN_BROKER_KEY_PREFIX", "")}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -37,6 +37,18 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def private_broker_keys():
+    """One broker key prefix per pytest process, as one database: concurrent runs sharing
+    a Redis never run each other's tasks (a worker of one run took another's launches).
+    Set here for this process's Celery app and, through the environment, for children."""
+    from controlplane.celery import app
+
+    prefix = f"respawn-test-pid{os.getpid()}:"
+    os.environ["RESPAWN_BROKER_KEY_PREFIX"] = prefix
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "global_keyprefix": prefix}
+
+
+@pytest.fixture(autouse=True, scope="session")
 def fast_password_hashing():
     # PBKDF2's deliberate slowness would dominate the suite's run time.
     from django.conf import settings

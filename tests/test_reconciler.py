@@ -2,7 +2,6 @@
 itself was down — and runs for real under Celery beat and a worker on Redis."""
 
 import os
-import sys
 import threading
 from datetime import timedelta
 
@@ -15,7 +14,7 @@ from jobs.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
 from jobs.tasks import reconcile
 from tests.agent_api.helpers import AgentClient
-from tests.conftest import ChildProcess, wait_until
+from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_instance, make_job, make_team_with_members
 
 REDIS_URL = os.environ.get("RESPAWN_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -96,16 +95,13 @@ def test_concurrent_resends_of_one_report_apply_once(transactional_db):
 def test_beat_and_worker_on_redis_mark_a_silent_instance_lost(child_env, web_server, tmp_path, db):
     client = redis.Redis.from_url(REDIS_URL)
     client.ping()  # no Redis is a failure here, never a skip
-    client.flushdb()
+    for key in client.scan_iter(os.environ["RESPAWN_BROKER_KEY_PREFIX"] + "*"):  # this run's keys only
+        client.delete(key)
     env = {**child_env, "CELERY_BROKER_URL": REDIS_URL, "RESPAWN_API_URL": web_server.url}
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
     silent = running_instance(job, deadline_in_s=0.5)
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-    worker = ChildProcess([*celery, "worker", "--pool", "solo", "--loglevel", "INFO", "--without-heartbeat",
-                           "--without-gossip", "--without-mingle"], env, tmp_path / "worker.log").start()
-    beat = ChildProcess([*celery, "beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat-schedule")], env,
-                        tmp_path / "beat.log").start()
+    worker, beat = start_worker_and_beat(env, tmp_path, pool="solo", concurrency=None)
     try:
         wait_until(lambda: Instance.objects.get(pk=silent.pk).state == InstanceState.ENDED, timeout=60,
                    what="the reconciler to mark the silent instance lost", proc=worker)
@@ -114,3 +110,19 @@ def test_beat_and_worker_on_redis_mark_a_silent_instance_lost(child_env, web_ser
         worker.stop()
     assert Instance.objects.get(pk=silent.pk).end_reason == EndReason.LOST
     assert "jobs.tasks.reconcile" in worker.output() and "succeeded" in worker.output()
+
+
+def test_each_test_run_sends_its_tasks_under_its_own_broker_keys():
+    """Concurrent runs sharing a Redis (two checkouts, parallel sessions) never run each
+    other's tasks: this run's queue lives under its own key prefix, as a deployment's
+    can with RESPAWN_BROKER_KEY_PREFIX."""
+    from controlplane.celery import app
+
+    client = redis.Redis.from_url(REDIS_URL)
+    ours = os.environ["RESPAWN_BROKER_KEY_PREFIX"] + "celery"
+    client.delete(ours)
+    unprefixed = client.llen("celery")
+    with app.connection_for_write(REDIS_URL) as connection:
+        reconcile.apply_async(connection=connection)
+    assert (client.llen(ours), client.llen("celery")) == (1, unprefixed)
+    client.delete(ours)
