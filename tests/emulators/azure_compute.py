@@ -216,3 +216,26 @@ def _self_signed_context(directory: Path) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_path, key_path)
     return context
+
+
+class ManagedIdentityEndpoint(JsonHttpEmulator):
+    """The token endpoint of an Azure managed identity (App Service flavour), over
+    plain http as on a host: a process given `env` gets ARM tokens from it through
+    azure-identity's own DefaultAzureCredential, with no credential in our config."""
+
+    SECRET = "emulator-identity-header"
+
+    def __init__(self):
+        super().__init__()
+        self.route("GET", r"/msi/token", self._token)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"IDENTITY_ENDPOINT": f"{self.endpoint}/msi/token", "IDENTITY_HEADER": self.SECRET}
+
+    def _token(self, m, query, body):
+        if self.received[-1].headers.get("X-IDENTITY-HEADER") != self.SECRET:
+            return _error(401, "Unauthorized", "missing or wrong X-IDENTITY-HEADER")
+        expires = int(dt.datetime.now(dt.UTC).timestamp()) + 3600
+        return 200, {"access_token": "emulator-token", "expires_on": str(expires), "resource": query.get("resource", ""),
+                     "token_type": "Bearer"}, {}
