@@ -53,6 +53,9 @@ def parse_preempt_events(raw: str, now: datetime) -> list[tuple[str, datetime | 
         if not isinstance(event_id, str) or not event_id:
             log_garbage(NoticeSource.AZURE_SCHEDULED_EVENTS, PayloadError(f"Preempt event without an EventId: {event!r}"), raw)
             continue
+        if event.get("EventStatus") == "Started" and event.get("NotBefore") == "":
+            found.append((event_id, now))  # acknowledged or due: Azure blanks NotBefore, the eviction is under way
+            continue
         try:
             deadline = plausible_deadline(parse_not_before(event.get("NotBefore")), now, raw, NoticeSource.AZURE_SCHEDULED_EVENTS)
         except PayloadError as exc:

@@ -58,3 +58,10 @@ def test_every_azure_preempt_event_with_an_id_is_found_whatever_its_not_before(e
     found = dict(parse_preempt_events(json.dumps({"DocumentIncarnation": 2, "Events": [odd, good]}), NOW))
     assert found["A-1"] == NOW + timedelta(seconds=30)
     assert event_id in found
+
+
+def test_a_started_azure_event_is_due_now_and_not_garbage(caplog):
+    """Once acknowledged (or due), Azure serves the event Started with an empty NotBefore."""
+    started = {"EventId": "A-1", "EventType": "Preempt", "EventStatus": "Started", "NotBefore": ""}
+    assert parse_preempt_events(json.dumps({"DocumentIncarnation": 3, "Events": [started]}), NOW) == [("A-1", NOW)]
+    assert not caplog.records
