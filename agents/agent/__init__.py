@@ -3,12 +3,18 @@
 Modules: `config` (flags and environment), `client` (HTTP calls), `reporter`
 (journaled, ordered delivery), `channel` (files shared with the trainer),
 `supervisor` (the trainer process), `validation` (low-priority checkpoint
-validation), `lifecycle` (the whole life), `preflight` (is a script spot-safe).
+validation), `prepare` (the prepare step, cached by content hash), `lifecycle`
+(the whole life), `preflight` (is a script spot-safe).
 
 What the agent adds to the trainer channel of agents/protocol.py:
 - work dir layout: `trainer.log` (the trainer's output, plus lines starting with
   `[respawn-agent]` saying what the agent did), `channel/` (status.json,
-  checkpoints.jsonl, control.json, notice.json), `journal/` (offline journal).
+  checkpoints.jsonl, control.json, notice.json), `journal/` (offline journal),
+  `prepare/` (the prepare step's outputs, $RESPAWN_PREPARE_DIR) and
+  `prepare-result.json` (how that step went; `prepare` module).
+- the prepare step (`prepare_command`) runs before the trainer, watched like it
+  (heartbeats, notices, stops); the trainer starts only once its outputs are in
+  place, with $RESPAWN_PREPARE_DIR and $RESPAWN_PREPARE_URI set.
 - notice file: `{"source", "notice_time", "deadline", "cloud_deadline"}`, where
   `deadline` is the one to meet (the notice budget, never past the cloud's) and
   `cloud_deadline` what the cloud stated (null when unknown).

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 import requests
 
 from agents import __version__, protocol
+from agents.agent import prepare
 from agents.agent.channel import (
     ChannelPaths,
     CheckpointsTail,
@@ -50,6 +51,8 @@ from agents.notices.base import utcnow
 log = logging.getLogger(__name__)
 
 TRAINER_LOG = "trainer.log"
+PREPARE_DIR = "prepare"  # under the work dir: the prepare step's outputs ($RESPAWN_PREPARE_DIR)
+PREPARE_RESULT = "prepare-result.json"  # under the work dir: how the step went (agents.agent.prepare)
 AGENT_LINE_PREFIX = "[respawn-agent]"
 MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
@@ -67,6 +70,12 @@ def check_job_spec(job: protocol.JobSpec) -> None:
     """ValueError naming the first field of the job spec the agent cannot use."""
     if not isinstance(job.command, list) or not job.command or not all(isinstance(a, str) for a in job.command):
         raise ValueError(f"job.command must be a non-empty list of strings, got {job.command!r}")
+    for name in ("prepare_command", "prepare_inputs"):
+        value = getattr(job, name)
+        if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+            raise ValueError(f"job.{name} must be a list of non-empty strings, got {value!r}")
+    if job.purpose not in protocol.Purpose.ALL:
+        raise ValueError(f"job.purpose must be one of {protocol.Purpose.ALL}, got {job.purpose!r}")
     if not isinstance(job.env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in job.env.items()):
         raise ValueError(f"job.env must map strings to strings, got {job.env!r}")
     for name in ("heartbeat_interval_s", "notice_budget_s"):
@@ -77,7 +86,7 @@ def check_job_spec(job: protocol.JobSpec) -> None:
     for name in ("rank", "world_size"):
         if not isinstance(getattr(job, name), int) or isinstance(getattr(job, name), bool) or getattr(job, name) < 0:
             raise ValueError(f"job.{name} must be an integer >= 0, got {getattr(job, name)!r}")
-    for name in ("checkpoint_uri", "working_dir", "rendezvous_addr"):
+    for name in ("checkpoint_uri", "working_dir", "rendezvous_addr", "artifact_uri", "artifact_digest"):
         if not isinstance(getattr(job, name), str):
             raise ValueError(f"job.{name} must be a string, got {getattr(job, name)!r}")
     if not isinstance(job.validation, protocol.ValidationSpec):
@@ -101,7 +110,8 @@ class Agent:
         self.events: queue.Queue = queue.Queue()
         self.stop_watching = threading.Event()
         self.job: protocol.JobSpec | None = None
-        self.trainer: TrainerProcess | None = None
+        self.trainer: TrainerProcess | None = None  # the process being supervised: the prepare step, then the trainer
+        self.preparing = False
         self.validator: Validator | None = None
         self.notice: NoticeEvent | None = None
         self.notice_commit: protocol.CheckpointReport | None = None
@@ -194,21 +204,38 @@ class Agent:
         assert job is not None
         try:
             env = trainer_env(job, self.paths.env())
+        except ValueError as exc:
+            return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
+        if job.prepare_command:
+            ended = self._prepare(env)
+            if ended is not None:
+                return ended
+        try:
             if self.checkpoint_interval_s:
                 write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
             self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
             self.trainer.start()
         except (OSError, ValueError) as exc:
-            return protocol.ExitReport(reason=protocol.ExitReason.SETUP, output_tail=f"could not start the trainer {job.command!r}: {exc}", last_exception=str(exc))
+            return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
         if self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
             self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
+        code = self._watch()
+        self._collect_checkpoints()
+        if self.notice is not None:
+            self._report_notice_outcome()
+        return self._exit_report(code)
+
+    def _watch(self) -> int:
+        """Supervise `self.trainer` (the prepare step, then the trainer) until it exits:
+        ship its checkpoints, output and heartbeats, act on answers and notices."""
+        assert self.trainer is not None
         now = time.monotonic()
         next_heartbeat, next_logs = now, now + self.config.log_batch_interval_s
         while True:
             self._collect_checkpoints()
             code = self.trainer.poll()
             if code is not None:
-                break
+                return code
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at:
                 self._agent_line("the trainer did not stop in time; killing it")
@@ -225,10 +252,42 @@ class Agent:
             except queue.Empty:
                 continue
             self._handle(event)
-        self._collect_checkpoints()
-        if self.notice is not None:
-            self._report_notice_outcome()
-        return self._exit_report(code)
+
+    def _prepare(self, env: dict[str, str]) -> protocol.ExitReport | None:
+        """Run the job's prepare step (agents.agent.prepare) under the same watch as the
+        trainer; on success `env` tells the trainer where its outputs are. An exit report
+        when the job cannot go on here (the step failed, a notice or a stop came first)."""
+        job = self.job
+        assert job is not None
+        out_dir, result_path = os.path.join(self.config.work_dir, PREPARE_DIR), os.path.join(self.config.work_dir, PREPARE_RESULT)
+        if os.path.exists(result_path):
+            os.remove(result_path)
+        env[protocol.ENV_PREPARE_DIR] = out_dir
+        command = prepare.runner_command(job, out_dir=out_dir, result=result_path, store=job.rank == 0)
+        self.preparing = True
+        try:
+            self.trainer = TrainerProcess(command, env=env, cwd=None, log_path=self.log_path)
+            self.trainer.start()
+            code = self._watch()
+        except OSError as exc:
+            return self._setup_failure(f"could not start the prepare step: {exc}", str(exc))
+        finally:
+            self.preparing = False
+        if self.notice is not None or self.stopped_by_control_plane:
+            return self._exit_report(code)
+        result = prepare.read_result(result_path)
+        self.reporter.report(protocol.PATH_PREPARE, protocol.PrepareReport(
+            outcome=result.outcome, key=result.key, uri=result.uri, seconds=result.seconds, message=result.message))
+        if code != 0:
+            self._ship_logs(final=True)
+            return protocol.ExitReport(reason=protocol.ExitReason.SETUP, exit_code=code, output_tail=output_tail(self.log_path),
+                                       last_exception=f"prepare step failed: {result.message}"[:MAX_EXCEPTION_CHARS])
+        env[protocol.ENV_PREPARE_URI] = result.uri
+        self.trainer = None
+        return None
+
+    def _setup_failure(self, tail: str, exception: str) -> protocol.ExitReport:
+        return protocol.ExitReport(reason=protocol.ExitReason.SETUP, output_tail=tail, last_exception=exception[:MAX_EXCEPTION_CHARS])
 
     def _handle(self, event: tuple) -> None:
         if event[0] == "notice":
@@ -332,6 +391,11 @@ class Agent:
         return True
 
     def _signal_trainer(self, name: str) -> None:
+        if self.preparing:
+            # The prepare step has nothing to checkpoint, and SIGUSR1 would kill it; it stops on SIGTERM.
+            if name == protocol.SIGNAL_CHECKPOINT_NOW:
+                return
+            name = "SIGTERM"
         if self.trainer is not None:
             self.trainer.signal(getattr(signal, name))
 
