@@ -4,20 +4,31 @@ too small for the action is a 403."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
+from frontend import reads
 from jobs.models import Job, Team
 from jobs.permissions import can, roles_of, visible_team_ids
 
 SESSION_TEAM = "respawn_team_id"
 
 
-def visible_teams(user) -> list[Team]:
-    return list(Team.objects.filter(pk__in=visible_team_ids(user)).order_by("name"))
+@dataclass(frozen=True, slots=True)
+class TeamChoice:
+    """A team the person can switch to (the pages show its name and link by pk)."""
+
+    pk: int
+    name: str
 
 
-def current_team(request, teams: list[Team]) -> Team | None:
+def visible_teams(user) -> list[TeamChoice]:
+    return [TeamChoice(pk, name) for pk, name in reads.team_names(visible_team_ids(user))]
+
+
+def current_team(request, teams: list[TeamChoice]) -> TeamChoice | None:
     """The team chosen with the switcher, else the first the person can see."""
     chosen = request.session.get(SESSION_TEAM)
     for team in teams:
@@ -38,6 +49,15 @@ def scoped_job(user, pk: int, action: str = "job.view") -> Job:
     if job is None:
         raise Http404("No such job.")
     require(user, action, job.team_id)
+    return job
+
+
+def scoped_job_row(user, pk: int, action: str = "job.view") -> dict:
+    """As `scoped_job`, for the polled pages: the job's row as `reads.job` gives it."""
+    job = reads.job(pk)
+    if job is None or job["team_id"] not in visible_team_ids(user):
+        raise Http404("No such job.")
+    require(user, action, job["team_id"])
     return job
 
 

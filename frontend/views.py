@@ -5,25 +5,28 @@ team's data; JSON views answer 401 to an anonymous caller instead of a login pag
 
 from __future__ import annotations
 
-from functools import wraps
+from functools import cache, wraps
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import JsonResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from frontend import access, selectors
+from frontend import access, money, reads, selectors
 from frontend.forms import JobFilterForm, SubmitJobForm
 from jobs.costs import CostError, parse_month
-from jobs.models import Membership, PriceQuote
+from jobs.models import PriceQuote
 from jobs.permissions import can
-from jobs.placement import interruption_rates
 from jobs.services import cancel_job
+
+
+SUBMIT_FIELDS = "frontend/_submit_fields.html"
 
 
 def json_view(view):
@@ -68,13 +71,12 @@ def _jobs_page(request, teams):
 def home(request):
     teams = access.visible_teams(request.user)
     team, form, current, rows = _jobs_page(request, teams)
-    owners = (Membership.objects.filter(team=team).order_by("user__username")
-              .values_list("user__username", flat=True)) if team else []
+    owners = reads.team_usernames(team.pk) if team else []
     query = request.GET.copy()
     query.pop("page", None)
     return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, teams=teams,
                 form=form, page=current,
-                rows=rows, owners=list(owners), query=query.urlencode(),
+                rows=rows, owners=owners, query=query.urlencode(),
                 selected_statuses=request.GET.getlist("status"))
 
 
@@ -105,16 +107,14 @@ def switch_team(request):
 # ---- one job ----------------------------------------------------------------------------------
 
 def _job_status(request, pk):
-    job = access.scoped_job(request.user, pk)
-    return job, selectors.job_status(job, may_cancel=can(request.user, "job.cancel", job.team_id))
+    job = access.scoped_job_row(request.user, pk)
+    return job, selectors.job_status(job, may_cancel=can(request.user, "job.cancel", job["team_id"]))
 
 
 @login_required
 def job_page(request, pk: int):
     job, status = _job_status(request, pk)
-    interval = (job.instances.exclude(checkpoint_interval=None).order_by("-requested_at")
-                .values_list("checkpoint_interval", flat=True).first())
-    return page(request, "frontend/job.html", job=job, status=status, interval=interval)
+    return page(request, "frontend/job.html", job=job, status=status, interval=status["job"]["checkpoint_interval"])
 
 
 @json_view
@@ -138,10 +138,22 @@ def job_cancel(request, pk: int):
 def _team_page(request, team, form, http_status=200):
     month = request.GET.get("month") or None
     data = selectors.team_status(team, month)
-    rates = [r for r in interruption_rates() if r["exposure_hours"] > 0]
-    return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, form=form, rates=rates,
-                may_submit=can(request.user, "job.create", team.pk),
+    rates = money.placement_rates()
+    may_submit = can(request.user, "job.create", team.pk)
+    return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, rates=rates,
+                may_submit=may_submit, submit_fields=_submit_fields(form) if may_submit else "",
                 role=access.role_in(request.user, team.pk))
+
+
+def _submit_fields(form: SubmitJobForm) -> str:
+    return render_to_string(SUBMIT_FIELDS, {"form": form}) if form.is_bound else _blank_submit_fields()
+
+
+@cache
+def _blank_submit_fields() -> str:
+    """An empty submit form is the same for everyone: rendered once, as its widgets
+    were most of the overview's rendering time."""
+    return render_to_string(SUBMIT_FIELDS, {"form": SubmitJobForm()})
 
 
 @login_required
