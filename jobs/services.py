@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from datetime import timedelta
 
 from django.conf import settings
@@ -41,7 +42,10 @@ def refresh_interval(instance: Instance) -> None:
 
     from jobs.placement import interval_for
 
-    instance.checkpoint_interval = asdict(interval_for(instance))
+    # JSON (and PostgreSQL's jsonb) has no infinity: on on-demand nothing interrupts,
+    # so M and Young/Daly are unbounded, stored as null ("none").
+    instance.checkpoint_interval = {name: value if not isinstance(value, float) or math.isfinite(value) else None
+                                    for name, value in asdict(interval_for(instance)).items()}
     Instance.objects.filter(pk=instance.pk).update(checkpoint_interval=instance.checkpoint_interval)
 
 
