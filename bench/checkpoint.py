@@ -141,11 +141,15 @@ def raw_write_bandwidth(nbytes: int, path: str) -> float:
 
 # --- candidates ---------------------------------------------------------------------------
 def periodic_stall(state: TrainState, uri: str) -> float:
-    """Training stall of a periodic save (snapshot + reference loss), warm (second) save."""
+    """Time training is blocked by a periodic save, warm (second) save: in save() and,
+    for the weights and moments copied beside the next step, in that step's optimizer
+    step waiting for the copy (the Checkpointer adds that wait to the outcome)."""
     ckpt = Checkpointer(state, CheckpointConfig(uri=uri, interval_s=3600, validation=VALIDATION, handle_signals=False))
     stalls = []
     for step in (1, 2):
-        stalls.append(ckpt.save(step, kind="periodic").stall_s)
+        outcome = ckpt.save(step, kind="periodic")
+        train_step(state)
+        stalls.append(outcome.stall_s)
         ckpt.wait()
     ckpt.close()
     drop(uri)

@@ -1,10 +1,14 @@
 """The Checkpointer: called by the training loop every step, it decides when to save.
 
 Save choices, each a deliberate one:
-- Periodic saves are two-phase: the snapshot (copy into reused host buffers, plus
-  the reference loss when validation is configured) stalls training; the persist
-  runs in a background thread, paced over `pace_fraction` of the interval at the
-  lowest CPU priority, then commits (data files, state.json, MANIFEST.json, LATEST).
+- Periodic saves are two-phase: the snapshot (copy into reused host buffers), then
+  the persist in a background thread, paced over `pace_fraction` of the interval at
+  the lowest CPU priority, then the commit (data files, state.json, MANIFEST.json,
+  LATEST). Only part of the snapshot stalls training: the tensors that only the
+  optimizer writes (weights, optimizer moments) are copied by the persist thread
+  beside the next step's forward/backward, and the optimizer's next `step()` waits
+  for that copy (a step pre-hook) before it writes them; the rest (buffers, RNG,
+  scheduler, sampler) is copied at once. `overlap_snapshot=False` copies it all at once.
 - At most one persist is in flight. A periodic save that comes due while one is
   still running is DEFERRED: the in-flight persist finishes undisturbed (so an
   older checkpoint always completes) and the save happens at the first step after
@@ -73,6 +77,11 @@ class CheckpointConfig:
     """Resume from this checkpoint URI (or an older one if it is invalid) instead of the newest."""
     handle_signals: bool = True
     """SIGTERM -> notice save and stop at the next step; SIGUSR1 -> save at the next step."""
+    overlap_snapshot: bool = True
+    """Copy the weights and optimizer state of a periodic save beside the next step's
+    forward/backward (the TrainState's optimizer waits for it before its next step).
+    Turn off if the loop changes weights between a save and the optimizer's next step
+    by other means than the optimizer. CUDA tensors are copied at once either way."""
     checkpoints_file: str | None = None
     control_file: str | None = None
     notice_file: str | None = None
@@ -137,6 +146,10 @@ class _Persist:
     started: float
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
+    # The snapshot's deferred part: (the state's tensors, indices still to copy), and
+    # set once copied; the optimizer's next step waits for it.
+    deferred: tuple[list, list[int]] | None = None
+    snapshotted: threading.Event = field(default_factory=threading.Event)
     entries: dict | None = None
     error: BaseException | None = None
 
@@ -182,6 +195,9 @@ class Checkpointer:
         self.should_stop = False
         self.last_outcome: SaveOutcome | None = None
         self._previous_handlers: dict = {}
+        self._step_hook = None
+        if config.overlap_snapshot and state.optimizer is not None:
+            self._step_hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
         if config.handle_signals and threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
                 self._previous_handlers[sig] = signal.signal(sig, handler)
@@ -192,6 +208,14 @@ class Checkpointer:
 
     def _on_checkpoint_now(self, signum, frame) -> None:
         self._now_seen = True
+
+    def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """The weights are about to change: the in-flight snapshot must hold them first."""
+        job = self._inflight
+        if job is not None and not job.snapshotted.is_set():
+            started = time.monotonic()
+            job.snapshotted.wait()
+            job.outcome.stall_s += time.monotonic() - started
 
     def request_stop(self) -> None:
         """Same as SIGTERM: notice save at the next `save()` call, then `should_stop`."""
@@ -297,12 +321,13 @@ class Checkpointer:
         return time.monotonic() + remaining
 
     # --- saving ------------------------------------------------------------------------
-    def _snapshot(self, step: int, kind: str) -> tuple[dict, float]:
-        """Copy the state into the host buffers; the only part of a periodic save that stalls."""
+    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, tuple | None]:
+        """Copy the state into the host buffers, but with `overlap` the tensors only the
+        optimizer writes, returned as (tensors, indices) for the persist thread to copy."""
         started = time.monotonic()
         tensors: list[torch.Tensor] = []
         skeleton = flatten(self.state.state_dict(), tensors)
-        self._buffers.copy_in(tensors)
+        later = self._buffers.copy_in(tensors, self._optimizer_owned(tensors) if overlap else frozenset())
         meta = {
             "format": layout.FORMAT, "step": step, "kind": kind, "world_size": self.coord.world_size,
             "created_at": datetime.now(timezone.utc).isoformat(),
@@ -311,28 +336,50 @@ class Checkpointer:
         if self._reference is not None:
             self._reference.prepare()
             meta["validation"] = self.config.validation.to_json()
-        return meta, time.monotonic() - started
+        return meta, time.monotonic() - started, (tensors, later) if later else None
+
+    def _optimizer_owned(self, tensors: list[torch.Tensor]) -> frozenset[int]:
+        """Indices of the host tensors that only the optimizer's step writes: the
+        parameters it updates and its per-parameter state."""
+        optimizer = self.state.optimizer
+        if self._step_hook is None:
+            return frozenset()
+        owned = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
+        for per_param in optimizer.state.values():
+            owned |= {t.data_ptr() for t in per_param.values() if isinstance(t, torch.Tensor)}
+        return frozenset(i for i, t in enumerate(tensors) if not t.is_cuda and t.numel() and t.data_ptr() in owned)
+
+    def _complete_snapshot(self, job: _Persist) -> None:
+        try:
+            if job.deferred is not None:
+                self._buffers.copy_some(*job.deferred)
+        finally:
+            job.deferred = None  # let go of the live tensors
+            job.snapshotted.set()
 
     def _snapshot_weights(self, meta: dict) -> dict[str, torch.Tensor]:
         """The model's weights as views into the snapshot buffers."""
         return {name: self._buffers.views[ref["__tensor__"]]
                 for name, ref in meta["skeleton"]["model"].items() if isinstance(ref, dict) and "__tensor__" in ref}
 
-    def _new_job(self, step: int, kind: str, pace: persist.Pace) -> _Persist:
+    def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
-        meta, stall = self._snapshot(step, kind)
+        meta, stall, deferred = self._snapshot(step, kind, overlap)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.last_outcome = outcome
         self._last_save_at = time.monotonic()
         self._last_saved_step = step
-        return _Persist(step, kind, pace, outcome, meta, started)
+        job = _Persist(step, kind, pace, outcome, meta, started, deferred=deferred)
+        if deferred is None:
+            job.snapshotted.set()
+        return job
 
     def _start_periodic(self, step: int) -> SaveOutcome:
         interval = self._interval_s
         if self.config.every_steps and self._step_time_s:
             interval = self.config.every_steps * self._step_time_s
         pace = persist.Pace(low_priority=True)
-        job = self._new_job(step, protocol.CheckpointKind.PERIODIC, pace)
+        job = self._new_job(step, protocol.CheckpointKind.PERIODIC, pace, overlap=True)
         pace.finish_by = time.monotonic() + self.config.pace_fraction * interval
         self._inflight = job
         threading.Thread(target=self._run_persist, args=(job,), name=f"ckpt-persist-{step}", daemon=True).start()
@@ -340,6 +387,7 @@ class Checkpointer:
 
     def _run_persist(self, job: _Persist) -> None:
         try:
+            self._complete_snapshot(job)
             self._write_rank_files(job)
             if self.coord.world_size == 1:
                 self._try_commit(job)
@@ -491,6 +539,9 @@ class Checkpointer:
             for sig, handler in self._previous_handlers.items():
                 signal.signal(sig, handler)
             self._previous_handlers.clear()
+            if self._step_hook is not None:
+                self._step_hook.remove()
+                self._step_hook = None
 
     def finish(self, step: int):
         """End of training: final save, validation, export of the weights (safetensors).

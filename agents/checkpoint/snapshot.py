@@ -3,8 +3,9 @@
 The tensors are packed into `num_files` byte buffers (one per data file, balanced
 by size, each tensor 64-byte aligned) so the persist phase writes each buffer
 straight to its file. Buffers are allocated once and reused while the state's
-layout stays the same (pinned on CUDA so device-to-host copies run at full speed);
-this copy is the only part of a periodic save that stalls training.
+layout stays the same (pinned on CUDA so device-to-host copies run at full speed).
+The Checkpointer copies the tensors only the optimizer writes (weights, moments)
+beside the next step's forward/backward; the rest is copied at once.
 """
 
 from __future__ import annotations
@@ -72,13 +73,19 @@ class SnapshotBuffers:
         self.views = [view_of(self.buffers[s.file], s) for s in self.slots]
         self._signature = _signature(tensors)
 
-    def copy_in(self, tensors: list[torch.Tensor]) -> None:
+    def copy_in(self, tensors: list[torch.Tensor], skip: frozenset[int] = frozenset()) -> list[int]:
+        """Copy every tensor but those at the `skip` indices (copied later by
+        `copy_some`); returns the skipped indices that hold bytes."""
         if _signature(tensors) != self._signature:
             self._allocate(tensors)
-        for view, t in zip(self.views, tensors):
-            if view.numel():
-                view.copy_(t, non_blocking=t.is_cuda)
-        if any(t.is_cuda for t in tensors):
+        self.copy_some(tensors, [i for i in range(len(tensors)) if i not in skip])
+        return [i for i in sorted(skip) if self.views[i].numel()]
+
+    def copy_some(self, tensors: list[torch.Tensor], indices: list[int]) -> None:
+        for i in indices:
+            if self.views[i].numel():
+                self.views[i].copy_(tensors[i], non_blocking=tensors[i].is_cuda)
+        if any(tensors[i].is_cuda for i in indices):
             torch.cuda.synchronize()
 
 

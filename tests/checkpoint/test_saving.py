@@ -74,6 +74,29 @@ def test_a_save_due_while_a_persist_is_in_flight_is_deferred_until_it_finishes(r
     assert committed_steps(root) == [1, 3]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_periodic_save_holds_its_steps_weights_though_the_optimizer_steps_at_once(root, overlap):
+    """With overlap the weights and Adam moments are copied beside the next step; the
+    optimizer's step waits for that copy before it writes them."""
+    state = big_state()
+    saved = {k: v.clone() for k, v in state.model.state_dict().items()}
+    moments = [(s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in state.optimizer.state.values()]
+    ckpt = Checkpointer(state, config(root, num_files=1, every_steps=None, interval_s=3600, validation=None,
+                                      overlap_snapshot=overlap))
+    assert ckpt.save(1, kind="periodic").committed is None
+    state.model(torch.ones(1, 2048)).sum().backward()
+    state.optimizer.step()  # at once: with overlap the copy has barely started
+    ckpt.close()
+    assert not torch.equal(state.model.weight, saved["weight"])  # the step did change the weights
+
+    resumed = big_state()
+    assert Checkpointer(resumed, config(root, validation=None)).load_latest() == 1
+    for name, tensor in resumed.model.state_dict().items():
+        assert torch.equal(tensor, saved[name]), name
+    for s, (exp_avg, exp_avg_sq) in zip(resumed.optimizer.state.values(), moments):
+        assert torch.equal(s["exp_avg"], exp_avg) and torch.equal(s["exp_avg_sq"], exp_avg_sq)
+
+
 def test_a_notice_abandons_an_older_in_flight_persist_and_commits_its_own_step(root):
     ckpt = Checkpointer(big_state(), config(root, num_files=1, every_steps=None, interval_s=60, validation=None))
     ckpt.save(1, kind="periodic")  # paced over ~30 s
