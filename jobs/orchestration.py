@@ -20,18 +20,22 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from agents.protocol import Action
+from agents.protocol import Action, Purpose
 from jobs import budget
 from jobs import placement as placements
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
-from jobs.models import Instance, InterruptionEvent, Job
-from jobs.providers.base import CapacityError, CloudState, LaunchRequest, PrecheckError, render_user_data
+from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
+from jobs.providers.base import (CapacityError, CloudState, LaunchRequest, Market, Placement, PrecheckError,
+                                 render_user_data)
 from jobs.cloud import REGIONAL, provider_for
 from jobs.services import after_instance_ended, enqueue_terminate, judge_failure, nudge_schedule, request_action
 from jobs.tokens import BOOTSTRAP_PREFIX, hash_token
-from jobs.transitions import end_instance, transition_instance, transition_job
+from jobs.transitions import end_instance, log_job_event, transition_instance, transition_job
 
 log = logging.getLogger(__name__)
+
+# On-demand VMs one post step may use (a lost VM, a capacity refusal) before its job fails.
+POST_MAX_LAUNCHES = 3
 
 
 def bootstrap_token_for(instance: Instance) -> str:
@@ -81,7 +85,7 @@ def schedule() -> list[int]:
         ids = provision(job)
         usage[job.team_id] += len(ids) * job.accelerator_count
         created += ids
-    return created
+    return created + start_post_steps()
 
 
 def _share(team, in_use: int) -> float:
@@ -144,14 +148,68 @@ def gang_rendezvous(job: Job, placement) -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str) -> int:
+def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str,
+                  purpose: str = Purpose.TRAIN) -> int:
     p = chosen.placement
-    instance = Instance(job=job, rank=rank, world_size=job.nodes, provider=p.provider, region=p.region, zone=p.zone,
-                        instance_type=p.instance_type, market=p.market, price_per_hour_at_launch=chosen.usd_per_hour,
-                        rendezvous_addr=rendezvous)
+    instance = Instance(job=job, rank=rank, world_size=job.nodes if purpose == Purpose.TRAIN else 1,
+                        provider=p.provider, region=p.region, zone=p.zone, instance_type=p.instance_type,
+                        market=p.market, price_per_hour_at_launch=chosen.usd_per_hour, rendezvous_addr=rendezvous,
+                        purpose=purpose)
     instance.bootstrap_token_hash = hash_token(bootstrap_token_for(instance))
     instance.save()
     return instance.pk
+
+
+def start_post_steps() -> list[int]:
+    """Launch the post step of jobs whose training succeeded (`finishing`) and that hold
+    no VM: its first VM, or the next after one was lost. Returns the instance ids created."""
+    waiting = Job.objects.filter(status=JobStatus.FINISHING).exclude(instances__state__in=InstanceState.LIVE)
+    batch = waiting.values_list("pk", flat=True)[: settings.RESPAWN["SCHEDULE_BATCH"]]
+    return [instance_id for instance_id in map(_start_post_step, batch) if instance_id is not None]
+
+
+def _start_post_step(job_id: int) -> int | None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, status=JobStatus.FINISHING).first()
+        if job is None or job.instances.filter(state__in=InstanceState.LIVE).exists():
+            return None  # another worker got there first
+        launched = job.instances.filter(purpose=Purpose.POST).count()
+        chosen = _post_placement(job) if launched < POST_MAX_LAUNCHES else None
+        if chosen is None:
+            why = (f"post step: {launched} on-demand VMs ended without finishing it" if launched >= POST_MAX_LAUNCHES
+                   else "post step: no on-demand placement (no price for the training's instance type in the "
+                        "zones it ran in, or each refused an earlier post VM for capacity)")
+            transition_job(job.pk, JobStatus.FINISHING, JobStatus.FAILED, message=why,
+                           failure_cause=FailureCause.NO_CAPACITY, failure_message=why)
+            return None
+        instance_id = _new_instance(job, 0, chosen, "", purpose=Purpose.POST)
+        p = chosen.placement
+        log_job_event(job.pk, f"post step: launching instance {instance_id} on {p.provider} {p.zone} "
+                              f"{p.instance_type} (on-demand, ${chosen.usd_per_hour}/h)")
+        transaction.on_commit(lambda: _enqueue_launches([instance_id]))
+    return instance_id
+
+
+def _post_placement(job: Job) -> placements.PricedPlacement | None:
+    """On-demand, on the cloud, region and instance type of the training's last VM: in
+    the zones training used, newest first, but not one that refused an earlier post VM
+    for capacity; priced like the ledger prices it (a zone's quote, else the region's)."""
+    trained = job.instances.filter(purpose=Purpose.TRAIN).order_by("-pk")
+    last = trained.first()
+    if last is None:
+        return None
+    refused = set(job.instances.filter(purpose=Purpose.POST, end_reason=EndReason.CAPACITY_ERROR)
+                  .values_list("zone", flat=True))
+    zones = dict.fromkeys(trained.filter(provider=last.provider, region=last.region).values_list("zone", flat=True))
+    for zone in (z for z in zones if z not in refused):
+        quote = PriceQuote.objects.filter(
+            provider=last.provider, region=last.region, zone__in=(zone, ""), instance_type=last.instance_type,
+            market=Market.ON_DEMAND, observed_at__lte=timezone.now()).order_by("-zone", "-observed_at").first()
+        if quote is not None:
+            placement = Placement(provider=last.provider, region=last.region, zone=zone,
+                                  instance_type=last.instance_type, market=Market.ON_DEMAND)
+            return placements.PricedPlacement(placement, quote.usd_per_hour)
+    return None
 
 
 def _enqueue_launches(instance_ids: list[int]) -> None:
@@ -206,9 +264,10 @@ def _capacity_error(instance: Instance, placement, message: str) -> None:
 
 
 def _precheck_failed(instance: Instance, message: str) -> None:
+    waiting = JobStatus.FINISHING if instance.purpose == Purpose.POST else JobStatus.PROVISIONING
     with transaction.atomic():
         _end_gang(instance.job_id, EndReason.FAILED, f"launch refused: {message}")
-        transition_job(instance.job_id, JobStatus.PROVISIONING, JobStatus.FAILED, message="launch refused by the cloud",
+        transition_job(instance.job_id, waiting, JobStatus.FAILED, message="launch refused by the cloud",
                        failure_cause=FailureCause.PRECHECKS, failure_message=message[:8000])
 
 

@@ -15,7 +15,7 @@ from django.db.models import F, Subquery
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from agents.protocol import Action, CheckpointKind, ExitReason, ValidationResult
+from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint, ProcessedEvent
 from jobs.transitions import end_instance, log_job_event, transition_instance, transition_job
@@ -275,6 +275,21 @@ def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str
         log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}"[:500])
 
 
+def record_prepare(instance: Instance, *, outcome: str, key: str, uri: str, seconds, message: str) -> None:
+    """The job's events say how its prepare step went on each VM (its failure also ends the
+    instance, through the exit report that follows)."""
+    took = f" in {seconds:.1f}s" if seconds is not None else ""
+    where = f"instance {instance.pk}" + (" (post step)" if instance.purpose == Purpose.POST else "")
+    if outcome == PrepareOutcome.REUSED:
+        text = f"prepare step skipped on {where}: outputs for key {key[:12]} already stored at {uri}"
+    elif outcome == PrepareOutcome.RAN:
+        stored = f"; outputs stored at {uri}" if uri else ""
+        text = f"prepare step ran on {where}{took} (key {key[:12]}){stored}"
+    else:
+        text = f"prepare step failed on {where}{took}: {message}"
+    log_job_event(instance.job_id, text)
+
+
 EXIT_END_REASON = {
     ExitReason.COMPLETED: EndReason.COMPLETED,
     ExitReason.FAILED: EndReason.FAILED,
@@ -299,6 +314,8 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
     signature = f"exit {exit_code}: {last_exception}".strip()[:500]
     after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
                          setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)
+    if instance.purpose != Purpose.TRAIN:
+        return  # a post step's steps and files are not the job's
     # The job's row is written last, after any of its other instances were asked to
     # stop, in the order a heartbeat locks rows (instance, then job): no lock cycle.
     progress = {"last_step": final_step} if final_step is not None else {}
@@ -316,6 +333,9 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
     job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.CANCELLING:
         finish_cancelling(job_id)
+        return
+    if job.status == JobStatus.FINISHING:
+        _after_post_instance(job, failure_signature, output_tail, setup_failure, instance_id)
         return
     if job.status not in JobStatus.ACTIVE:
         return
@@ -344,9 +364,35 @@ def _after_stop(job: Job) -> None:
 def _maybe_succeed(job: Job) -> None:
     if Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
         return
-    completed = set(Instance.objects.filter(job=job, end_reason=EndReason.COMPLETED).values_list("rank", flat=True))
-    if completed >= set(range(job.nodes)):
+    completed = set(Instance.objects.filter(job=job, purpose=Purpose.TRAIN, end_reason=EndReason.COMPLETED)
+                    .values_list("rank", flat=True))
+    if completed < set(range(job.nodes)):
+        return
+    if not job.post_command:
         transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
+    elif transition_job(job.pk, JobStatus.RUNNING, JobStatus.FINISHING,
+                        message="training completed; the post step starts on an on-demand VM"):
+        nudge_schedule()  # jobs.orchestration.start_post_steps launches it
+
+
+def _after_post_instance(job: Job, signature: str, output_tail: str, setup_failure: bool,
+                         instance_id: int | None) -> None:
+    """The post step's VM ended: its outcome is the job's. A failing post step fails the
+    job (cause user_code, or setup), with the artifact still recorded; a VM lost, preempted
+    or refused for capacity is replaced by the scheduler (jobs.orchestration.start_post_steps)."""
+    post = Instance.objects.filter(job=job, purpose=Purpose.POST).order_by("-pk").first()
+    if post is None or post.state in InstanceState.LIVE or instance_id not in (None, post.pk):
+        return  # a late report of a training VM, or the post step still runs
+    if post.end_reason == EndReason.COMPLETED:
+        transition_job(job.pk, JobStatus.FINISHING, JobStatus.SUCCEEDED,
+                       message=f"training completed; post step succeeded on instance {post.pk}")
+    elif post.end_reason == EndReason.FAILED:
+        transition_job(job.pk, JobStatus.FINISHING, JobStatus.FAILED, message=f"post step failed ({signature})",
+                       failure_cause=FailureCause.SETUP if setup_failure else FailureCause.USER_CODE,
+                       failure_message=f"post step: {signature}\n{output_tail}"[-8000:])
+    else:
+        log_job_event(job.pk, f"post step instance {post.pk} ended {post.end_reason}; launching another")
+        nudge_schedule()
 
 
 def _after_interruption(job: Job, end_reason: str) -> None:

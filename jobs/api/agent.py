@@ -265,6 +265,28 @@ class ExitView(AgentView):
         return ack(duplicate=not applied)
 
 
+class PrepareReportSerializer(ReportSerializer):
+    outcome = serializers.ChoiceField(choices=protocol.PrepareOutcome.ALL)
+    key = serializers.RegexField(r"^[0-9a-f]{0,64}$", required=False, allow_blank=True, default="")
+    uri = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+    seconds = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
+    message = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+
+
+class PrepareView(AgentView):
+    """How the job's prepare step went on this VM: ran (and stored), reused, or failed."""
+
+    body_serializer = PrepareReportSerializer
+
+    @extend_schema(request=PrepareReportSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = self.validated(request)
+        kwargs = {f: data[f] for f in ("outcome", "key", "uri", "seconds", "message")}
+        applied = apply_once(self.instance, data["event_id"], "prepare",
+                             lambda: services.record_prepare(self.instance, **kwargs))
+        return ack(duplicate=not applied)
+
+
 class RegisterView(APIView):
     """Exchange the single-use bootstrap token for the agent token and the job spec.
 
@@ -310,10 +332,11 @@ def job_storage_uri(job: Job) -> str:
 def job_spec(instance: Instance) -> protocol.JobSpec:
     job = instance.job
     resume = instance.resume_checkpoint
+    post = instance.purpose == protocol.Purpose.POST  # the post step: its own command, from the artifact
     return protocol.JobSpec(
         job_id=job.pk,
         instance_id=instance.pk,
-        command=job.command,
+        command=job.post_command if post else job.command,
         working_dir=job.working_dir,
         env=job.env,
         checkpoint_uri=job_storage_uri(job),
@@ -325,7 +348,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
         notice_budget_s=settings.RESPAWN["NOTICE_BUDGET_S"],
         validation=protocol.ValidationSpec(
-            enabled=job.validation_enabled,
+            enabled=job.validation_enabled and not post,
             model_factory=job.validation_model_factory,
             batch_factory=job.validation_batch_factory,
             tolerance=job.validation_tolerance,
@@ -333,4 +356,9 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         rank=instance.rank,
         world_size=instance.world_size,
         rendezvous_addr=instance.rendezvous_addr,
+        prepare_command=job.prepare_command,
+        prepare_inputs=job.prepare_inputs,
+        purpose=instance.purpose,
+        artifact_uri=job.artifact_uri if post else "",
+        artifact_digest=job.artifact_digest if post else "",
     )

@@ -31,4 +31,5 @@ agent_urlpatterns = [
     path("checkpoints/<uuid:checkpoint_id>/validation", agent.ValidationView.as_view(), name="agent-validation"),
     path("logs", agent.LogsView.as_view(), name="agent-logs"),
     path("exit", agent.ExitView.as_view(), name="agent-exit"),
+    path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
 ]
