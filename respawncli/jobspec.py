@@ -40,6 +40,7 @@ FIELDS: dict[str, Field] = {
     "image": Field("str", maximum=300),
     "env": Field("env"),
     "prepare_command": Field("argv"),
+    "prepare_inputs": Field("strings"),
     "post_command": Field("argv"),
     "nodes": Field("int", minimum=1, maximum=64),
     "accelerator": Field("str", maximum=50),
@@ -127,6 +128,9 @@ def load_job_spec(path: Path) -> JobSpec:
     for name, spec_field in FIELDS.items():
         if spec_field.required and name not in spec.lines:
             problems.append(f"{path}: field '{name}' is required")
+    command_refused = "prepare_command" in spec.lines and "prepare_command" not in spec.body  # said above
+    if spec.body.get("prepare_inputs") and not spec.body.get("prepare_command") and not command_refused:
+        problems.append(f"{spec.where('prepare_inputs')}: field 'prepare_inputs': needs a prepare_command")
     if problems:
         raise InvalidSpec(path, problems)
     return spec

@@ -55,9 +55,9 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "team", "owner", "name", "command", "working_dir", "image", "env", "prepare_command",
-            "post_command", "nodes", "accelerator", "accelerator_count", "instance_types", "allowed_clouds",
-            "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions", "deadline", "priority",
-            "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
+            "prepare_inputs", "post_command", "nodes", "accelerator", "accelerator_count", "instance_types",
+            "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions", "deadline",
+            "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
             "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_tolerance",
             "max_preemptions", "max_restarts",
             "status", "status_reason", "failure_cause", "failure_message", "preemptions", "failure_restarts",
@@ -83,8 +83,16 @@ class JobSerializer(serializers.ModelSerializer):
     def validate_prepare_command(self, value):
         return _string_list(value, "prepare_command")
 
+    def validate_prepare_inputs(self, value):
+        return _string_list(value, "prepare_inputs")
+
     def validate_post_command(self, value):
         return _string_list(value, "post_command")
+
+    def validate(self, attrs):
+        if attrs.get("prepare_inputs") and not attrs.get("prepare_command"):
+            raise serializers.ValidationError({"prepare_inputs": ["prepare_inputs needs a prepare_command"]})
+        return attrs
 
     def validate_instance_types(self, value):
         return _string_list(value, "instance_types")
@@ -143,7 +151,7 @@ class InstanceSerializer(serializers.ModelSerializer):
     class Meta:
         model = Instance
         fields = [
-            "id", "job", "rank", "world_size", "provider", "region", "zone", "instance_type", "market",
+            "id", "job", "rank", "world_size", "purpose", "provider", "region", "zone", "instance_type", "market",
             "provider_instance_id", "price_per_hour_at_launch", "state", "end_reason", "requested_at",
             "running_at", "ended_at", "last_heartbeat_at", "last_step", "hostname", "agent_version",
             "checkpoint_interval",
