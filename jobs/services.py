@@ -4,20 +4,18 @@ themselves (that is `jobs.transitions`)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Subquery
-from django.db.models.functions import Greatest
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint, ProcessedEvent
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
 from jobs.transitions import end_instance, log_job_event, transition_instance, transition_job
 
 log = logging.getLogger(__name__)
@@ -55,71 +53,6 @@ def heartbeat_action(instance: Instance) -> str:
     if instance.job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
         return Action.STOP
     return instance.requested_action or Action.CONTINUE
-
-
-def record_heartbeat(instance: Instance, *, event_id, step: int, loss, samples_per_s) -> bool:
-    """Apply a heartbeat of a live instance once per `event_id`: the event row, the
-    instance's progress and deadline, the job's step and a metric point, all or
-    nothing. Returns False for a resend.
-
-    The hot path of the whole API. On PostgreSQL it is one statement, a single
-    round trip in its own transaction; elsewhere the same writes go through the ORM."""
-    now = timezone.now()
-    deadline = now + heartbeat_timeout()
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_heartbeat_sql(), {
-                "event_id": event_id, "instance_id": instance.pk, "kind": "heartbeat", "now": now,
-                "deadline": deadline, "live": list(InstanceState.LIVE), "step": step, "loss": loss,
-                "samples_per_s": samples_per_s,
-            })
-            return cursor.fetchone()[0]
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                ProcessedEvent.objects.create(event_id=event_id, instance_id=instance.pk, kind="heartbeat")
-        except IntegrityError:
-            return False
-        if not Instance.objects.filter(pk=instance.pk, state__in=InstanceState.LIVE).update(
-                last_step=Greatest("last_step", step), last_heartbeat_at=now, heartbeat_deadline=deadline):
-            return True  # recorded, but the instance ended in between: a fenced VM's progress is not the job's
-        # The instance's step, not this report's: a reordered older heartbeat never moves the job back.
-        Job.objects.filter(pk=instance.job_id).update(
-            last_step=Subquery(Instance.objects.filter(pk=instance.pk).values("last_step")[:1]))
-        MetricPoint.objects.create(job_id=instance.job_id, instance=instance, time=now, step=step, loss=loss,
-                                   samples_per_s=samples_per_s)
-        return True
-
-
-@functools.cache
-def _heartbeat_sql() -> str:
-    """record_heartbeat's writes as one PostgreSQL statement. The event insert gates
-    the rest: on a resend ON CONFLICT inserts nothing, so no row reaches the updates.
-    Two concurrent resends: the second insert waits for the first transaction and
-    then conflicts (or inserts, had the first rolled back), so exactly one applies.
-    Rows are locked in the ORM path's order: the instance, then its job."""
-    q = connection.ops.quote_name
-    event, instance, job, metric = (q(m._meta.db_table) for m in (ProcessedEvent, Instance, Job, MetricPoint))
-    return f"""
-            WITH event AS (
-                INSERT INTO {event} (event_id, instance_id, kind, received_at)
-                VALUES (%(event_id)s, %(instance_id)s, %(kind)s, %(now)s)
-                ON CONFLICT (event_id) DO NOTHING
-                RETURNING instance_id
-            ), beat AS (
-                UPDATE {instance}
-                SET last_step = GREATEST(last_step, %(step)s), last_heartbeat_at = %(now)s,
-                    heartbeat_deadline = %(deadline)s
-                WHERE id = (SELECT instance_id FROM event) AND state = ANY(%(live)s)
-                RETURNING id, job_id, last_step
-            ), progress AS (
-                UPDATE {job} SET last_step = beat.last_step FROM beat WHERE {job}.id = beat.job_id
-            ), point AS (
-                INSERT INTO {metric} (job_id, instance_id, time, step, loss, samples_per_s)
-                SELECT job_id, id, %(now)s, %(step)s, %(loss)s::double precision,
-                       %(samples_per_s)s::double precision FROM beat
-            )
-            SELECT EXISTS (SELECT 1 FROM event)"""
 
 
 def usable_checkpoint(job: Job) -> Checkpoint | None:

@@ -13,14 +13,14 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import exceptions, parsers, permissions, serializers, status
+from rest_framework import exceptions, fields, negotiation, parsers, permissions, renderers, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents import protocol
-from jobs import services
+from jobs import heartbeats, services
 from jobs.api.errors import Unauthorized
-from jobs.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication
+from jobs.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
 from jobs.choices import InstanceState
 from jobs.models import Checkpoint, Instance, Job, LogChunk, ProcessedEvent
 from jobs.tokens import AGENT_PREFIX, hash_token, new_token
@@ -170,9 +170,45 @@ class AgentView(APIView):
         return self.request.auth
 
 
+class FirstRendererNegotiation(negotiation.BaseContentNegotiation):
+    """JSON whatever the Accept header says (the agent API has one renderer)."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class HeartbeatView(AgentView):
-    authentication_classes = [HeartbeatTokenAuthentication]
+    """The hot path (jobs.heartbeats): one statement finds the token's instance and
+    applies the heartbeat, so the token is judged after it, in post(), and not by
+    DRF beforehand. The schema and error messages are HeartbeatSerializer's, but its
+    fields are built once: a serializer deep-copies its fields for every request."""
+
+    authentication_classes = [HeartbeatTokenAuthentication]  # its 401s, and the schema's scheme
+    permission_classes = []  # post() admits the token
+    renderer_classes = [renderers.JSONRenderer]
+    content_negotiation_class = FirstRendererNegotiation
     body_serializer = HeartbeatSerializer
+    body_fields = HeartbeatSerializer().fields
+
+    def perform_authentication(self, request):
+        """Deferred to post() (DRF authenticates lazily when this does nothing)."""
+
+    def validated(self, request) -> dict:
+        """What body_serializer's is_valid does for this flat body of plain fields."""
+        data, values, errors = request.data, {}, {}
+        for name, field in self.body_fields.items():
+            try:
+                values[name] = field.run_validation(data.get(name, fields.empty))
+            except fields.SkipField:
+                pass
+            except exceptions.ValidationError as exc:
+                errors[name] = exc.detail
+        if errors:
+            raise exceptions.ValidationError(errors)
+        return values
 
     @extend_schema(request=HeartbeatSerializer, responses=inline_serializer("HeartbeatAnswer", {
         "action": serializers.ChoiceField(choices=protocol.Action.ALL),
@@ -180,11 +216,15 @@ class HeartbeatView(AgentView):
         "heartbeat_interval_s": serializers.FloatField(),
     }))
     def post(self, request):
-        data = self.validated(request)
-        instance = self.instance
-        if instance.state in InstanceState.LIVE:
-            services.record_heartbeat(instance, event_id=data["event_id"], step=data["step"], loss=data["loss"],
-                                      samples_per_s=data["samples_per_s"])
+        digest = agent_token_digest(request)
+        try:
+            data = self.validated(request)
+        except exceptions.APIException:
+            HeartbeatTokenAuthentication().authenticate(request)  # a wrong token: 401 before 4xx, as on every agent call
+            raise
+        instance = HeartbeatTokenAuthentication.admit(heartbeats.record_heartbeat(
+            digest, event_id=data["event_id"], step=data["step"], loss=data["loss"],
+            samples_per_s=data["samples_per_s"]))
         answer = protocol.HeartbeatAnswer(
             action=services.heartbeat_action(instance),
             checkpoint_interval_s=services.checkpoint_interval_s(instance),

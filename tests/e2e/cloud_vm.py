@@ -256,5 +256,6 @@ class VmPlayer:
 
     def story(self) -> str:
         """Each VM's console and trainer log tails, for a failure message."""
-        return "\n".join(f"--- VM {p.vm.provider_instance_id} console:\n{p.console()[-3000:]}\n"
+        errors = "".join(f"--- the VM player stopped: {exc!r}\n" for exc in self.errors)
+        return errors + "\n".join(f"--- VM {p.vm.provider_instance_id} console:\n{p.console()[-3000:]}\n"
                          f"--- trainer.log:\n{p.trainer_log()[-1500:]}" for p in self.vms)
