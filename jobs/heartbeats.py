@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import psycopg
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Subquery
 from django.db.models.functions import Greatest
@@ -30,7 +31,7 @@ def record_heartbeat(token_digest: str, *, event_id, step: int, loss, samples_pe
     deadline = now + services.heartbeat_timeout()
     lookup = heartbeat_lookup()
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
+        with _statement_cursor() as cursor:
             cursor.execute(_heartbeat_sql(), {"digest": token_digest, "event_id": event_id, "now": now,
                                               "deadline": deadline, "step": step, "loss": loss,
                                               "samples_per_s": samples_per_s})
@@ -57,6 +58,41 @@ def _apply_heartbeat(instance: Instance, event_id, now, deadline, *, step: int, 
         last_step=Subquery(Instance.objects.filter(pk=instance.pk).values("last_step")[:1]))
     MetricPoint.objects.create(job_id=instance.job_id, instance=instance, time=now, step=step, loss=loss,
                                samples_per_s=samples_per_s)
+
+
+class _PreparingCursor(psycopg.Cursor):
+    """Binds parameters server-side and prepares each statement on its first use in a session."""
+
+    def execute(self, query, params=None, **kwargs):
+        return super().execute(query, params, **{**kwargs, "prepare": True})
+
+
+def _statement_cursor():
+    """A cursor for _heartbeat_sql: Django's wrapper (query log, execute wrappers, error
+    translation) around a psycopg cursor that prepares it. Parsing and planning the
+    statement cost PostgreSQL about as much CPU as running it; prepared, the generic
+    plan is reused for every heartbeat of the connection.
+
+    Django turns psycopg's prepared statements off unless OPTIONS sets prepare_threshold,
+    for connection poolers that cannot keep them (PgBouncer in transaction mode before
+    1.21, or without max_prepared_statements). An OPTIONS prepare_threshold of None is
+    taken as that word: no preparing. Without the option, only this statement is
+    prepared: the connection's threshold is raised from off to never-by-count, which
+    changes no other query (Django's own cursors bind client-side and never prepare)."""
+    options = connection.settings_dict["OPTIONS"]
+    if "prepare_threshold" in options and options["prepare_threshold"] is None:
+        return connection.cursor()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = ONLY_WHEN_ASKED
+    with connection.wrap_database_errors:
+        cursor = _PreparingCursor(raw)
+    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
+
+
+ONLY_WHEN_ASKED = 2**31 - 1  # a psycopg prepare_threshold no query reaches by being run often
 
 
 @functools.cache
