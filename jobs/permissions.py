@@ -40,9 +40,14 @@ def roles_of(user) -> dict[int, str]:
         return {}
     cached = getattr(user, "_respawn_roles", None)
     if cached is None:
+        from django.db import connection
+
         from jobs.models import Membership
 
-        cached = dict(Membership.objects.filter(user=user).values_list("team_id", "role"))
+        # Asked on every request: in SQL, as building the ORM query cost ten times its answer.
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT team_id, role FROM {Membership._meta.db_table} WHERE user_id = %s", [user.pk])
+            cached = dict(cursor.fetchall())
         user._respawn_roles = cached
     return cached
 
