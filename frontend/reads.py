@@ -60,7 +60,7 @@ def _like(text: str) -> str:
 
 
 LIST_COLUMNS = ("id", "name", "owner", "status", "status_reason", "last_step", "total_steps", "preemptions", "cloud")
-MARK_COLUMNS = 5
+MARK_COLUMNS = 3
 
 
 def _with_marks(found: list[tuple], names: tuple[str, ...]) -> list[dict]:
@@ -72,9 +72,13 @@ def _with_marks(found: list[tuple], names: tuple[str, ...]) -> list[dict]:
 
 class JobList:
     """A team's jobs newest first, filtered, read a page at a time (Django's Paginator
-    asks `count()` and slices)."""
+    asks `count()` and slices).
 
-    def __init__(self, team_id: int, *, statuses=(), owner="", cloud="", search=""):
+    Counting stops at `count_to`: a team's whole history is not counted on every
+    poll, only as far as the pages around the one shown need; `capped` says the
+    count is a lower bound."""
+
+    def __init__(self, team_id: int, *, statuses=(), owner="", cloud="", search="", count_to: int):
         where, params = ["j.team_id = %s"], [team_id]
         if statuses:
             where.append(f"j.status IN ({placeholders(statuses)})")
@@ -90,13 +94,18 @@ class JobList:
             params.extend([_like(search)] * 2)
         self._where, self._params = " AND ".join(where), params
         self._owner_filtered = bool(owner or search)
-        self._count = None
+        self._count, self._count_to = None, count_to
 
     def count(self) -> int:
         if self._count is None:
             owners = f"JOIN {USER} u ON u.id = j.owner_id " if self._owner_filtered else ""
-            self._count = rows(f"SELECT COUNT(*) FROM {JOB} j {owners}WHERE {self._where}", self._params)[0][0]
+            self._count = rows(f"SELECT COUNT(*) FROM (SELECT 1 FROM {JOB} j {owners}WHERE {self._where} LIMIT %s) t",
+                               [*self._params, self._count_to])[0][0]
         return self._count
+
+    @property
+    def capped(self) -> bool:
+        return self.count() >= self._count_to
 
     def __len__(self) -> int:
         return self.count()
@@ -149,6 +158,13 @@ def instances(job_id: int) -> list[dict]:
         if row["checkpoint_interval"] is not None:
             row["checkpoint_interval"] = json.loads(row["checkpoint_interval"])
     return found
+
+
+def checkpoint_interval(job_id: int) -> dict | None:
+    """The checkpoint interval the job's newest instance that has one was given."""
+    found = rows(f"SELECT checkpoint_interval FROM {INSTANCE} WHERE job_id = %s AND checkpoint_interval IS NOT NULL "
+                 "ORDER BY requested_at DESC, id DESC LIMIT 1", [job_id])
+    return json.loads(found[0][0]) if found else None
 
 
 CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "validation", "reference_loss", "validation_loss", "bytes",

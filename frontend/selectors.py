@@ -20,6 +20,7 @@ from jobs.choices import JobStatus
 from jobs.models import PriceQuote
 
 JOBS_PER_PAGE = 25
+COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history
 LOSS_POINTS = 400
 COST_POINTS = 120
 LOG_LINES = 200
@@ -49,8 +50,10 @@ def _iso(moment: dt.datetime | None) -> str | None:
 
 # ---- jobs list --------------------------------------------------------------------------------
 
-def filtered_jobs(team, *, statuses=(), owner="", cloud="", search="") -> reads.JobList:
-    return reads.JobList(team.pk, statuses=statuses, owner=owner, cloud=cloud, search=search)
+def filtered_jobs(team, *, statuses=(), owner="", cloud="", search="", page: int = 1) -> reads.JobList:
+    """The team's jobs for list page `page`, counted at most COUNTED_PAST jobs past it."""
+    return reads.JobList(team.pk, statuses=statuses, owner=owner, cloud=cloud, search=search,
+                         count_to=page * JOBS_PER_PAGE + COUNTED_PAST)
 
 
 def _eta_seconds(job: dict, money) -> int | None:
@@ -143,22 +146,23 @@ def _cost_curve(money, now: dt.datetime) -> list[dict]:
     for i in money["detail"]["instances"]:
         start = dt.datetime.fromisoformat(i["billed_from"])
         end = dt.datetime.fromisoformat(i["billed_to"]) if i["billed_to"] else now
-        spans.append((start, end, (end - start).total_seconds(), Decimal(i["spent"]), Decimal(i["on_demand_baseline"])))
+        spans.append((start, end, Decimal(i["spent"]), Decimal(i["on_demand_baseline"])))
     first, last = min(s[0] for s in spans), max(s[1] for s in spans)  # a finished job's curve ends with it
     moments = sorted({first, last, *(s[0] for s in spans), *(s[1] for s in spans)})
     if len(moments) < COST_POINTS:
         step = (last - first) / COST_POINTS
         moments = sorted(set(moments) | {first + step * i for i in range(COST_POINTS)})
+    by_end = sorted(spans, key=lambda s: s[1])
+    ended, spent, baseline = 0, Decimal(0), Decimal(0)
     curve = []
     for moment in moments:
-        spent = baseline = Decimal(0)
+        while ended < len(by_end) and by_end[ended][1] <= moment:
+            spent, baseline = spent + by_end[ended][2], baseline + by_end[ended][3]
+            ended += 1
         accruing_spent = accruing_baseline = 0.0
-        for start, end, seconds, paid, on_demand in spans:
-            if moment >= end:
-                spent += paid
-                baseline += on_demand
-            elif moment > start:
-                share = (moment - start).total_seconds() / seconds
+        for start, end, paid, on_demand in by_end[ended:]:
+            if moment > start:
+                share = (moment - start) / (end - start)
                 accruing_spent += float(paid) * share
                 accruing_baseline += float(on_demand) * share
         curve.append({"at": moment.isoformat(), "spent": float(spent) + accruing_spent,
@@ -181,27 +185,40 @@ def _checkpoints(job_id: int) -> list[dict]:
              "instance": c["instance_id"]} for c in reversed(reads.newest_checkpoints(job_id, MARKED_CHECKPOINTS))]
 
 
-def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -> dict:
-    """`job`: from `reads.job`."""
-    now = now or timezone.now()
-    job_id = job["id"]
-    money = store.job_money({job_id: job["money_key"]}, now)[job_id]
-    instances, interval = _instances(job_id, money)
-    checkpoints = _checkpoints(job_id)
-    listed = sorted(checkpoints, key=lambda c: (c["step"], c["committed_at"]), reverse=True)[:RECENT_ROWS]
+def job_money(job: dict, now: dt.datetime) -> dict | str:
+    """The money document of `job` (from `reads.job`), or why it cannot be priced."""
+    return store.job_money({job["id"]: job["money_key"]}, now)[job["id"]]
+
+
+def job_summary(job: dict, money, *, may_cancel: bool, now: dt.datetime) -> dict:
+    """What the job page shows as it loads, before its script fetches `job_status`."""
     return {
         "job": {
-            "id": job_id, "name": job["name"], "status": job["status"], "status_reason": job["status_reason"],
+            "id": job["id"], "name": job["name"], "status": job["status"], "status_reason": job["status_reason"],
             "failure_cause": job["failure_cause"], "last_step": job["last_step"], "total_steps": job["total_steps"],
             "eta_s": (eta := _eta_seconds(job, money)), "eta_display": display_duration(eta),
             "preemptions": job["preemptions"], "failure_restarts": job["failure_restarts"],
             "artifact_uri": job["artifact_uri"], "artifact_digest": job["artifact_digest"],
             "cancellable": may_cancel and job["status"] in JobStatus.CANCELLABLE,
             "live": job["status"] not in JobStatus.TERMINAL,
-            "checkpoint_interval": interval,
         },
         "money": _money_fields(money) | (
             {} if isinstance(money, str) else {"detail": money["detail"] | {"as_of": now.isoformat()}}),
+    }
+
+
+def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -> dict:
+    """Everything the job page draws; `job` from `reads.job`."""
+    now = now or timezone.now()
+    job_id = job["id"]
+    money = job_money(job, now)
+    summary = job_summary(job, money, may_cancel=may_cancel, now=now)
+    instances, interval = _instances(job_id, money)
+    checkpoints = _checkpoints(job_id)
+    listed = sorted(checkpoints, key=lambda c: (c["step"], c["committed_at"]), reverse=True)[:RECENT_ROWS]
+    return {
+        "job": summary["job"] | {"checkpoint_interval": interval},
+        "money": summary["money"],
         "instances": instances,
         "markers": _markers(job_id, instances, checkpoints),
         "loss": [list(point) for point in reads.loss_points(job_id, LOSS_POINTS)],

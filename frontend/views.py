@@ -62,7 +62,8 @@ def _jobs_page(request, teams):
         return team, form, None, []
     access.require(request.user, "job.view", team.pk)
     f = form.cleaned_data
-    jobs = selectors.filtered_jobs(team, statuses=f["status"], owner=f["owner"], cloud=f["cloud"], search=f["q"])
+    jobs = selectors.filtered_jobs(team, statuses=f["status"], owner=f["owner"], cloud=f["cloud"], search=f["q"],
+                                   page=f["page"] or 1)
     current = Paginator(jobs, selectors.JOBS_PER_PAGE).get_page(f["page"] or 1)
     return team, form, current, selectors.job_rows(list(current.object_list))
 
@@ -86,7 +87,8 @@ def jobs_json(request):
     if not form.is_valid():
         return JsonResponse({"detail": "invalid filters", "errors": form.errors}, status=400)
     return JsonResponse({"team": team.pk if team else None, "rows": rows,
-                         "count": current.paginator.count if current else 0})
+                         "count": current.paginator.count if current else 0,
+                         "count_capped": current.paginator.object_list.capped if current else False})
 
 
 @require_POST
@@ -106,20 +108,21 @@ def switch_team(request):
 
 # ---- one job ----------------------------------------------------------------------------------
 
-def _job_status(request, pk):
-    job = access.scoped_job_row(request.user, pk)
-    return job, selectors.job_status(job, may_cancel=can(request.user, "job.cancel", job["team_id"]))
-
-
 @login_required
 def job_page(request, pk: int):
-    job, status = _job_status(request, pk)
-    return page(request, "frontend/job.html", job=job, status=status, interval=status["job"]["checkpoint_interval"])
+    """The job's summary and the checkpoint interval; its script fetches the rest
+    (timeline, charts, tables) from `job_json` at once, then polls it."""
+    job = access.scoped_job_row(request.user, pk)
+    now = timezone.now()
+    summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
+                                    may_cancel=can(request.user, "job.cancel", job["team_id"]))
+    return page(request, "frontend/job.html", job=job, status=summary, interval=reads.checkpoint_interval(job["id"]))
 
 
 @json_view
 def job_json(request, pk: int):
-    return JsonResponse(_job_status(request, pk)[1])
+    job = access.scoped_job_row(request.user, pk)
+    return JsonResponse(selectors.job_status(job, may_cancel=can(request.user, "job.cancel", job["team_id"])))
 
 
 @require_POST

@@ -281,17 +281,17 @@ def job_cost(job: Job | int, now: dt.datetime | None = None) -> JobCost:
 
 # ---- what a settled figure depends on -----------------------------------------------------------
 
-_SETTLED_MARKS = """(SELECT COUNT(*) FROM {instance} i WHERE i.job_id = {job}.id),
-(SELECT COUNT(*) FROM {instance} i WHERE i.job_id = {job}.id AND (i.state IN ({live}) OR i.ended_at IS NULL)),
-(SELECT MAX(i.ended_at) FROM {instance} i WHERE i.job_id = {job}.id),
+_SETTLED_MARKS = """(SELECT CAST(COUNT(*) AS TEXT) || ':' || CAST(COUNT(CASE WHEN i.state IN ({live})
+        OR i.ended_at IS NULL THEN 1 END) AS TEXT) || ':' || COALESCE(CAST(MAX(i.ended_at) AS TEXT), '')
+    FROM {instance} i WHERE i.job_id = {job}.id),
 (SELECT MAX(c.id) FROM {checkpoint} c WHERE c.job_id = {job}.id),
 (SELECT MAX(q.id) FROM {quote} q)"""
 _MARKS_BATCH = 500  # ids per query, well under SQLite's limit on bound parameters
 
 
 def settled_mark_columns(job: str) -> tuple[str, list]:
-    """What a job's money depends on once no instance of it lives, as SQL columns (and
-    their parameters) of a query over jobs aliased `job`; `settled_key` reads them.
+    """What a job's money depends on once no instance of it lives, as three SQL columns
+    (and their parameters) of a query over jobs aliased `job`; `settled_key` reads them.
 
     A job whose every instance has ended is billed for fixed intervals; its figure can
     then only move with a new instance (the count), an end recorded later (the newest
@@ -308,11 +308,11 @@ def settled_key(job_id: int, marks) -> str | None:
     """A key that changes whenever the job's money could change once no instance of it
     lives, from its `settled_mark_columns`; None while an instance lives (its money
     grows by the second)."""
-    count, open_, last_end, last_checkpoint, newest_quote = marks
-    if open_:
+    instances, last_checkpoint, newest_quote = marks
+    count, open_, last_end = instances.split(":", 2)  # the newest end is text, in the database's format
+    if int(open_):
         return None
-    end = str(last_end).replace(" ", "T")  # a datetime, or on SQLite its text
-    return f"{job_id}:{count}:{end}:{last_checkpoint}:{newest_quote}"
+    return f"{job_id}:{count}:{last_end.replace(' ', 'T')}:{last_checkpoint}:{newest_quote}"
 
 
 def settled_keys(job_ids) -> dict[int, str | None]:

@@ -143,10 +143,12 @@
     updateCharts(status);
   }
 
-  const initial = JSON.parse(document.getElementById("job-status").textContent);
-  makeCharts(initial);
-  render(initial);
-  const live = poll(document.getElementById("job-live").dataset.live, render);
+  // The page comes with the summary only; the first answer draws the charts, later ones redraw them.
+  const live = poll(document.getElementById("job-live").dataset.live, (status) => {
+    if (!charts.timeline) makeCharts(status);
+    render(status);
+  });
+  live.now();
 
   const cancel = document.getElementById("cancel-form");
   cancel.addEventListener("submit", async (event) => {
