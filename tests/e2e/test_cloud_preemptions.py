@@ -213,6 +213,9 @@ def test_a_vm_reclaimed_after_a_notice_is_replaced_and_resumes_from_the_notice_c
     second = run.replacement_finishes(first)
     notice = InterruptionEvent.objects.get(instance=first, kind="notice")
     assert notice.source == NOTICE_SOURCE[cloud.name] and notice.checkpoint_saved
+    if cloud.name == "azure":  # the agent started the eviction (StartRequests) once its checkpoint was safe
+        metadata = vm.metadata.snapshot()
+        assert metadata["acknowledged"] == [metadata["event_id"]]
     assert_resumed_from(second, Checkpoint.objects.get(instance=first, kind="notice"))
     assert Job.objects.get(pk=run.job.pk).artifact_digest == reference.digest
 
