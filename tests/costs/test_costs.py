@@ -7,7 +7,7 @@ import pytest
 
 from jobs import costs
 from jobs.choices import InstanceState
-from tests.costs.history import T, heartbeats, launched, make_history, seed_prices
+from tests.costs.history import T, checkpoint, heartbeats, launched, make_history, seed_prices
 from tests.factories import make_job, make_team_with_members
 
 NOW = T(11, 29, 12)
@@ -154,3 +154,50 @@ def test_interruptions_are_counted_once_per_instance_and_kind(history):
     assert [(r["zone"], r["kind_name"], r["count"]) for r in rows] == [
         ("hand-1a", "capacity_error", 1), ("hand-1a", "notice", 1), ("hand-1a", "preempted", 1)]
     assert costs.interruptions_by_placement(setup.team, "2026-04", NOW) == []
+
+
+def test_a_teams_month_is_the_sum_of_its_jobs_months(history):
+    setup, job, a, b, _ = history
+    second = make_job(setup.team, setup.people["member"].user, accelerator_count=2)
+    c = launched(second, at=T(3, 2, 10), ended=T(3, 2, 11, 30), end_reason="completed", last_step=30)
+    heartbeats(c, [(T(3, 2, 10, 1), 0), (T(3, 2, 10, 31), 30)])
+    march = costs.team_month_cost(setup.team, "2026-03", NOW)
+    months = [costs.job_cost(j, NOW).ledger.by_month["2026-03"] for j in (job, second)]
+    assert (march.spent, march.baseline, march.waste) == tuple(
+        sum((getattr(m, part) for m in months), D(0)) for part in ("spent", "baseline", "waste"))
+    assert march.spent == D("1.44") + D("1.08")  # 1.5 h more at 0.72
+    assert march.gpu_hours == D("2.00") + D("3.00") and march.jobs == 2  # 1.5 h on two GPUs
+
+
+def test_one_unpriceable_job_does_not_hide_the_others(history):
+    setup, job, *_ = history
+    stray = make_job(setup.team, setup.people["member"].user)
+    unpriced = launched(stray, at=T(3, 2, 10), ended=T(3, 2, 11), end_reason="completed")
+    from jobs.models import Instance
+
+    Instance.objects.filter(pk=unpriced.pk).update(instance_type="no.such.type")
+    answers = costs.job_costs_or_errors([job.pk, stray.pk], NOW)
+    assert answers[job.pk].ledger.spent == D("1.80")
+    assert isinstance(answers[stray.pk], costs.CostError) and "no spot price" in str(answers[stray.pk])
+    with pytest.raises(costs.CostError, match=f"team {setup.team.pk}: job {stray.pk}: instance"):
+        costs.team_month_cost(setup.team, "2026-03", NOW)
+
+
+def test_settled_keys_follow_what_settled_money_depends_on(history):
+    setup, job, a, b, _ = history
+    from jobs.models import PriceQuote
+
+    before = costs.settled_keys([job.pk])[job.pk]
+    assert before is not None
+    checkpoint(b, 1400, at=T(3, 1, 2, 59), stall_s=1.0)  # a fenced instance's late report
+    late = costs.settled_keys([job.pk])[job.pk]
+    PriceQuote.objects.create(provider="aws", region="hand-1", zone="hand-1a", instance_type="hand.gpu1",
+                              market="spot", usd_per_hour=D("0.5"), observed_at=T(2, 1))
+    backfilled = costs.settled_keys([job.pk])[job.pk]
+    running = launched(job, at=T(3, 3, 1), last_step=1500)
+    assert len({before, late, backfilled}) == 3
+    assert costs.settled_keys([job.pk])[job.pk] is None, "a live instance's money grows: nothing to keep"
+    from jobs.models import Instance
+
+    Instance.objects.filter(pk=running.pk).update(state="ended", ended_at=T(3, 3, 2), end_reason="completed")
+    assert costs.settled_keys([job.pk])[job.pk] not in (None, before, late, backfilled)

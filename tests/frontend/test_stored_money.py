@@ -1,0 +1,141 @@
+"""The dashboard keeps settled money (per job, and a team's settled month) so polls
+do not price whole histories: what it shows must still be the ledger's figure after
+every change a figure depends on."""
+
+import datetime as dt
+from decimal import Decimal
+
+from django.test import Client
+from rest_framework.test import APIClient
+
+from jobs import costs
+from jobs.api.costs import team_month_data
+from jobs.choices import InstanceState
+from jobs.models import Instance, Job, MetricPoint, PriceQuote
+from tests.costs.history import T, checkpoint, heartbeats, launched, make_history
+from tests.factories import make_job, make_team_with_members
+
+MONEY = ("spent", "on_demand_baseline", "savings", "waste", "gpu_hours", "jobs")
+
+
+def signed_in(person):
+    client = Client()
+    client.force_login(person.user)
+    return client
+
+
+def overview(client, team):
+    return client.get(f"/teams/{team.pk}/status.json?month=2026-03").json()
+
+
+def api_month(person, team):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {person.token}")
+    return client.get(f"/api/v1/teams/{team.pk}/cost/?month=2026-03").json()
+
+
+def test_the_overviews_month_is_the_ledgers_as_instances_start_end_and_report_late(db):
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    job, a, b, _ = make_history(setup.team, member.user)
+    client = signed_in(setup.people["viewer"])
+
+    def shown():
+        data = overview(client, setup.team)
+        return {key: data["money"][key] for key in MONEY}, data
+
+    def ledger(now=None):
+        """The API's month, or with `now` a fresh ledger at that moment (a live instance accrues)."""
+        answer = api_month(member, setup.team) if now is None else \
+            team_month_data(costs.team_month_cost(setup.team, "2026-03", now))
+        return {key: answer[key] for key in MONEY}
+
+    assert shown()[0] == ledger()
+    assert shown()[0] == ledger(), "asked again: the stored settled part"
+
+    # A second job starts in March and is still running: priced at the moment of each poll.
+    second = make_job(setup.team, member.user, name="second", accelerator_count=2)
+    running = launched(second, at=T(3, 20, 10), last_step=40)
+    heartbeats(running, [(T(3, 20, 10, 1), 0), (T(3, 20, 10, 21), 40)])
+    figures, data = shown()
+    assert figures == ledger(dt.datetime.fromisoformat(data["as_of"]))
+    assert data["live_instances"] == 1 and figures["jobs"] == 2
+
+    # It ends: its money is settled and joins the stored part.
+    Instance.objects.filter(pk=running.pk).update(state=InstanceState.ENDED, ended_at=T(3, 20, 12),
+                                                  end_reason="completed")
+    before = shown()[0]
+    assert before == ledger()
+
+    # A fenced instance reports a checkpoint late (its stall is waste), a quote is backfilled,
+    # and an instance starts and ends between two polls: each moves the month.
+    for change in (lambda: checkpoint(b, 1400, at=T(3, 1, 2, 59), stall_s=36.0),
+                   lambda: PriceQuote.objects.create(provider="aws", region="hand-1", zone="hand-1a",
+                                                     instance_type="hand.gpu1", market="spot",
+                                                     usd_per_hour=Decimal("0.5"), observed_at=T(3, 20, 11)),
+                   lambda: launched(second, at=T(3, 21, 1), ended=T(3, 21, 2), end_reason="completed")):
+        change()
+        after = shown()[0]
+        assert after == ledger() and after != before
+        before = after
+
+
+def test_a_job_priced_live_and_then_settled_shows_the_apis_figure(db):
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    job, a, b, _ = make_history(setup.team, member.user)
+    client = signed_in(member)
+    running = launched(job, at=T(3, 5, 1), last_step=1600)
+    heartbeats(running, [(T(3, 5, 1, 1), 1500), (T(3, 5, 1, 11), 1600)])
+    row = client.get("/jobs.json").json()["rows"][0]
+    assert row["spent"] is not None and row["cost_error"] is None
+    Instance.objects.filter(pk=running.pk).update(state=InstanceState.ENDED, ended_at=T(3, 5, 2),
+                                                  end_reason="completed")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {member.token}")
+    figures = api.get(f"/api/v1/jobs/{job.pk}/cost/").json()
+    for _ in range(2):  # priced, then from the store
+        row = client.get("/jobs.json").json()["rows"][0]
+        status = client.get(f"/jobs/{job.pk}/status.json").json()
+        assert (row["spent"], row["savings"]) == (figures["spent"], figures["savings"])
+        assert status["money"]["detail"]["waste"] == figures["waste"]
+        assert status["money"]["detail"]["instances"] == figures["instances"]
+
+
+def test_a_long_list_is_counted_only_past_the_page_shown(db):
+    setup = make_team_with_members()
+    owner = setup.people["member"].user
+    Job.objects.bulk_create([Job(team=setup.team, owner=owner, name=f"job-{i:04d}", command=["true"])
+                             for i in range(1030)])
+    client = signed_in(setup.people["viewer"])
+    page = client.get("/").content.decode()
+    assert "Page 1 of 41+ (1025+ jobs)" in page and 'rel="next"' in page
+    listed = client.get("/jobs.json").json()
+    assert (listed["count"], listed["count_capped"], len(listed["rows"])) == (1025, True, 25)
+    deep = client.get("/jobs.json?page=41").json()
+    assert (deep["count"], deep["count_capped"], deep["rows"][-1]["name"]) == (1030, False, "job-0005")
+
+
+def test_search_takes_wildcards_literally(db):
+    setup = make_team_with_members()
+    owner = setup.people["member"].user
+    for name in ("a_b", "axb", "100%", "1000"):
+        make_job(setup.team, owner, name=name)
+    client = signed_in(setup.people["viewer"])
+    assert [r["name"] for r in client.get("/jobs.json?q=_").json()["rows"]] == ["a_b"]
+    assert [r["name"] for r in client.get("/jobs.json?q=0%25").json()["rows"]] == ["100%"]
+    assert [r["name"] for r in client.get("/jobs.json?q=A_B").json()["rows"]] == ["a_b"]
+
+
+def test_the_loss_curve_keeps_every_nth_point_of_a_long_run(db):
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user)
+    short = launched(job, at=T(3, 1), ended=T(3, 2), end_reason="completed")
+    start = T(3, 1, 0, 1)
+    MetricPoint.objects.bulk_create([MetricPoint(job=job, instance=short, time=start + dt.timedelta(seconds=i),
+                                                 step=i, loss=1.0 / (i + 1)) for i in range(1000)])
+    client = signed_in(setup.people["viewer"])
+    loss = client.get(f"/jobs/{job.pk}/status.json").json()["loss"]
+    assert [step for step, _ in loss] == list(range(1, 1000, 2))  # 1000 points: every 2nd, in time order
+    MetricPoint.objects.filter(job=job, step__gte=700).delete()
+    assert len(client.get(f"/jobs/{job.pk}/status.json").json()["loss"]) == 700  # under 800: all of them
