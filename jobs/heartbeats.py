@@ -5,9 +5,10 @@ lookup and every write are one statement (one round trip, one short transaction)
 from __future__ import annotations
 
 import functools
+import weakref
 
 import psycopg
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.db.models import Subquery
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -30,12 +31,13 @@ def record_heartbeat(token_digest: str, *, event_id, step: int, loss, samples_pe
     now = timezone.now()
     deadline = now + services.heartbeat_timeout()
     lookup = heartbeat_lookup()
-    if connection.vendor == "postgresql":
-        with _statement_cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]  # the proxy `connection` costs a thread-local lookup per attribute
+    if db.vendor == "postgresql":
+        with _statement_cursor(db) as cursor:
             cursor.execute(_heartbeat_sql(), {"digest": token_digest, "event_id": event_id, "now": now,
                                               "deadline": deadline, "step": step, "loss": loss,
                                               "samples_per_s": samples_per_s})
-            return lookup.load(cursor.fetchone())
+            return lookup.load(cursor.fetchone(), db)
     instance = lookup.find(token_digest)
     if instance is not None and instance.state in InstanceState.LIVE:
         _apply_heartbeat(instance, event_id, now, deadline, step=step, loss=loss, samples_per_s=samples_per_s)
@@ -67,7 +69,7 @@ class _PreparingCursor(psycopg.Cursor):
         return super().execute(query, params, **{**kwargs, "prepare": True})
 
 
-def _statement_cursor():
+def _statement_cursor(db):
     """A cursor for _heartbeat_sql: Django's wrapper (query log, execute wrappers, error
     translation) around a psycopg cursor that prepares it. Parsing and planning the
     statement cost PostgreSQL about as much CPU as running it; prepared, the generic
@@ -79,17 +81,17 @@ def _statement_cursor():
     taken as that word: no preparing. Without the option, only this statement is
     prepared: the connection's threshold is raised from off to never-by-count, which
     changes no other query (Django's own cursors bind client-side and never prepare)."""
-    options = connection.settings_dict["OPTIONS"]
+    options = db.settings_dict["OPTIONS"]
     if "prepare_threshold" in options and options["prepare_threshold"] is None:
-        return connection.cursor()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    raw = connection.connection
+        return db.cursor()
+    db.ensure_connection()
+    db.validate_thread_sharing()
+    raw = db.connection
     if raw.prepare_threshold is None:
         raw.prepare_threshold = ONLY_WHEN_ASKED
-    with connection.wrap_database_errors:
+    with db.wrap_database_errors:
         cursor = _PreparingCursor(raw)
-    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
+    return db.make_debug_cursor(cursor) if db.queries_logged else db.make_cursor(cursor)
 
 
 ONLY_WHEN_ASKED = 2**31 - 1  # a psycopg prepare_threshold no query reaches by being run often
@@ -154,7 +156,10 @@ class HeartbeatLookup:
         self.instance_fields = [f for f in Instance._meta.concrete_fields if f.attname in self.INSTANCE_FIELDS]
         self.job_fields = [f for f in Job._meta.concrete_fields if f.attname in self.JOB_FIELDS]
         selected = [f"i.{q(f.column)}" for f in self.instance_fields] + [f"j.{q(f.column)}" for f in self.job_fields]
+        self.instance_attnames = [f.attname for f in self.instance_fields]
+        self.job_attnames = [f.attname for f in self.job_fields]
         self.column = {f.attname: f"c{n}" for n, f in enumerate(self.instance_fields)}
+        self._converters_by_db = weakref.WeakKeyDictionary()  # one connection per thread
         self.sql = (
             f"SELECT {', '.join(f'{c} AS c{n}' for n, c in enumerate(selected))} "
             f"FROM {q(Instance._meta.db_table)} i JOIN {q(Job._meta.db_table)} j "
@@ -162,31 +167,39 @@ class HeartbeatLookup:
             f"WHERE i.{q(Instance._meta.get_field('agent_token_hash').column)} = %(digest)s")
 
     def find(self, digest: str) -> Instance | None:
-        with connection.cursor() as cursor:
+        db = connections[DEFAULT_DB_ALIAS]
+        with db.cursor() as cursor:
             cursor.execute(self.sql, {"digest": digest})
-            return self.load(cursor.fetchone())
+            return self.load(cursor.fetchone(), db)
 
-    def load(self, row) -> Instance | None:
-        """The instance (and its job) of a row of `sql`'s columns, the other fields deferred."""
+    def load(self, row, db) -> Instance | None:
+        """The instance (and its job) of a row of `sql`'s columns, its values converted
+        as the ORM would (JSON, SQLite's datetimes), the other fields deferred."""
         if row is None:
             return None
+        values = list(row)
+        for n, column, converters in self._converters(db):
+            for convert in converters:
+                values[n] = convert(values[n], column, db)
         split = len(self.instance_fields)
-        instance = _from_row(Instance, self.instance_fields, row[:split])
-        instance.job = _from_row(Job, self.job_fields, row[split:])
+        instance = Instance.from_db(db.alias, self.instance_attnames, values[:split])
+        instance.job = Job.from_db(db.alias, self.job_attnames, values[split:])
         return instance
+
+    def _converters(self, db) -> list:
+        """(column index, column, converters) for each column that has converters on `db`."""
+        known = self._converters_by_db.get(db)
+        if known is None:
+            known = []
+            selected = [(Instance, f) for f in self.instance_fields] + [(Job, f) for f in self.job_fields]
+            for n, (model, field) in enumerate(selected):
+                column = field.get_col(model._meta.db_table)
+                if converters := db.ops.get_db_converters(column) + column.get_db_converters(db):
+                    known.append((n, column, converters))
+            self._converters_by_db[db] = known
+        return known
 
 
 @functools.cache
 def heartbeat_lookup() -> HeartbeatLookup:
     return HeartbeatLookup()
-
-
-def _from_row(model, fields, values):
-    """A model instance from raw column values, converted as the ORM would (JSON, SQLite's datetimes)."""
-    converted = []
-    for field, value in zip(fields, values):
-        column = field.get_col(model._meta.db_table)
-        for convert in connection.ops.get_db_converters(column) + column.get_db_converters(connection):
-            value = convert(value, column, connection)
-        converted.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], converted)
