@@ -35,7 +35,6 @@ STACK_ENV = {
     # Agents back off at most a small part of the heartbeat timeout, as in production (30 s of 120 s).
     "RESPAWN_BACKOFF_MAX_S": "1",
 }
-CELERY = [sys.executable, "-m", "celery", "-A", "controlplane"]
 
 
 def reference_digest(directory: Path) -> str:
@@ -48,15 +47,6 @@ def reference_digest(directory: Path) -> str:
 
 def file_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def worker(env: dict, log: Path) -> ChildProcess:
-    return ChildProcess([*CELERY, "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
-                         "--without-heartbeat", "--without-gossip", "--without-mingle"], env, log)
-
-
-def beat(env: dict, log: Path, schedule: Path) -> ChildProcess:
-    return ChildProcess([*CELERY, "beat", "--loglevel", "INFO", "-s", str(schedule)], env, log)
 
 
 def create_job(checkpoint_uri: Path, *, step_delay_s: float = STEP_DELAY_S, **fields) -> Job:

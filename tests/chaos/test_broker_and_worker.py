@@ -11,7 +11,7 @@ import pytest
 from jobs.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, Job
 from tests.chaos import stack
-from tests.conftest import wait_until
+from tests.conftest import celery_worker, start_worker_and_beat, wait_until
 
 
 @pytest.fixture
@@ -47,15 +47,14 @@ def launching_instance(env) -> int | None:
 @pytest.mark.e2e
 def test_worker_killed_mid_launch_makes_no_duplicate_and_no_orphan_vm(env, tmp_path, uninterrupted_digest):
     job = stack.create_job(tmp_path / "ckpt")
-    worker = stack.worker(env, tmp_path / "worker.log").start()
-    beat = stack.beat(env, tmp_path / "beat.log", tmp_path / "beat").start()
+    worker, beat = start_worker_and_beat(env, tmp_path)
     try:
         wait_until(lambda: launching_instance(env), timeout=120, what="a VM being launched", proc=worker,
                    interval=0.005)
         worker.stop(signal.SIGKILL)
         instance_id = launching_instance(env)
         assert Instance.objects.get(pk=instance_id).state == InstanceState.REQUESTED  # the database has no VM id yet
-        worker = stack.worker(env, tmp_path / "worker-again.log").start()
+        worker = celery_worker(env, tmp_path / "worker-again.log").start()
         job = stack.wait_finished(job, worker)
     finally:
         beat.stop()
@@ -75,8 +74,7 @@ def test_worker_killed_mid_launch_makes_no_duplicate_and_no_orphan_vm(env, tmp_p
 def test_redis_restarted_empty_loses_queued_messages_and_the_database_makes_up_for_them(
         env, redis_server, tmp_path, uninterrupted_digest):
     job = stack.create_job(tmp_path / "ckpt")
-    worker = stack.worker(env, tmp_path / "worker.log").start()
-    beat = stack.beat(env, tmp_path / "beat.log", tmp_path / "beat").start()
+    worker, beat = start_worker_and_beat(env, tmp_path)
     try:
         first = stack.wait_running(job, worker)
         wait_until(lambda: Checkpoint.objects.filter(instance=first).exists(), timeout=120,
@@ -92,7 +90,7 @@ def test_redis_restarted_empty_loses_queued_messages_and_the_database_makes_up_f
         redis_server.stop(signal.SIGKILL)
         redis_server = stack.RedisServer(tmp_path / "redis-again.log", port=redis_server.port).start()
         assert redis_server.client().llen("celery") == 0  # every queued message is gone
-        worker = stack.worker(env, tmp_path / "worker-again.log").start()
+        worker = celery_worker(env, tmp_path / "worker-again.log").start()
         job = stack.wait_finished(job, worker)
     finally:
         beat.stop()

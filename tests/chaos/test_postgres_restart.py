@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.chaos import stack
-from tests.conftest import ROOT, WebServer, free_port, wait_until
+from tests.conftest import ROOT, WebServer, free_port, start_worker_and_beat, wait_until
 
 
 class PostgresCluster:
@@ -91,8 +91,7 @@ def test_postgres_restarted_mid_run_loses_no_report_and_no_instance(cluster, tmp
     env["RESPAWN_API_URL"] = web.url
     job_id = int(django(env, "from pathlib import Path\nfrom tests.chaos.stack import create_job\n"
                              f"print(create_job(Path({str(tmp_path / 'ckpt')!r}), step_delay_s=0.1).pk)"))
-    worker = stack.worker(env, tmp_path / "worker.log").start()
-    beat = stack.beat(env, tmp_path / "beat.log", tmp_path / "beat").start()
+    worker, beat = start_worker_and_beat(env, tmp_path)
     try:
         def training():
             return cluster.query(

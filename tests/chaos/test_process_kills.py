@@ -16,7 +16,7 @@ from django.utils import timezone
 from jobs.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance
 from tests.chaos import stack
-from tests.conftest import wait_until
+from tests.conftest import celery_worker, start_worker_and_beat, wait_until
 
 
 def kill_mid_persist(pid: int, storage: Path, timeout: float = 90.0) -> str:
@@ -48,8 +48,7 @@ def test_killed_trainer_mid_persist_agent_and_worker_mid_reconcile_end_with_the_
         stack_env, tmp_path, uninterrupted_digest):
     job = stack.create_job(tmp_path / "ckpt")
     storage = tmp_path / "ckpt" / f"job-{job.pk}"
-    worker = stack.worker(stack_env, tmp_path / "worker.log").start()
-    beat = stack.beat(stack_env, tmp_path / "beat.log", tmp_path / "beat").start()
+    worker, beat = start_worker_and_beat(stack_env, tmp_path)
     try:
         first = stack.wait_running(job, worker)
         wait_until(lambda: Checkpoint.objects.filter(instance=first).exists(), timeout=120,
@@ -71,7 +70,7 @@ def test_killed_trainer_mid_persist_agent_and_worker_mid_reconcile_end_with_the_
         wait_until(lambda: reconciles_received(worker) > reconciles, timeout=60, what="a reconcile", proc=worker,
                    interval=0.01)
         worker.stop(signal.SIGKILL)
-        worker = stack.worker(stack_env, tmp_path / "worker-again.log").start()
+        worker = celery_worker(stack_env, tmp_path / "worker-again.log").start()
 
         third = stack.wait_running(job, worker, after={first.pk, second.pk})
         job = stack.wait_finished(job, worker)

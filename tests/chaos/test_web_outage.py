@@ -11,7 +11,7 @@ from django.utils import timezone
 from jobs.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.chaos import stack
-from tests.conftest import WebServer, wait_until
+from tests.conftest import WebServer, start_worker_and_beat, wait_until
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=float(stack.STACK_ENV["RESPAWN_HEARTBEAT_TIMEOUT_S"]))
 
@@ -20,8 +20,7 @@ HEARTBEAT_TIMEOUT = timedelta(seconds=float(stack.STACK_ENV["RESPAWN_HEARTBEAT_T
 def test_web_down_past_the_heartbeat_timeout_loses_no_report_and_no_instance(
         stack_env, chaos_web, tmp_path, uninterrupted_digest):
     job = stack.create_job(tmp_path / "ckpt", step_delay_s=0.1)  # long enough to outlast the outage
-    worker = stack.worker(stack_env, tmp_path / "worker.log").start()
-    beat = stack.beat(stack_env, tmp_path / "beat.log", tmp_path / "beat").start()
+    worker, beat = start_worker_and_beat(stack_env, tmp_path)
     web = chaos_web
     try:
         instance = stack.wait_running(job, worker)

@@ -14,7 +14,7 @@ import pytest
 
 from jobs.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
-from tests.conftest import ROOT, ChildProcess, wait_until
+from tests.conftest import ROOT, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
 
 STEPS, STEP_DELAY_S = 1600, 0.03
@@ -43,12 +43,7 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
                    instance_types=["cpu-small"],
                    validation_model_factory="agents.examples.tiny:make_model",
                    validation_batch_factory="agents.examples.tiny:validation_batch")
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-    worker = ChildProcess([*celery, "worker", "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
-                           "--without-heartbeat", "--without-gossip", "--without-mingle"], env,
-                          tmp_path / "worker.log").start()
-    beat = ChildProcess([*celery, "beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat")], env,
-                        tmp_path / "beat.log").start()
+    worker, beat = start_worker_and_beat(env, tmp_path)
     try:
         wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=800,
                    what="the job to finish", proc=worker, interval=0.5)

@@ -12,7 +12,7 @@ import requests
 
 from jobs.choices import JobStatus
 from jobs.models import Instance, Job
-from tests.conftest import ChildProcess, wait_until
+from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_job
 from tests.security.leaks import tokens_in, tokens_in_database, tokens_in_files
 
@@ -52,12 +52,7 @@ def test_no_process_logs_a_token_over_a_whole_job(team_setup, child_env, tmp_pat
                    checkpoint_interval_s=1.0, allowed_clouds=["local"], instance_types=["cpu-small"],
                    validation_model_factory="agents.examples.tiny:make_model",
                    validation_batch_factory="agents.examples.tiny:validation_batch")
-    celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-    worker = ChildProcess([*celery, "worker", "--pool", "threads", "--concurrency", "2", "--loglevel", "DEBUG",
-                           "--without-heartbeat", "--without-gossip", "--without-mingle"], env,
-                          tmp_path / "worker.log").start()
-    beat = ChildProcess([*celery, "beat", "--loglevel", "DEBUG", "-s", str(tmp_path / "beat")], env,
-                        tmp_path / "beat.log").start()
+    worker, beat = start_worker_and_beat(env, tmp_path, concurrency=2, loglevel="DEBUG")
     try:
         sent = people_use_their_tokens(web.url, person)
         wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=240,
