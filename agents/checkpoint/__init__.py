@@ -41,33 +41,40 @@ Public API (everything else in this package is internal):
   bad settings; storage.UnknownSchemeError for an unknown URI scheme.
 """
 
-from .checkpointer import CheckpointConfig, Checkpointer, SaveOutcome
-from .distributed import init_process_group
-from .errors import (
-    CheckpointError,
-    ConfigError,
-    CorruptCheckpointError,
-    ExportRefusedError,
-    FactoryError,
-    IncompatibleCheckpointError,
-)
-from .export import Artifact, export_weights
-from .reader import CheckpointRef, ref_from_uri
-from .sampler import ResumableSampler
-from .state import TrainState
-from .validation import ValidationSettings, Verdict
-from .validation import validate as _validate_ref
+import importlib
+
+# Names load on first use (PEP 562): the agent uses this package's storage and manifest
+# modules without torch, whose import alone costs ~1.7 s of CPU on every VM.
+_EXPORTS = {
+    ".checkpointer": ("CheckpointConfig", "Checkpointer", "SaveOutcome"),
+    ".distributed": ("init_process_group",),
+    ".errors": ("CheckpointError", "ConfigError", "CorruptCheckpointError", "ExportRefusedError", "FactoryError",
+                "IncompatibleCheckpointError"),
+    ".export": ("Artifact", "export_weights"),
+    ".reader": ("CheckpointRef", "ref_from_uri"),
+    ".sampler": ("ResumableSampler",),
+    ".state": ("TrainState",),
+    ".validation": ("ValidationSettings", "Verdict"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 
-def validate(uri: str, settings: ValidationSettings | None = None, record: bool = True) -> Verdict:
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULE_OF[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def validate(uri: str, settings=None, record: bool = True):
     """Validate the checkpoint at `uri` (`<root>/step-NNNNNNNN`) with the factories it
-    was saved with (or `settings`), recording the verdict beside it."""
-    return _validate_ref(ref_from_uri(uri), settings, record)
+    was saved with (or `settings`, a ValidationSettings), recording the verdict beside
+    it; returns the Verdict."""
+    from .reader import ref_from_uri
+    from .validation import validate as validate_ref
+
+    return validate_ref(ref_from_uri(uri), settings, record)
 
 
-__all__ = [
-    "Artifact", "CheckpointConfig", "CheckpointError", "CheckpointRef", "Checkpointer", "ConfigError",
-    "CorruptCheckpointError", "ExportRefusedError", "FactoryError", "IncompatibleCheckpointError",
-    "ResumableSampler", "SaveOutcome", "TrainState", "ValidationSettings", "Verdict", "export_weights",
-    "init_process_group", "ref_from_uri", "validate",
-]
+__all__ = sorted([*_MODULE_OF, "validate"])
