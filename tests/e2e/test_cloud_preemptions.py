@@ -30,7 +30,7 @@ import requests
 
 from jobs.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
-from tests.conftest import ROOT, ChildProcess, WebServer, wait_until
+from tests.conftest import ROOT, WebServer, start_worker_and_beat, wait_until
 from tests.e2e.cloud_vm import ArmCloud, ComputeCloud, Ec2Cloud, PlayedVm, VmPlayer
 from tests.emulators.azure_compute import AzureComputeEmulator, ManagedIdentityEndpoint
 from tests.emulators.gcp_compute import GcpComputeEmulator
@@ -119,18 +119,14 @@ class CloudRun:
     player of that cloud's VMs, and a job of the tiny trainer placed there."""
 
     def __init__(self, cloud: EmulatedCloud, child_env: dict, tmp_path: Path):
-        self.web = WebServer(child_env, tmp_path / "web.log")
+        self.web, self.tmp_path = WebServer(child_env, tmp_path / "web.log"), tmp_path
         # Reconcile twice a second, not child_env's five times: each run also lists our VMs on the
         # emulated cloud (the orphan sweep), and a loss is still found within 1.5 s.
-        env = {**child_env, **cloud.env, "RESPAWN_API_URL": self.web.url, "RESPAWN_PROVIDERS": cloud.name,
-               "RESPAWN_PROVIDER_CONFIG": json.dumps({cloud.name: cloud.config}), "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
-        celery = [sys.executable, "-m", "celery", "-A", "controlplane"]
-        self.worker = ChildProcess([*celery, "worker", "--pool", "threads", "--concurrency", "4", "--loglevel",
-                                    "INFO", "--without-heartbeat", "--without-gossip", "--without-mingle"], env,
-                                   tmp_path / "worker.log")
-        self.beat = ChildProcess([*celery, "beat", "--loglevel", "INFO", "-s", str(tmp_path / "beat")], env,
-                                 tmp_path / "beat.log")
-        self.player = VmPlayer(cloud.cloud, tmp_path / "vms")
+        self.env = {**child_env, **cloud.env, "RESPAWN_API_URL": self.web.url, "RESPAWN_PROVIDERS": cloud.name,
+                    "RESPAWN_PROVIDER_CONFIG": json.dumps({cloud.name: cloud.config}),
+                    "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+        self.player, self.playing = VmPlayer(cloud.cloud, tmp_path / "vms"), False
+        self.worker = self.beat = None
         setup = make_team_with_members()
         self.job = make_job(setup.team, setup.people["member"].user,
                             command=[*TRAIN, "--step-delay", str(STEP_DELAY_S)], total_steps=STEPS,
@@ -139,15 +135,15 @@ class CloudRun:
                             instance_types=[cloud.instance_type])
 
     def start(self) -> "CloudRun":
-        self.worker.start()
-        self.beat.start()
+        self.worker, self.beat = start_worker_and_beat(self.env, self.tmp_path)
         self.web.start()  # waits until it serves; the worker and beat boot meanwhile
-        self.player.__enter__()
+        self.playing = bool(self.player.__enter__())
         return self
 
     def stop(self) -> None:
-        self.player.__exit__(None, None, None)
-        stops = [threading.Thread(target=proc.stop) for proc in (self.beat, self.worker, self.web)]
+        if self.playing:
+            self.player.__exit__(None, None, None)
+        stops = [threading.Thread(target=proc.stop) for proc in (self.beat, self.worker, self.web) if proc]
         for thread in stops:  # together: each may wait out its own graceful shutdown
             thread.start()
         for thread in stops:
@@ -187,9 +183,11 @@ class CloudRun:
 
 @pytest.fixture
 def run(cloud, child_env, tmp_path):
-    started = CloudRun(cloud, child_env, tmp_path).start()
-    yield started
-    started.stop()
+    cloud_run = CloudRun(cloud, child_env, tmp_path)
+    try:
+        yield cloud_run.start()
+    finally:
+        cloud_run.stop()
 
 
 def assert_resumed_from(instance: Instance, checkpoint: Checkpoint) -> None:
