@@ -296,5 +296,8 @@ LOGGING = {
                    "json": {"()": "controlplane.logging.JsonFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # azure-core logs every HTTP request and response header at INFO: a worker's log
+    # would be mostly that. Its warnings (retries, failures) still show.
+    "loggers": {"django.db.backends": {"level": "WARNING"},
+                "azure.core.pipeline.policies.http_logging_policy": {"level": "WARNING"}},
 }
