@@ -25,6 +25,7 @@ PATH_VALIDATION = "checkpoints/{checkpoint_id}/validation"
 PATH_LOGS = "logs"
 PATH_EXIT = "exit"
 PATH_PREPARE = "prepare"
+PATH_RENDEZVOUS = "rendezvous"  # GET: rank 0's address, for a rank that registered before rank 0 did
 
 MAX_LOG_LINES_PER_BATCH = 1000
 MAX_LOG_LINE_CHARS = 4096
@@ -179,6 +180,11 @@ class HeartbeatAnswer:
     action: str = Action.CONTINUE
     checkpoint_interval_s: float | None = None
     heartbeat_interval_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class RendezvousAnswer:
+    rendezvous_addr: str = ""  # "host:port" of rank 0; empty until rank 0 registers
 
 
 @dataclass(kw_only=True)

@@ -305,6 +305,16 @@ class ExitView(AgentView):
         return ack(duplicate=not applied)
 
 
+class RendezvousView(AgentView):
+    """Rank 0's "host:port" for this instance's gang: on a cloud it is known only once
+    rank 0 registers (services.register_instance), so a rank that registered first
+    polls here until it is not empty. An instance reads only its own gang's."""
+
+    @extend_schema(responses=inline_serializer("RendezvousAnswer", {"rendezvous_addr": serializers.CharField()}))
+    def get(self, request):
+        return Response(protocol.to_dict(protocol.RendezvousAnswer(rendezvous_addr=self.instance.rendezvous_addr)))
+
+
 class PrepareReportSerializer(ReportSerializer):
     outcome = serializers.ChoiceField(choices=protocol.PrepareOutcome.ALL)
     key = serializers.RegexField(r"^[0-9a-f]{0,64}$", required=False, allow_blank=True, default="")

@@ -32,4 +32,5 @@ agent_urlpatterns = [
     path("logs", agent.LogsView.as_view(), name="agent-logs"),
     path("exit", agent.ExitView.as_view(), name="agent-exit"),
     path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
+    path("rendezvous", agent.RendezvousView.as_view(), name="agent-rendezvous"),
 ]

@@ -115,5 +115,5 @@ def test_the_peoples_api_answers_every_generated_request_as_documented(world):
 
 def test_the_agent_api_answers_every_generated_request_as_documented(world):
     ops = operations(world["base_url"], "/api/agent/v1/")
-    assert len(ops) == 8
+    assert len(ops) == 9
     fuzz_all(ops, world["agent"], world)
