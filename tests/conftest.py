@@ -203,11 +203,3 @@ def start_worker_and_beat(env: dict, tmp_path: Path, *, pool: str = "threads", c
     beat = ChildProcess([*CELERY, "beat", "--loglevel", loglevel, "-s", str(tmp_path / "beat")], env,
                         tmp_path / "beat.log").start()
     return worker, beat
-
-
-@pytest.fixture
-def celery_worker_process(child_env, tmp_path):
-    """A real Celery worker; call `.start()` (and `.stop(9)` to kill it)."""
-    worker = celery_worker(child_env, tmp_path / "worker.log", concurrency=2)
-    yield worker
-    worker.stop(9)

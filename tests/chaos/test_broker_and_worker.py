@@ -84,12 +84,12 @@ def test_redis_restarted_empty_loses_queued_messages_and_the_database_makes_up_f
         os.kill(stack.process_of(env, first, "agents.examples.tiny"), signal.SIGKILL)
         wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING, timeout=60,
                    what="the job to wait for a replacement", proc=beat)
-        queue = redis_server.client()
+        queue, queue_key = redis_server.client(), os.environ["RESPAWN_BROKER_KEY_PREFIX"] + "celery"
         # The nudge is pushed right after the commit that made the job recovering: wait for it.
-        wait_until(lambda: queue.llen("celery") > 0, timeout=30, what="a message waiting in Redis")
+        wait_until(lambda: queue.llen(queue_key) > 0, timeout=30, what="a message waiting in Redis")
         redis_server.stop(signal.SIGKILL)
         redis_server = stack.RedisServer(tmp_path / "redis-again.log", port=redis_server.port).start()
-        assert redis_server.client().llen("celery") == 0  # every queued message is gone
+        assert redis_server.client().llen(queue_key) == 0  # every queued message is gone
         worker = celery_worker(env, tmp_path / "worker-again.log").start()
         job = stack.wait_finished(job, worker)
     finally:

@@ -17,7 +17,7 @@ from jobs.choices import EndReason, JobStatus, Market, Purpose
 from jobs.models import Instance, Job
 from jobs.providers.local import LocalConfig, LocalProvider
 from jobs.services import create_job
-from tests.conftest import ChildProcess, wait_until
+from tests.conftest import celery_worker, wait_until
 from tests.agent.live import AgentProcess
 from tests.factories import make_instance, make_job, make_team_with_members
 from tests.local_provider.helpers import FAST_AGENT_ENV
@@ -45,9 +45,7 @@ def control_plane(child_env, web_server, tmp_path):
     """Web server and one Celery worker (which launches the local VMs, so they inherit
     its environment); the local market never preempts on its own."""
     env = {**child_env, **FAST_AGENT_ENV, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none"}
-    worker = ChildProcess([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
-                           "--concurrency", "4", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
-                           "--without-mingle"], env, tmp_path / "worker.log").start()
+    worker = celery_worker(env, tmp_path / "worker.log").start()
     yield worker
     worker.stop()
 
