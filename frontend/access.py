@@ -54,7 +54,7 @@ def scoped_job(user, pk: int, action: str = "job.view") -> Job:
 
 def scoped_job_row(user, pk: int, action: str = "job.view") -> dict:
     """As `scoped_job`, for the polled pages: the job's row as `reads.job` gives it."""
-    job = reads.job(pk)
+    job = reads.job(pk).run()
     if job is None or job["team_id"] not in visible_team_ids(user):
         raise Http404("No such job.")
     require(user, action, job["team_id"])

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from django.core.cache import cache
 
-from frontend import reads
 from jobs import costs
 from jobs.api.costs import job_cost_data, team_month_data
-from jobs.models import Checkpoint, Instance, InterruptionEvent, PriceQuote
 from jobs.placement import interruption_rates
 
 JOB_TTL_S = 3600
@@ -38,42 +37,63 @@ RATES_TTL_S = 60
 
 # ---- a job ------------------------------------------------------------------------------------
 
-def _document(cost: costs.JobCost) -> dict:
-    """What pages need of a job's ledger, in plain values (cheap to store and load):
-    the API's figures, each month's share for the team sums, and the newest
-    instance's speed for the ETA."""
+def _documents(cost: costs.JobCost) -> tuple[dict, dict]:
+    """What pages need of a job's ledger, in plain strings (cheap to store and load):
+    a summary (the figures a list row shows, the newest instance's speed for the ETA
+    and each month's share for a team's month) and the API's whole answer for the job
+    page, kept apart so a list does not load every instance's detail."""
+    detail = job_cost_data(cost)
     newest = max(cost.work.values(), key=lambda w: w.billed_from, default=None)
-    return {
-        "detail": job_cost_data(cost),
-        "months": {month: (row.spent, row.baseline, row.waste, row.billed_seconds)
+    summary = {
+        "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
+        "seconds_per_step": str(newest.seconds_per_step) if newest else None,
+        "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
                    for month, row in costs.job_months(cost).items()},
-        "seconds_per_step": newest.seconds_per_step if newest else None,
     }
+    return summary, detail
 
 
-def _job_key(settled_key: str) -> str:
-    return f"respawn:jobmoney:{settled_key}"
+def _stored_as(kind: str, settled_key: str) -> str:
+    return f"respawn:job{kind}:{settled_key}"
 
 
-def job_money(keys: dict[int, str | None], now: dt.datetime) -> dict[int, dict | str]:
-    """Each job's money document, or why the price book cannot price it (one job's
-    missing quote must not blank a whole list). `keys`: job id -> `costs.settled_key`."""
-    job_ids = list(keys)
-    stored_as = {job_id: _job_key(key) for job_id in job_ids if (key := keys.get(job_id)) is not None}
-    stored = cache.get_many(list(stored_as.values()))
-    found = {job_id: stored[key] for job_id, key in stored_as.items() if key in stored}
-    missing = [job_id for job_id in job_ids if job_id not in found]
-    fresh = {}
+def job_money(keys: dict[int, str | None], now: dt.datetime, *, detail: bool = False) -> dict[int, dict | str]:
+    """Each job's money summary (with the API's `detail` if asked), or why the price
+    book cannot price it (one job's missing quote must not blank a whole list).
+    `keys`: job id -> `costs.settled_key`."""
+    kinds = ("summary", "detail") if detail else ("summary",)
+    stored_as = {job_id: {kind: _stored_as(kind, key) for kind in kinds}
+                 for job_id, key in keys.items() if key is not None}
+    stored = cache.get_many([name for names in stored_as.values() for name in names.values()])
+    found = {}
+    for job_id, names in stored_as.items():
+        answers = [stored.get(names[kind]) for kind in kinds]
+        if isinstance(answers[0], str):  # stored: it cannot be priced
+            found[job_id] = answers[0]
+        elif None not in answers:
+            found[job_id] = answers[0] | ({"detail": answers[1]} if detail else {})
+    missing = [job_id for job_id in keys if job_id not in found]
+    fresh, to_store = {}, {}
     for i in range(0, len(missing), PRICING_BATCH):
         for job_id, answer in costs.job_costs_or_errors(missing[i:i + PRICING_BATCH], now).items():
-            fresh[job_id] = str(answer) if isinstance(answer, costs.CostError) else _document(answer)
-    cache.set_many({stored_as[job_id]: answer for job_id, answer in fresh.items() if job_id in stored_as}, JOB_TTL_S)
+            if isinstance(answer, costs.CostError):
+                fresh[job_id] = str(answer)
+                if job_id in stored_as:
+                    to_store[_stored_as("summary", keys[job_id])] = str(answer)
+                continue
+            summary, full = _documents(answer)
+            fresh[job_id] = summary | ({"detail": full} if detail else {})
+            if job_id in stored_as:
+                key = keys[job_id]
+                to_store.update({_stored_as("summary", key): summary, _stored_as("detail", key): full})
+    cache.set_many(to_store, JOB_TTL_S)
     return {**found, **fresh}
 
 
-def _job_month(document: dict, label: str) -> costs.JobMonth | None:
-    row = document["months"].get(label)
-    return costs.JobMonth(spent=row[0], baseline=row[1], waste=row[2], billed_seconds=row[3]) if row else None
+def _job_month(summary: dict, label: str) -> costs.JobMonth | None:
+    row = summary["months"].get(label)
+    return costs.JobMonth(spent=Decimal(row[0]), baseline=Decimal(row[1]), waste=Decimal(row[2]),
+                          billed_seconds=row[3]) if row else None
 
 
 # ---- a team's month ---------------------------------------------------------------------------
@@ -96,16 +116,9 @@ class _SettledPart:
     """Jobs with an instance not live yet without an end (billed to now): priced each time."""
 
 
-_CHANGE_MARKS = ("SELECT (SELECT MAX(id) FROM {instance}), (SELECT MAX(id) FROM {checkpoint}), "
-                 "(SELECT MAX(id) FROM {interruption}), (SELECT MAX(id) FROM {quote})").format(
-    instance=Instance._meta.db_table, checkpoint=Checkpoint._meta.db_table,
-    interruption=InterruptionEvent._meta.db_table, quote=PriceQuote._meta.db_table)
-
-
-def team_month(team, label: str, now: dt.datetime) -> TeamMonth:
-    live = reads.live_instances(team.pk)
+def team_month(team, label: str, now: dt.datetime, *, live: list[tuple[int, int]], newest: tuple) -> TeamMonth:
+    """`live`: the team's `reads.live_instances`; `newest`: `reads.newest_ids`."""
     live_jobs = {job_id for _, job_id in live}
-    newest = reads.rows(_CHANGE_MARKS)[0]
     key = f"respawn:teammonth:{team.pk}:{label}:{len(live)}:{':'.join(map(str, newest))}"
     settled = cache.get(key)
     if settled is None:

@@ -59,18 +59,17 @@ def filtered_jobs(team, *, statuses=(), owner="", cloud="", search="", page: int
 def _eta_seconds(job: dict, money) -> int | None:
     if job["status"] != JobStatus.RUNNING or not job["total_steps"] or isinstance(money, str):
         return None
-    if not money["seconds_per_step"]:
+    if money["seconds_per_step"] is None or not Decimal(money["seconds_per_step"]):
         return None
-    return int(max(0, job["total_steps"] - job["last_step"]) * money["seconds_per_step"])
+    return int(max(0, job["total_steps"] - job["last_step"]) * Decimal(money["seconds_per_step"]))
 
 
 def _money_fields(money) -> dict:
     if isinstance(money, str):
         return {"spent": None, "savings": None, "spent_display": "no price", "savings_display": "no price",
                 "waste_display": "no price", "cost_error": money}
-    data = money["detail"]
-    return {"spent": data["spent"], "savings": data["savings"], "spent_display": display_money(data["spent"]),
-            "savings_display": display_money(data["savings"]), "waste_display": display_money(data["waste"]["total"]),
+    return {"spent": money["spent"], "savings": money["savings"], "spent_display": display_money(money["spent"]),
+            "savings_display": display_money(money["savings"]), "waste_display": display_money(money["waste"]),
             "cost_error": None}
 
 
@@ -98,28 +97,22 @@ def job_rows(jobs: list[dict], now: dt.datetime | None = None) -> list[dict]:
 
 # ---- one job ----------------------------------------------------------------------------------
 
-def _instances(job_id: int, money) -> tuple[list[dict], dict | None]:
-    """The job's instances, and the checkpoint interval the newest one that has one was given."""
+def _instances(found: list[dict], money) -> list[dict]:
     billed = {} if isinstance(money, str) else {i["instance"]: i["billed_from"] for i in money["detail"]["instances"]}
-    rows, interval = [], None
-    for instance in reads.instances(job_id):
-        if instance["checkpoint_interval"] is not None:
-            interval = instance["checkpoint_interval"]
-        rows.append({
-            "id": instance["id"], "rank": instance["rank"], "provider": instance["provider"],
-            "zone": instance["zone"], "instance_type": instance["instance_type"], "market": instance["market"],
-            "state": instance["state"], "end_reason": instance["end_reason"],
-            "start": billed.get(instance["id"]) or _iso(instance["requested_at"]),
-            "end": _iso(instance["ended_at"]),
-            "label": f"#{instance['id']} rank {instance['rank']} · {instance['zone'] or instance['region']} "
-                     f"{instance['instance_type']} ({instance['market']})",
-        })
-    return rows, interval
+    return [{
+        "id": instance["id"], "rank": instance["rank"], "provider": instance["provider"],
+        "zone": instance["zone"], "instance_type": instance["instance_type"], "market": instance["market"],
+        "state": instance["state"], "end_reason": instance["end_reason"],
+        "start": billed.get(instance["id"]) or _iso(instance["requested_at"]),
+        "end": _iso(instance["ended_at"]),
+        "label": f"#{instance['id']} rank {instance['rank']} · {instance['zone'] or instance['region']} "
+                 f"{instance['instance_type']} ({instance['market']})",
+    } for instance in found]
 
 
-def _markers(job_id: int, instances: list[dict], checkpoints: list[dict]) -> list[dict]:
+def _markers(interruptions: list[dict], instances: list[dict], checkpoints: list[dict]) -> list[dict]:
     markers = []
-    for event in reads.interruptions(job_id):
+    for event in interruptions:
         markers.append({"kind": event["kind"], "instance": event["instance_id"],
                         "at": _iso(event["notice_time"] or event["received_at"]),
                         "text": f"{event['kind']} ({event['source']})"})
@@ -152,17 +145,19 @@ def _cost_curve(money, now: dt.datetime) -> list[dict]:
     if len(moments) < COST_POINTS:
         step = (last - first) / COST_POINTS
         moments = sorted(set(moments) | {first + step * i for i in range(COST_POINTS)})
-    by_end = sorted(spans, key=lambda s: s[1])
+    by_end = sorted(((start.timestamp(), end.timestamp(), paid, on_demand) for start, end, paid, on_demand in spans),
+                    key=lambda s: s[1])
     ended, spent, baseline = 0, Decimal(0), Decimal(0)
     curve = []
     for moment in moments:
-        while ended < len(by_end) and by_end[ended][1] <= moment:
+        at = moment.timestamp()
+        while ended < len(by_end) and by_end[ended][1] <= at:
             spent, baseline = spent + by_end[ended][2], baseline + by_end[ended][3]
             ended += 1
         accruing_spent = accruing_baseline = 0.0
         for start, end, paid, on_demand in by_end[ended:]:
-            if moment > start:
-                share = (moment - start) / (end - start)
+            if at > start:
+                share = (at - start) / (end - start)
                 accruing_spent += float(paid) * share
                 accruing_baseline += float(on_demand) * share
         curve.append({"at": moment.isoformat(), "spent": float(spent) + accruing_spent,
@@ -170,24 +165,26 @@ def _cost_curve(money, now: dt.datetime) -> list[dict]:
     return curve
 
 
-def _log_tail(job_id: int) -> list[str]:
+def _log_tail(chunks: list[tuple[int, list[str]]]) -> list[str]:
+    """`chunks`: newest first."""
     lines = []
-    for instance_id, chunk in reversed(reads.newest_log_chunks(job_id, LOG_CHUNKS)):
+    for instance_id, chunk in reversed(chunks):
         lines.extend(f"[{instance_id}] {line}" for line in chunk)
     return lines[-LOG_LINES:]
 
 
-def _checkpoints(job_id: int) -> list[dict]:
-    """The newest checkpoints, oldest first: marked on the timeline."""
+def _checkpoints(newest_first: list[dict]) -> list[dict]:
+    """Oldest first, as the timeline marks them."""
     return [{"step": c["step"], "kind": c["kind"], "committed_at": _iso(c["committed_at"]),
              "validation": c["validation"], "reference_loss": c["reference_loss"],
              "validation_loss": c["validation_loss"], "bytes": c["bytes"], "stall_s": c["stall_s"],
-             "instance": c["instance_id"]} for c in reversed(reads.newest_checkpoints(job_id, MARKED_CHECKPOINTS))]
+             "instance": c["instance_id"]} for c in reversed(newest_first)]
 
 
-def job_money(job: dict, now: dt.datetime) -> dict | str:
-    """The money document of `job` (from `reads.job`), or why it cannot be priced."""
-    return store.job_money({job["id"]: job["money_key"]}, now)[job["id"]]
+def job_money(job: dict, now: dt.datetime, *, detail: bool = False) -> dict | str:
+    """The money summary of `job` (from `reads.job`), with the API's detail if asked,
+    or why it cannot be priced."""
+    return store.job_money({job["id"]: job["money_key"]}, now, detail=detail)[job["id"]]
 
 
 def job_summary(job: dict, money, *, may_cancel: bool, now: dt.datetime) -> dict:
@@ -203,7 +200,8 @@ def job_summary(job: dict, money, *, may_cancel: bool, now: dt.datetime) -> dict
             "live": job["status"] not in JobStatus.TERMINAL,
         },
         "money": _money_fields(money) | (
-            {} if isinstance(money, str) else {"detail": money["detail"] | {"as_of": now.isoformat()}}),
+            {"detail": money["detail"] | {"as_of": now.isoformat()}} if isinstance(money, dict) and "detail" in money
+            else {}),
     }
 
 
@@ -211,22 +209,26 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
     """Everything the job page draws; `job` from `reads.job`."""
     now = now or timezone.now()
     job_id = job["id"]
-    money = job_money(job, now)
+    money = job_money(job, now, detail=True)
     summary = job_summary(job, money, may_cancel=may_cancel, now=now)
-    instances, interval = _instances(job_id, money)
-    checkpoints = _checkpoints(job_id)
+    found, newest_checkpoints, interruptions, loss, chunks, events = reads.batch(
+        reads.instances(job_id), reads.newest_checkpoints(job_id, MARKED_CHECKPOINTS), reads.interruptions(job_id),
+        reads.loss_points(job_id, LOSS_POINTS), reads.newest_log_chunks(job_id, LOG_CHUNKS),
+        reads.newest_events(job_id, RECENT_ROWS))
+    instances, checkpoints = _instances(found, money), _checkpoints(newest_checkpoints)
+    interval = next((i["checkpoint_interval"] for i in reversed(found) if i["checkpoint_interval"] is not None), None)
     listed = sorted(checkpoints, key=lambda c: (c["step"], c["committed_at"]), reverse=True)[:RECENT_ROWS]
     return {
         "job": summary["job"] | {"checkpoint_interval": interval},
         "money": summary["money"],
         "instances": instances,
-        "markers": _markers(job_id, instances, checkpoints),
-        "loss": [list(point) for point in reads.loss_points(job_id, LOSS_POINTS)],
+        "markers": _markers(interruptions, instances, checkpoints),
+        "loss": loss,
         "cost_curve": _cost_curve(money, now),
         "checkpoints": listed,
-        "log": _log_tail(job_id),
+        "log": _log_tail(chunks),
         "events": [{"at": _iso(e["created_at"]), "from": e["from_status"], "to": e["to_status"],
-                    "message": e["message"]} for e in reversed(reads.newest_events(job_id, RECENT_ROWS))],
+                    "message": e["message"]} for e in reversed(events)],
         "as_of": now.isoformat(),
     }
 
@@ -236,7 +238,9 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
 def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict:
     now = now or timezone.now()
     label = costs.parse_month(month, now)[0]
-    month_money = store.team_month(team, label, now)
+    live, newest, by_status = reads.batch(reads.live_instances(team.pk), reads.newest_ids(),
+                                          reads.jobs_by_status(team.pk, JobStatus.ACTIVE | {JobStatus.QUEUED}))
+    month_money = store.team_month(team, label, now, live=live, newest=newest)
     money = month_money.money
     if money:
         money = dict(money)
@@ -245,7 +249,6 @@ def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict
         money["budget_display"] = display_money(money["budget"]) if money["budget"] else "no budget"
         money["budget_used_pct"] = (min(999, round(100 * Decimal(money["spent"]) / Decimal(money["budget"])))
                                     if money["budget"] and Decimal(money["budget"]) > 0 else None)
-    by_status = reads.jobs_by_status(team.pk, JobStatus.ACTIVE | {JobStatus.QUEUED})
     return {
         "month": label,
         "money": money,

@@ -54,25 +54,29 @@ def page(request, template: str, http_status: int = 200, teams=None, **context):
 
 # ---- jobs list --------------------------------------------------------------------------------
 
-def _jobs_page(request, teams):
-    """(team, filter form, paginator page, rows) for the chosen team, or the form's errors."""
+def _jobs_page(request, teams, *also: reads.Read):
+    """(team, filter form, paginator page, rows, answers of `also`) for the chosen team,
+    or the form's errors; `also` are read in the same round trip as the page."""
     team = access.current_team(request, teams)
     form = JobFilterForm(request.GET)
     if team is None or not form.is_valid():
-        return team, form, None, []
+        return team, form, None, [], [read.run() for read in also]
     access.require(request.user, "job.view", team.pk)
     f = form.cleaned_data
+    number = f["page"] or 1
     jobs = selectors.filtered_jobs(team, statuses=f["status"], owner=f["owner"], cloud=f["cloud"], search=f["q"],
-                                   page=f["page"] or 1)
-    current = Paginator(jobs, selectors.JOBS_PER_PAGE).get_page(f["page"] or 1)
-    return team, form, current, selectors.job_rows(list(current.object_list))
+                                   page=number)
+    also = jobs.load((number - 1) * selectors.JOBS_PER_PAGE, selectors.JOBS_PER_PAGE, *also)
+    current = Paginator(jobs, selectors.JOBS_PER_PAGE).get_page(number)
+    return team, form, current, selectors.job_rows(list(current.object_list)), also
 
 
 @login_required
 def home(request):
     teams = access.visible_teams(request.user)
-    team, form, current, rows = _jobs_page(request, teams)
-    owners = reads.team_usernames(team.pk) if team else []
+    team = access.current_team(request, teams)
+    team, form, current, rows, also = _jobs_page(request, teams, *([reads.team_usernames(team.pk)] if team else []))
+    owners = also[0] if also else []
     query = request.GET.copy()
     query.pop("page", None)
     return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, teams=teams,
@@ -83,7 +87,7 @@ def home(request):
 
 @json_view
 def jobs_json(request):
-    team, form, current, rows = _jobs_page(request, access.visible_teams(request.user))
+    team, form, current, rows, _ = _jobs_page(request, access.visible_teams(request.user))
     if not form.is_valid():
         return JsonResponse({"detail": "invalid filters", "errors": form.errors}, status=400)
     return JsonResponse({"team": team.pk if team else None, "rows": rows,
@@ -116,7 +120,8 @@ def job_page(request, pk: int):
     now = timezone.now()
     summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
                                     may_cancel=can(request.user, "job.cancel", job["team_id"]))
-    return page(request, "frontend/job.html", job=job, status=summary, interval=reads.checkpoint_interval(job["id"]))
+    return page(request, "frontend/job.html", job=job, status=summary,
+                interval=reads.checkpoint_interval(job["id"]).run())
 
 
 @json_view
@@ -138,7 +143,8 @@ def job_cancel(request, pk: int):
 
 # ---- team overview ----------------------------------------------------------------------------
 
-def _team_page(request, team, form, http_status=200):
+def _team_page(request, team, form: SubmitJobForm | None = None, http_status=200):
+    """The overview; `form` is a submitted form to show again with its errors."""
     month = request.GET.get("month") or None
     data = selectors.team_status(team, month)
     rates = money.placement_rates()
@@ -148,8 +154,8 @@ def _team_page(request, team, form, http_status=200):
                 role=access.role_in(request.user, team.pk))
 
 
-def _submit_fields(form: SubmitJobForm) -> str:
-    return render_to_string(SUBMIT_FIELDS, {"form": form}) if form.is_bound else _blank_submit_fields()
+def _submit_fields(form: SubmitJobForm | None) -> str:
+    return _blank_submit_fields() if form is None else render_to_string(SUBMIT_FIELDS, {"form": form})
 
 
 @cache
@@ -167,7 +173,7 @@ def team_page(request, pk: int):
         return page(request, "frontend/error.html", http_status=400, message=month_error)
     if request.session.get(access.SESSION_TEAM) != team.pk:
         request.session[access.SESSION_TEAM] = team.pk
-    return _team_page(request, team, SubmitJobForm())
+    return _team_page(request, team)
 
 
 def _month_error(request) -> str | None:
