@@ -37,9 +37,16 @@ class ControlPlaneClient:
         self.agent_token = ""  # set after register; kept in memory only
 
     def post(self, path: str, body: dict[str, Any]) -> Outcome:
+        return self._call("POST", path, body)
+
+    def get(self, path: str) -> Outcome:
+        """A read (the rendezvous address); the same three outcomes as a report."""
+        return self._call("GET", path, None)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Outcome:
         headers = {"Authorization": f"Bearer {self.agent_token}"} if self.agent_token else {}
         try:
-            r = self.session.post(self.base_url + path, json=body, headers=headers, timeout=self.timeout)
+            r = self.session.request(method, self.base_url + path, json=body, headers=headers, timeout=self.timeout)
         except requests.RequestException as exc:
             return Outcome(RETRY, detail=f"{type(exc).__name__}: {exc}")
         if r.status_code >= 500 or r.status_code == 429:

@@ -10,7 +10,9 @@ agent then waits until a notice (or final) checkpoint commits or the budget runs
 out (default 25 s from the notice, never past the cloud's deadline), acknowledges
 the event where the cloud wants it (Azure), kills what is left and reports exit.
 Everything the agent reports goes through the journal, so nothing here waits on
-the control plane except `register`, which cannot proceed without the job spec.
+the control plane except `register`, which cannot proceed without the job spec,
+and a gang's rank > 0 that registered before rank 0 did: it heartbeats and polls
+`rendezvous` until rank 0's address comes (or the register timeout runs out).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from agents.agent.channel import (
 from agents.agent.client import DELIVERED, REFUSED, ControlPlaneClient
 from agents.agent.config import AgentConfig
 from agents.agent.reporter import Backoff, Reporter
-from agents.agent.supervisor import TrainerProcess, trainer_env
+from agents.agent.supervisor import TrainerProcess, gang_env, trainer_env
 from agents.agent.validation import Validator
 from agents.journal import Journal
 from agents.notices import PREEMPT, REBALANCE, NoticeEvent, make_watcher, sigterm
@@ -210,6 +212,14 @@ class Agent:
             ended = self._prepare(env)
             if ended is not None:
                 return ended
+        if job.world_size > 1 and job.rank > 0 and not job.rendezvous_addr:
+            ended = self._await_rendezvous()
+            if ended is not None:
+                return ended
+            try:
+                env.update(gang_env(job))
+            except ValueError as exc:
+                return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
         try:
             if self.checkpoint_interval_s:
                 write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
@@ -285,6 +295,49 @@ class Agent:
         env[protocol.ENV_PREPARE_URI] = result.uri
         self.trainer = None
         return None
+
+    def _await_rendezvous(self) -> protocol.ExitReport | None:
+        """A rank > 0 that registered before rank 0 has no rendezvous address yet (on a
+        cloud it is known only once rank 0 registers): keep heartbeating, so this
+        instance is not taken for lost, and ask for the address at the heartbeat
+        interval until it comes. It sets `self.job.rendezvous_addr`; an exit report
+        when the job cannot go on here (a notice or a stop came first, the control
+        plane refused the call, or no address within the register timeout)."""
+        job = self.job
+        assert job is not None
+        self._agent_line(f"rank {job.rank} of {job.world_size}: waiting for rank 0 to register and give its rendezvous address")
+        give_up = time.monotonic() + self.config.register_timeout_s
+        next_poll = time.monotonic()
+        while not (self.notice or self.stopped_by_control_plane):
+            now = time.monotonic()
+            if now >= next_poll:
+                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                outcome = self.client.get(protocol.PATH_RENDEZVOUS)
+                addr = (outcome.answer or {}).get("rendezvous_addr") if outcome.kind == DELIVERED else None
+                if isinstance(addr, str) and addr:
+                    job.rendezvous_addr = addr
+                    self._agent_line(f"rank 0's rendezvous address: {addr}")
+                    return None
+                if outcome.kind == REFUSED:
+                    return self._rendezvous_failed(f"the control plane refused the rendezvous call (HTTP {outcome.status}): {outcome.detail[:500]}")
+                if outcome.kind == DELIVERED and not isinstance(addr, str):
+                    log.warning("rendezvous answer with an unusable rendezvous_addr, ignored: %r", outcome.answer)
+                if now >= give_up:
+                    return self._rendezvous_failed(f"rank {job.rank} got no rendezvous address within {self.config.register_timeout_s}s: rank 0 did not register")
+                next_poll = time.monotonic() + self.heartbeat_interval_s
+            try:
+                event = self.events.get(timeout=max(0.0, min(self.config.tick_s, next_poll - time.monotonic())))
+            except queue.Empty:
+                continue
+            self._handle(event)
+        if self.notice is not None:
+            self._report_notice_outcome()
+        return self._exit_report(None)
+
+    def _rendezvous_failed(self, message: str) -> protocol.ExitReport:
+        self._agent_line(message)
+        self._ship_logs(final=True)
+        return self._setup_failure(output_tail(self.log_path), message)
 
     def _setup_failure(self, tail: str, exception: str) -> protocol.ExitReport:
         return protocol.ExitReport(reason=protocol.ExitReason.SETUP, output_tail=tail, last_exception=exception[:MAX_EXCEPTION_CHARS])
@@ -429,7 +482,8 @@ class Agent:
         with open(self.log_path, "a") as f:
             f.write(f"{AGENT_LINE_PREFIX} {datetime.now().astimezone().isoformat(timespec='seconds')} {message}\n")
 
-    def _exit_report(self, code: int) -> protocol.ExitReport:
+    def _exit_report(self, code: int | None) -> protocol.ExitReport:
+        """How the trainer ended (`code` None: it never started, a notice or a stop came first)."""
         status = self.status.read()
         if self.notice is not None:
             reason = protocol.ExitReason.PREEMPTED

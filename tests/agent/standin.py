@@ -12,12 +12,24 @@ answers as the control plane does. The integration tests use the real control pl
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 
 from agents import protocol
 from tests.emulators.serving import LocalHttpServer
+
+
+def agent_argv(tmp_path: Path, url: str, *, register_timeout_s: float = 5) -> list[str]:
+    """`respawn-agent run` against `url` (a stand-in), with short intervals, its work dir under `tmp_path`."""
+    token = tmp_path / "token"
+    token.write_text("rsp_boot_x")
+    token.chmod(0o600)
+    return [sys.executable, "-m", "agents", "run", "--control-plane-url", url, "--bootstrap-token-file", str(token), "--provider", "local",
+            "--metadata-url", "http://127.0.0.1:9", "--work-dir", str(tmp_path / "work"), "--tick-s", "0.05", "--backoff-base-s", "0.05",
+            "--backoff-max-s", "0.2", "--register-timeout-s", str(register_timeout_s), "--drain-timeout-s", "10"]
 
 
 class StandInControlPlane(LocalHttpServer):
@@ -29,6 +41,7 @@ class StandInControlPlane(LocalHttpServer):
         self.status = 200  # what every call answers next
         self.body = None  # overrides the JSON answer when set (a str is sent raw)
         self.register_status, self.register_answer = 200, None  # what `register` answers
+        self.rendezvous_addr = ""  # what GET `rendezvous` answers (rank 0's address, once it registered)
         if job is not None:
             self.register_answer = protocol.to_dict(protocol.RegisterAnswer(agent_token="standin-agent-token", job=job))
         self.cond = threading.Condition()
@@ -61,6 +74,18 @@ class StandInControlPlane(LocalHttpServer):
                         outer.accepted.append((path, doc))
                 if body is None:
                     body = protocol.to_dict(protocol.HeartbeatAnswer() if path == protocol.PATH_HEARTBEAT else protocol.Ack())
+                self._answer(status, body)
+
+            def do_GET(self):
+                path = self.path.removeprefix(protocol.API_PREFIX)
+                with outer.cond:
+                    outer.arrivals.append((time.time(), path, {}))
+                    outer.cond.notify_all()
+                    answer = protocol.RendezvousAnswer(rendezvous_addr=outer.rendezvous_addr)
+                status = 200 if path == protocol.PATH_RENDEZVOUS else 404
+                self._answer(status, protocol.to_dict(answer) if status == 200 else {"detail": "Not found."})
+
+            def _answer(self, status: int, body) -> None:
                 raw = (body if isinstance(body, str) else json.dumps(body)).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

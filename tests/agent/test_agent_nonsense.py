@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from agents import protocol
 from tests.agent.live import PLAIN
-from tests.agent.standin import StandInControlPlane
+from tests.agent.standin import StandInControlPlane, agent_argv
 
 
 @pytest.fixture
@@ -20,13 +19,7 @@ def plane():
 
 
 def run_agent(tmp_path, url, timeout=120):
-    token = tmp_path / "token"
-    token.write_text("rsp_boot_x")
-    token.chmod(0o600)
-    argv = [sys.executable, "-m", "agents", "run", "--control-plane-url", url, "--bootstrap-token-file", str(token), "--provider", "local",
-            "--metadata-url", "http://127.0.0.1:9", "--work-dir", str(tmp_path / "work"), "--tick-s", "0.05", "--backoff-base-s", "0.05",
-            "--backoff-max-s", "0.2", "--register-timeout-s", "5", "--drain-timeout-s", "10"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(agent_argv(tmp_path, url), capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize(
