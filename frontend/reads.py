@@ -22,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from decimal import Decimal
+
 from django.contrib.auth.models import User
-from django.db import connection
+from django.db import connection, models
 
 from jobs import costs
 from jobs.choices import InstanceState
@@ -263,6 +265,25 @@ def team_names(team_ids) -> list[tuple[int, str]]:
         return []
     return Read(f"SELECT id, name FROM {TEAM} WHERE id IN ({placeholders(team_ids)}) ORDER BY name",
                 list(team_ids)).run()
+
+
+def _team(rows: list[tuple]) -> Team | None:
+    if not rows:
+        return None
+    values = list(rows[0])
+    for i, field in enumerate(TEAM_FIELDS):
+        if isinstance(field, models.DecimalField) and values[i] is not None:
+            # SQLite keeps a decimal column as a number: back to the field's places, as the ORM reads it
+            values[i] = Decimal(str(values[i])).quantize(Decimal(1).scaleb(-field.decimal_places))
+    return Team.from_db(connection.alias, [field.attname for field in TEAM_FIELDS], values)
+
+
+TEAM_FIELDS = Team._meta.concrete_fields
+
+
+def team(pk: int) -> Read:
+    """The team, a whole model instance; None if none."""
+    return Read(f"SELECT {', '.join(field.column for field in TEAM_FIELDS)} FROM {TEAM} WHERE id = %s", [pk], _team)
 
 
 def jobs_by_status(team_id: int, statuses) -> Read:

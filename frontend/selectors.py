@@ -17,7 +17,7 @@ from frontend import money as store
 from frontend import reads
 from jobs import costs
 from jobs.choices import JobStatus
-from jobs.models import PriceQuote
+from jobs.models import PriceQuote, Team
 
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history
@@ -235,11 +235,13 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
 
 # ---- a team's month ---------------------------------------------------------------------------
 
-def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict:
+def team_status(team_id: int, month: str | None, now: dt.datetime | None = None) -> tuple[Team, dict]:
+    """The team and its overview's figures (the caller has checked the team may be seen)."""
     now = now or timezone.now()
     label = costs.parse_month(month, now)[0]
-    live, newest, by_status = reads.batch(reads.live_instances(team.pk), reads.newest_ids(),
-                                          reads.jobs_by_status(team.pk, JobStatus.ACTIVE | {JobStatus.QUEUED}))
+    team, live, newest, by_status = reads.batch(
+        reads.team(team_id), reads.live_instances(team_id), reads.newest_ids(),
+        reads.jobs_by_status(team_id, JobStatus.ACTIVE | {JobStatus.QUEUED}))
     month_money = store.team_month(team, label, now, live=live, newest=newest)
     money = month_money.money
     if money:
@@ -249,7 +251,7 @@ def team_status(team, month: str | None, now: dt.datetime | None = None) -> dict
         money["budget_display"] = display_money(money["budget"]) if money["budget"] else "no budget"
         money["budget_used_pct"] = (min(999, round(100 * Decimal(money["spent"]) / Decimal(money["budget"])))
                                     if money["budget"] and Decimal(money["budget"]) > 0 else None)
-    return {
+    return team, {
         "month": label,
         "money": money,
         "money_error": month_money.error,

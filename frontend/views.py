@@ -143,10 +143,10 @@ def job_cancel(request, pk: int):
 
 # ---- team overview ----------------------------------------------------------------------------
 
-def _team_page(request, team, form: SubmitJobForm | None = None, http_status=200):
+def _team_page(request, team_id: int, form: SubmitJobForm | None = None, http_status=200):
     """The overview; `form` is a submitted form to show again with its errors."""
     month = request.GET.get("month") or None
-    data = selectors.team_status(team, month)
+    team, data = selectors.team_status(team_id, month)
     rates = money.placement_rates()
     may_submit = can(request.user, "job.create", team.pk)
     return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, rates=rates,
@@ -167,13 +167,13 @@ def _blank_submit_fields() -> str:
 
 @login_required
 def team_page(request, pk: int):
-    team = access.scoped_team(request.user, pk)
+    access.require(request.user, "team.view", pk)
     month_error = _month_error(request)
     if month_error:
         return page(request, "frontend/error.html", http_status=400, message=month_error)
-    if request.session.get(access.SESSION_TEAM) != team.pk:
-        request.session[access.SESSION_TEAM] = team.pk
-    return _team_page(request, team)
+    if request.session.get(access.SESSION_TEAM) != pk:
+        request.session[access.SESSION_TEAM] = pk
+    return _team_page(request, pk)
 
 
 def _month_error(request) -> str | None:
@@ -186,11 +186,11 @@ def _month_error(request) -> str | None:
 
 @json_view
 def team_json(request, pk: int):
-    team = access.scoped_team(request.user, pk)
+    access.require(request.user, "team.view", pk)
     month_error = _month_error(request)
     if month_error:
         return JsonResponse({"detail": month_error, "errors": {"month": [month_error]}}, status=400)
-    return JsonResponse(selectors.team_status(team, request.GET.get("month") or None))
+    return JsonResponse(selectors.team_status(pk, request.GET.get("month") or None)[1])
 
 
 @require_POST
@@ -205,7 +205,7 @@ def team_submit(request, pk: int):
             job = serializer.save(owner=request.user)
             return redirect("job", pk=job.pk)
         form.take_errors(serializer)
-    return _team_page(request, team, form, http_status=400)
+    return _team_page(request, team.pk, form, http_status=400)
 
 
 # ---- prices -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from jobs.models import Instance, Job, MetricPoint, PriceQuote
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history
 from tests.factories import make_job, make_team_with_members
 
-MONEY = ("spent", "on_demand_baseline", "savings", "waste", "gpu_hours", "jobs")
+MONEY = ("spent", "on_demand_baseline", "savings", "waste", "gpu_hours", "jobs", "budget")
 
 
 def signed_in(person):
@@ -36,6 +36,7 @@ def api_month(person, team):
 
 def test_the_overviews_month_is_the_ledgers_as_instances_start_end_and_report_late(db):
     setup = make_team_with_members()
+    setup.team.refresh_from_db()  # its budget as the database keeps it, "1000.00"
     member = setup.people["member"]
     job, a, b, _ = make_history(setup.team, member.user)
     client = signed_in(setup.people["viewer"])
