@@ -1,6 +1,7 @@
 """An agent's whole life through the API: register, heartbeat, notice,
 checkpoint, validation, logs, exit — and what the job and instance become."""
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -83,6 +84,18 @@ def test_heartbeat_moves_progress_and_deadline(agent):
     instance = Instance.objects.get(pk=agent.instance.pk)
     assert instance.last_step == 42 and instance.heartbeat_deadline > before
     assert MetricPoint.objects.get(instance=instance).loss == 0.5
+
+
+def test_a_heartbeat_in_another_charset_gets_the_same_answer_and_effect(agent):
+    """Heartbeats in UTF-8 JSON skip DRF's request objects; any other body is read by DRF, to the same end."""
+    utf8 = agent.post("heartbeat", protocol.Heartbeat(step=7, loss=0.5))
+    body = json.dumps(protocol.to_dict(protocol.Heartbeat(step=8, loss=0.25))).encode("latin-1")
+    latin1 = agent.client.post(protocol.API_PREFIX + "heartbeat", body, content_type="application/json; charset=latin-1")
+    assert utf8.status_code == latin1.status_code == 200
+    assert utf8.json() == latin1.json() == {"action": "continue", "checkpoint_interval_s": utf8.json()["checkpoint_interval_s"],
+                                            "heartbeat_interval_s": utf8.json()["heartbeat_interval_s"]}
+    assert sorted(MetricPoint.objects.filter(instance=agent.instance).values_list("step", "loss")) == [(7, 0.5), (8, 0.25)]
+    assert Instance.objects.get(pk=agent.instance.pk).last_step == 8
 
 
 def test_an_older_heartbeat_never_moves_an_instance_back(agent):
