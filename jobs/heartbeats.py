@@ -86,6 +86,7 @@ def _run_statement(db, params: dict):
         with db.cursor() as cursor:
             cursor.execute(_heartbeat_sql(), params)
             return cursor.fetchone()
+    db.close_if_health_check_failed()  # what Django's cursor() does before handing one out
     db.ensure_connection()
     db.validate_thread_sharing()
     raw = db.connection
