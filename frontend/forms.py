@@ -13,9 +13,12 @@ from jobs.choices import JobStatus
 
 
 class JobFilterForm(forms.Form):
-    status = forms.MultipleChoiceField(choices=JobStatus.CHOICES, required=False)
+    STATUS_CHOICES = JobStatus.CHOICES
+    CLOUD_CHOICES = [("", "any cloud"), *[(c, c) for c in KNOWN_CLOUDS]]
+
+    status = forms.MultipleChoiceField(choices=STATUS_CHOICES, required=False)
     owner = forms.CharField(required=False, max_length=150)
-    cloud = forms.ChoiceField(choices=[("", "any cloud"), *[(c, c) for c in KNOWN_CLOUDS]], required=False)
+    cloud = forms.ChoiceField(choices=CLOUD_CHOICES, required=False)
     q = forms.CharField(required=False, max_length=200, label="Search")
     page = forms.IntegerField(required=False, min_value=1)
 

@@ -33,15 +33,16 @@ PRICING_BATCH = 500  # jobs priced in one go when many are missing (a team's mon
 # Placement's interruption-rate estimates read every instance of the last 30 days;
 # they are estimates that move slowly, so the overview recomputes them at most this often.
 RATES_TTL_S = 60
+COST_POINTS = 120
 
 
 # ---- a job ------------------------------------------------------------------------------------
 
-def _documents(cost: costs.JobCost) -> tuple[dict, dict]:
+def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | list]:
     """What pages need of a job's ledger, in plain strings (cheap to store and load):
     a summary (the figures a list row shows, the newest instance's speed for the ETA
-    and each month's share for a team's month) and the API's whole answer for the job
-    page, kept apart so a list does not load every instance's detail."""
+    and each month's share for a team's month), the API's whole answer and the cost
+    curve for the job page, kept apart so a list does not load every instance's detail."""
     detail = job_cost_data(cost)
     newest = max(cost.work.values(), key=lambda w: w.billed_from, default=None)
     summary = {
@@ -50,7 +51,10 @@ def _documents(cost: costs.JobCost) -> tuple[dict, dict]:
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
                    for month, row in costs.job_months(cost).items()},
     }
-    return summary, detail
+    return {"summary": summary, "detail": detail, "curve": cost_curve(detail, cost.now) if with_curve else None}
+
+
+KINDS = ("summary", "detail", "curve")
 
 
 def _stored_as(kind: str, settled_key: str) -> str:
@@ -58,34 +62,34 @@ def _stored_as(kind: str, settled_key: str) -> str:
 
 
 def job_money(keys: dict[int, str | None], now: dt.datetime, *, detail: bool = False) -> dict[int, dict | str]:
-    """Each job's money summary (with the API's `detail` if asked), or why the price
-    book cannot price it (one job's missing quote must not blank a whole list).
-    `keys`: job id -> `costs.settled_key`."""
-    kinds = ("summary", "detail") if detail else ("summary",)
+    """Each job's money summary (with the API's `detail` and the cost `curve` if asked),
+    or why the price book cannot price it (one job's missing quote must not blank a
+    whole list). `keys`: job id -> `costs.settled_key`."""
+    kinds = KINDS if detail else ("summary",)
     stored_as = {job_id: {kind: _stored_as(kind, key) for kind in kinds}
                  for job_id, key in keys.items() if key is not None}
     stored = cache.get_many([name for names in stored_as.values() for name in names.values()])
     found = {}
     for job_id, names in stored_as.items():
-        answers = [stored.get(names[kind]) for kind in kinds]
-        if isinstance(answers[0], str):  # stored: it cannot be priced
-            found[job_id] = answers[0]
-        elif None not in answers:
-            found[job_id] = answers[0] | ({"detail": answers[1]} if detail else {})
+        answers = {kind: stored.get(name) for kind, name in names.items()}
+        if isinstance(answers["summary"], str):  # stored: it cannot be priced
+            found[job_id] = answers["summary"]
+        elif None not in answers.values():
+            found[job_id] = answers.pop("summary") | answers
     missing = [job_id for job_id in keys if job_id not in found]
     fresh, to_store = {}, {}
     for i in range(0, len(missing), PRICING_BATCH):
         for job_id, answer in costs.job_costs_or_errors(missing[i:i + PRICING_BATCH], now).items():
+            settled = job_id in stored_as
             if isinstance(answer, costs.CostError):
                 fresh[job_id] = str(answer)
-                if job_id in stored_as:
+                if settled:
                     to_store[_stored_as("summary", keys[job_id])] = str(answer)
                 continue
-            summary, full = _documents(answer)
-            fresh[job_id] = summary | ({"detail": full} if detail else {})
-            if job_id in stored_as:
-                key = keys[job_id]
-                to_store.update({_stored_as("summary", key): summary, _stored_as("detail", key): full})
+            documents = _documents(answer, with_curve=detail or settled)
+            fresh[job_id] = documents["summary"] | ({kind: documents[kind] for kind in KINDS[1:]} if detail else {})
+            if settled:
+                to_store.update({_stored_as(kind, keys[job_id]): documents[kind] for kind in KINDS})
     cache.set_many(to_store, JOB_TTL_S)
     return {**found, **fresh}
 
@@ -94,6 +98,43 @@ def _job_month(summary: dict, label: str) -> costs.JobMonth | None:
     row = summary["months"].get(label)
     return costs.JobMonth(spent=Decimal(row[0]), baseline=Decimal(row[1]), waste=Decimal(row[2]),
                           billed_seconds=row[3]) if row else None
+
+
+def cost_curve(detail: dict, now: dt.datetime) -> list[dict]:
+    """Cumulative spend and on-demand baseline over time. Each instance's money
+    accrues evenly over its billed interval: exact at every interval's end and at
+    now, a straight line in between (drawn in floats; what has ended is summed
+    exactly, so the last point is the figure the API gives)."""
+    if not detail["instances"]:
+        return []
+    spans = []
+    for i in detail["instances"]:
+        start = dt.datetime.fromisoformat(i["billed_from"])
+        end = dt.datetime.fromisoformat(i["billed_to"]) if i["billed_to"] else now
+        spans.append((start, end, Decimal(i["spent"]), Decimal(i["on_demand_baseline"])))
+    first, last = min(s[0] for s in spans), max(s[1] for s in spans)  # a finished job's curve ends with it
+    moments = sorted({first, last, *(s[0] for s in spans), *(s[1] for s in spans)})
+    if len(moments) < COST_POINTS:
+        step = (last - first) / COST_POINTS
+        moments = sorted(set(moments) | {first + step * i for i in range(COST_POINTS)})
+    by_end = sorted(((start.timestamp(), end.timestamp(), paid, on_demand) for start, end, paid, on_demand in spans),
+                    key=lambda s: s[1])
+    ended, spent, baseline = 0, Decimal(0), Decimal(0)
+    curve = []
+    for moment in moments:
+        at = moment.timestamp()
+        while ended < len(by_end) and by_end[ended][1] <= at:
+            spent, baseline = spent + by_end[ended][2], baseline + by_end[ended][3]
+            ended += 1
+        accruing_spent = accruing_baseline = 0.0
+        for start, end, paid, on_demand in by_end[ended:]:
+            if at > start:
+                share = (at - start) / (end - start)
+                accruing_spent += float(paid) * share
+                accruing_baseline += float(on_demand) * share
+        curve.append({"at": moment.isoformat(), "spent": float(spent) + accruing_spent,
+                      "on_demand": float(baseline) + accruing_baseline})
+    return curve
 
 
 # ---- a team's month ---------------------------------------------------------------------------

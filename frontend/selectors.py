@@ -22,7 +22,6 @@ from jobs.models import PriceQuote, Team
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history
 LOSS_POINTS = 400
-COST_POINTS = 120
 LOG_LINES = 200
 LOG_CHUNKS = 40  # newest chunks read for the tail; agents send bounded batches
 RECENT_ROWS = 50
@@ -128,43 +127,6 @@ def _markers(interruptions: list[dict], instances: list[dict], checkpoints: list
     return sorted(markers, key=lambda m: m["at"] or "")
 
 
-def _cost_curve(money, now: dt.datetime) -> list[dict]:
-    """Cumulative spend and on-demand baseline over time. Each instance's money
-    accrues evenly over its billed interval: exact at every interval's end and at
-    now, a straight line in between (drawn in floats; what has ended is summed
-    exactly, so the last point is the figure the API gives)."""
-    if isinstance(money, str) or not money["detail"]["instances"]:
-        return []
-    spans = []
-    for i in money["detail"]["instances"]:
-        start = dt.datetime.fromisoformat(i["billed_from"])
-        end = dt.datetime.fromisoformat(i["billed_to"]) if i["billed_to"] else now
-        spans.append((start, end, Decimal(i["spent"]), Decimal(i["on_demand_baseline"])))
-    first, last = min(s[0] for s in spans), max(s[1] for s in spans)  # a finished job's curve ends with it
-    moments = sorted({first, last, *(s[0] for s in spans), *(s[1] for s in spans)})
-    if len(moments) < COST_POINTS:
-        step = (last - first) / COST_POINTS
-        moments = sorted(set(moments) | {first + step * i for i in range(COST_POINTS)})
-    by_end = sorted(((start.timestamp(), end.timestamp(), paid, on_demand) for start, end, paid, on_demand in spans),
-                    key=lambda s: s[1])
-    ended, spent, baseline = 0, Decimal(0), Decimal(0)
-    curve = []
-    for moment in moments:
-        at = moment.timestamp()
-        while ended < len(by_end) and by_end[ended][1] <= at:
-            spent, baseline = spent + by_end[ended][2], baseline + by_end[ended][3]
-            ended += 1
-        accruing_spent = accruing_baseline = 0.0
-        for start, end, paid, on_demand in by_end[ended:]:
-            if at > start:
-                share = (at - start) / (end - start)
-                accruing_spent += float(paid) * share
-                accruing_baseline += float(on_demand) * share
-        curve.append({"at": moment.isoformat(), "spent": float(spent) + accruing_spent,
-                      "on_demand": float(baseline) + accruing_baseline})
-    return curve
-
-
 def _log_tail(chunks: list[tuple[int, list[str]]]) -> list[str]:
     """`chunks`: newest first."""
     lines = []
@@ -224,7 +186,7 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
         "instances": instances,
         "markers": _markers(interruptions, instances, checkpoints),
         "loss": loss,
-        "cost_curve": _cost_curve(money, now),
+        "cost_curve": [] if isinstance(money, str) else money["curve"],
         "checkpoints": listed,
         "log": _log_tail(chunks),
         "events": [{"at": _iso(e["created_at"]), "from": e["from_status"], "to": e["to_status"],

@@ -76,13 +76,20 @@ def home(request):
     teams = access.visible_teams(request.user)
     team = access.current_team(request, teams)
     team, form, current, rows, also = _jobs_page(request, teams, *([reads.team_usernames(team.pk)] if team else []))
-    owners = also[0] if also else []
     query = request.GET.copy()
     query.pop("page", None)
     return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, teams=teams,
-                form=form, page=current,
-                rows=rows, owners=owners, query=query.urlencode(),
-                selected_statuses=request.GET.getlist("status"))
+                form=form, page=current, rows=rows, query=query.urlencode(),
+                filters=_filter_choices(request.GET, also[0] if also else []))
+
+
+def _filter_choices(asked, owners: list[str]) -> dict:
+    """The filter form's options, each with whether it is the one asked for."""
+    statuses, owner, cloud = asked.getlist("status"), asked.get("owner"), asked.get("cloud", "")
+    return {"statuses": [(value, label, value in statuses) for value, label in JobFilterForm.STATUS_CHOICES],
+            "owners": [(name, name == owner) for name in owners],
+            "clouds": [(value, label, value == cloud) for value, label in JobFilterForm.CLOUD_CHOICES],
+            "q": asked.get("q", "")}
 
 
 @json_view

@@ -49,3 +49,15 @@ def test_the_prices_page_shows_the_quote_in_force(db):
     client.force_login(setup.people["outsider"].user)  # prices are open to anyone signed in
     page = client.get("/prices/?provider=aws&type=hand.gpu1").content
     assert b"0.22222" in page and b"0.11111" not in page
+
+
+def test_the_filter_form_shows_what_was_asked(db):
+    setup = make_team_with_members()
+    client = Client()
+    client.force_login(setup.people["viewer"].user)
+    owner = setup.people["admin"].user.username
+    page = client.get(f"/?status=running&status=failed&owner={owner}&cloud=aws&q=res%3Cnet").content.decode()
+    assert 'value="running" checked' in page and 'value="failed" checked' in page
+    assert 'value="queued" checked' not in page
+    assert f"<option selected>{owner}</option>" in page and '<option value="aws" selected>' in page
+    assert 'name="q" value="res&lt;net"' in page
