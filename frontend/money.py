@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.cache import cache
 
@@ -204,10 +204,17 @@ def _priced_part(team, label: str, now: dt.datetime, job_ids: set[int]) -> tuple
     return costs.month_sum(answers, accelerators, label), None
 
 
+def _fixed(value: float, places: int) -> str:
+    """As the floatformat filter writes it: the float's shortest repr, rounded half up."""
+    return str(Decimal(repr(value)).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
+
+
 def placement_rates() -> list[dict]:
-    """Placement's interruption-rate estimates with some exposure, recomputed at most every RATES_TTL_S."""
+    """Placement's interruption-rate estimates with some exposure, ready to show
+    (per hour to 4 places, instance-hours to 1), recomputed at most every RATES_TTL_S."""
     rates = cache.get("respawn:interruption-rates")
     if rates is None:
-        rates = [r for r in interruption_rates() if r["exposure_hours"] > 0]
+        rates = [r | {"per_hour_display": _fixed(r["per_hour"], 4), "exposure_display": _fixed(r["exposure_hours"], 1)}
+                 for r in interruption_rates() if r["exposure_hours"] > 0]
         cache.set("respawn:interruption-rates", rates, RATES_TTL_S)
     return rates
