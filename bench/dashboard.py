@@ -80,6 +80,7 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
     from django.core.management import call_command
     from django.db import connection
 
+    from jobs.choices import Purpose
     from jobs.models import Job, Membership, PriceQuote, Team
 
     call_command("migrate", verbosity=0)  # seeds the price book
@@ -102,8 +103,8 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
     per_instance = points // (jobs * INSTANCES_PER_JOB)
     raw = connection.connection
     with raw.cursor() as cur:
-        with cur.copy("COPY jobs_instance (job_id, rank, world_size, provider, region, zone, instance_type, market, "
-                      "client_token, state, end_reason, requested_at, registered_at, running_at, ended_at, "
+        with cur.copy("COPY jobs_instance (job_id, rank, world_size, purpose, provider, region, zone, instance_type, "
+                      "market, client_token, state, end_reason, requested_at, registered_at, running_at, ended_at, "
                       "last_step, provider_instance_id, hostname, agent_version, rendezvous_addr, "
                       "requested_action) FROM STDIN") as copy:
             for n, job_id in enumerate(job_ids):
@@ -111,7 +112,7 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
                 for k in range(INSTANCES_PER_JOB):
                     begin = start + dt.timedelta(hours=k)
                     last = k == INSTANCES_PER_JOB - 1
-                    copy.write_row((job_id, 0, 1, "local", "local", ZONES[k % 3], "cpu-small",
+                    copy.write_row((job_id, 0, 1, Purpose.TRAIN, "local", "local", ZONES[k % 3], "cpu-small",
                                     "on_demand" if k == 3 else "spot", uuid.uuid4(), "ended",
                                     "completed" if last else "preempted", begin - dt.timedelta(seconds=30),
                                     begin + dt.timedelta(seconds=90), begin + dt.timedelta(seconds=90),
