@@ -36,6 +36,13 @@ RATES_TTL_S = 60
 COST_POINTS = 120
 
 
+def display_money(exact: str | Decimal) -> str:
+    value = Decimal(exact).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
+    if value == 0:
+        value = abs(value)  # a few hundredths of a cent either way reads as $0.00, never $-0.00
+    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
+
+
 # ---- a job ------------------------------------------------------------------------------------
 
 def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | list]:
@@ -47,6 +54,8 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
     newest = max(cost.work.values(), key=lambda w: w.billed_from, default=None)
     summary = {
         "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
+        **{f"{figure}_display": display_money(value) for figure, value in (
+            ("spent", detail["spent"]), ("savings", detail["savings"]), ("waste", detail["waste"]["total"]))},
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
                    for month, row in costs.job_months(cost).items()},

@@ -7,7 +7,7 @@ once settled), so a figure on a page is the API's figure."""
 from __future__ import annotations
 
 import datetime as dt
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.db.models import Exists, OuterRef
 from django.urls import reverse
@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from frontend import money as store
 from frontend import reads
+from frontend.money import display_money
 from jobs import costs
 from jobs.choices import JobStatus
 from jobs.models import PriceQuote, Team
@@ -27,13 +28,6 @@ LOG_CHUNKS = 40  # newest chunks read for the tail; agents send bounded batches
 RECENT_ROWS = 50
 MARKED_CHECKPOINTS = 500
 URL_ID = 987654321  # stands in for a job's id in a reversed URL
-
-
-def display_money(exact: str | Decimal) -> str:
-    value = Decimal(exact).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-    if value == 0:
-        value = abs(value)  # a few hundredths of a cent either way reads as $0.00, never $-0.00
-    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
 
 
 def display_duration(seconds: int | None) -> str:
@@ -67,9 +61,8 @@ def _money_fields(money) -> dict:
     if isinstance(money, str):
         return {"spent": None, "savings": None, "spent_display": "no price", "savings_display": "no price",
                 "waste_display": "no price", "cost_error": money}
-    return {"spent": money["spent"], "savings": money["savings"], "spent_display": display_money(money["spent"]),
-            "savings_display": display_money(money["savings"]), "waste_display": display_money(money["waste"]),
-            "cost_error": None}
+    return {"spent": money["spent"], "savings": money["savings"], "spent_display": money["spent_display"],
+            "savings_display": money["savings_display"], "waste_display": money["waste_display"], "cost_error": None}
 
 
 def job_rows(jobs: list[dict], now: dt.datetime | None = None) -> list[dict]:
