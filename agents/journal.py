@@ -55,7 +55,8 @@ def _decode(line: bytes) -> dict[str, Any] | None:
     return record
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make a rename or a new file in `path` durable (agents.agent.session uses it too)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -152,7 +153,7 @@ class Journal:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._cursor_path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _compact(self) -> None:
         # Cursor first: a crash in between resends delivered records (deduplicated

@@ -4,14 +4,17 @@ Modules: `config` (flags and environment), `client` (HTTP calls), `reporter`
 (journaled, ordered delivery), `channel` (files shared with the trainer),
 `supervisor` (the trainer process), `validation` (low-priority checkpoint
 validation), `prepare` (the prepare step, cached by content hash), `lifecycle`
-(the whole life), `preflight` (is a script spot-safe).
+(the whole life), `session` (what register gave, kept for a restart),
+`preflight` (is a script spot-safe).
 
 What the agent adds to the trainer channel of agents/protocol.py:
 - work dir layout: `trainer.log` (the trainer's output, plus lines starting with
   `[respawn-agent]` saying what the agent did), `channel/` (status.json,
   checkpoints.jsonl, control.json, notice.json), `journal/` (offline journal),
-  `prepare/` (the prepare step's outputs, $RESPAWN_PREPARE_DIR) and
-  `prepare-result.json` (how that step went; `prepare` module).
+  `prepare/` (the prepare step's outputs, $RESPAWN_PREPARE_DIR),
+  `prepare-result.json` (how that step went; `prepare` module), `session.json`
+  (0600: the agent token and job spec, so a restarted agent resumes; `session`
+  module) and `log-position.json` (how much of trainer.log was journaled).
 - the prepare step (`prepare_command`) runs before the trainer, watched like it
   (heartbeats, notices, stops); the trainer starts only once its outputs are in
   place, with $RESPAWN_PREPARE_DIR and $RESPAWN_PREPARE_URI set.
@@ -24,3 +27,9 @@ What the agent adds to the trainer channel of agents/protocol.py:
 - a checkpoint of kind `notice` (or `final`) committed after a notice is the
   notice checkpoint: it ends the wait, and only then is an Azure event acknowledged.
 """
+
+# `respawn-agent run` exits with this when the control plane refused the agent
+# token of a resumed session (the instance ended or was fenced while the agent was
+# down): restarting cannot help, so the systemd unit's RestartPreventExitStatus
+# names it (jobs/providers/base.py).
+EXIT_INSTANCE_ENDED = 3

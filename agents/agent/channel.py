@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ STATUS_NAME = "status.json"
 CHECKPOINTS_NAME = "checkpoints.jsonl"
 CONTROL_NAME = "control.json"
 NOTICE_NAME = "notice.json"
+CHECKPOINT_EVENTS = uuid.UUID("6f1d0b6e-5a55-4c1e-9a43-0c5e3c1f2b7d")  # namespace of checkpoint reports' event_ids
 
 
 @dataclass(frozen=True)
@@ -136,9 +138,12 @@ def parse_checkpoint_line(line: str) -> protocol.CheckpointReport:
     for name in ("save_s", "stall_s", "reference_loss"):
         if name in doc:
             doc[name] = finite_or_none(doc[name])
-    for name in ("event_id", "sent_at"):  # a trainer may give its own; otherwise made here, once
+    for name in ("event_id", "sent_at"):  # a trainer may give its own
         if not isinstance(doc.get(name), str) or not doc.get(name):
             doc.pop(name, None)
+    # Otherwise the event_id follows from the checkpoint: an agent restarted on this
+    # file reports its lines again, and the control plane applies each once.
+    doc.setdefault("event_id", str(uuid.uuid5(CHECKPOINT_EVENTS, doc["checkpoint_id"])))
     return protocol.from_dict(protocol.CheckpointReport, doc)
 
 
@@ -175,10 +180,15 @@ MAX_READ_BYTES = 4 << 20  # per call, so a trainer printing gigabytes cannot bal
 class LogTail:
     """Trainer output lines, in bounded batches with their line offsets."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, byte_offset: int = 0, line_offset: int = 0):
+        """`byte_offset`/`line_offset`: where shipping stopped (`position()`) when
+        an agent restarted on the same log."""
         self.path = path
-        self._byte_offset = 0
-        self.line_offset = 0  # index of the next line to ship
+        self._byte_offset = byte_offset
+        self.line_offset = line_offset  # index of the next line to ship
+
+    def position(self) -> dict[str, int]:
+        return {"byte_offset": self._byte_offset, "line_offset": self.line_offset}
 
     def batches(self, *, final: bool = False) -> list[protocol.LogBatch]:
         """Lines completed since the last call (at most MAX_READ_BYTES of them; the

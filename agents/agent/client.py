@@ -34,7 +34,7 @@ class ControlPlaneClient:
         self.base_url = base_url.rstrip("/") + API_PREFIX
         self.timeout = (connect_timeout_s, timeout_s)
         self.session = requests.Session()
-        self.agent_token = ""  # set after register; kept in memory only
+        self.agent_token = ""  # set after register; kept in memory and the 0600 session file (agents.agent.session)
 
     def post(self, path: str, body: dict[str, Any]) -> Outcome:
         return self._call("POST", path, body)

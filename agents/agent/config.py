@@ -88,14 +88,19 @@ class AgentConfig:
         self.notice_poll_s = self.notice_poll_s or DEFAULT_POLL_S[self.provider]
 
 
+def check_private(path: str, what: str) -> None:
+    """ConfigError unless only its owner can use `path` (it holds a token)."""
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"{what} {path} is accessible by group or others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}")
+
+
 def read_token_file(path: str) -> str:
     """The token in `path`, refusing a file other users could read."""
     try:
-        mode = os.stat(path).st_mode
+        check_private(path, "bootstrap token file")
     except FileNotFoundError:
         raise ConfigError(f"bootstrap token file {path} does not exist") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"bootstrap token file {path} is accessible by group or others (mode {stat.S_IMODE(mode):04o}); run: chmod 600 {path}")
     with open(path) as f:
         token = f.read().strip()
     if not token:

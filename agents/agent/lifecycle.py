@@ -13,10 +13,18 @@ Everything the agent reports goes through the journal, so nothing here waits on
 the control plane except `register`, which cannot proceed without the job spec,
 and a gang's rank > 0 that registered before rank 0 did: it heartbeats and polls
 `rendezvous` until rank 0's address comes (or the register timeout runs out).
+
+A restarted agent (systemd restarts one that crashed or was killed) finds the
+session that register gave it (agents.agent.session) and resumes instead:
+
+    session ──► heartbeat with the stored token ──► 401: exit EXIT_INSTANCE_ENDED, no trainer
+                                                └─► report what the dead trainer committed,
+                                                    spawn it to resume from the newest one ──► as above
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -29,7 +37,7 @@ from datetime import datetime, timedelta
 import requests
 
 from agents import __version__, protocol
-from agents.agent import prepare
+from agents.agent import EXIT_INSTANCE_ENDED, prepare, session
 from agents.agent.channel import (
     ChannelPaths,
     CheckpointsTail,
@@ -39,9 +47,10 @@ from agents.agent.channel import (
     int_or_none,
     last_exception_line,
     output_tail,
+    parse_checkpoint_line,
     write_json_atomic,
 )
-from agents.agent.client import DELIVERED, REFUSED, ControlPlaneClient
+from agents.agent.client import DELIVERED, REFUSED, ControlPlaneClient, Outcome
 from agents.agent.config import AgentConfig
 from agents.agent.reporter import Backoff, Reporter
 from agents.agent.supervisor import TrainerProcess, gang_env, trainer_env
@@ -55,6 +64,7 @@ log = logging.getLogger(__name__)
 TRAINER_LOG = "trainer.log"
 PREPARE_DIR = "prepare"  # under the work dir: the prepare step's outputs ($RESPAWN_PREPARE_DIR)
 PREPARE_RESULT = "prepare-result.json"  # under the work dir: how the step went (agents.agent.prepare)
+LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.log was journaled, for a restart
 AGENT_LINE_PREFIX = "[respawn-agent]"
 MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
@@ -62,6 +72,10 @@ NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.F
 
 class AgentError(Exception):
     """The agent cannot go on (register refused, no job spec); the message says why."""
+
+
+class InstanceEnded(AgentError):
+    """The control plane refused a resumed session's agent token: the instance is over."""
 
 
 def _is_number(value) -> bool:
@@ -101,14 +115,16 @@ class Agent:
         os.makedirs(config.work_dir, mode=0o700, exist_ok=True)
         self.log_path = os.path.join(config.work_dir, TRAINER_LOG)
         self.paths = ChannelPaths.in_dir(os.path.join(config.work_dir, "channel"))
-        self._start_fresh()
+        self.session_path = os.path.join(config.work_dir, session.SESSION_NAME)
+        self.log_position_path = os.path.join(config.work_dir, LOG_POSITION)
         self.client = ControlPlaneClient(config.control_plane_url, timeout_s=config.http_timeout_s)
         self.journal = Journal(os.path.join(config.work_dir, "journal"))
         self.reporter = Reporter(self.journal, self.client, on_answer=self._on_answer, backoff=self._backoff())
         self.watcher = make_watcher(config.provider, config.metadata_url, config.notice_poll_s)
         self.status = StatusReader(self.paths.status)
         self.checkpoints = CheckpointsTail(self.paths.checkpoints)
-        self.logs = LogTail(self.log_path)
+        self.logs: LogTail | None = None  # made once it is known whether this run resumes a session
+        self.session: session.Session | None = None
         self.events: queue.Queue = queue.Queue()
         self.stop_watching = threading.Event()
         self.job: protocol.JobSpec | None = None
@@ -128,34 +144,136 @@ class Agent:
     def _backoff(self) -> Backoff:
         return Backoff(base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
 
-    def _start_fresh(self) -> None:
-        """Channel files and output of an earlier run on this work dir must not be reported again."""
+    def _clear_channel(self) -> None:
+        """Channel files of an earlier run on this work dir must not be read again."""
         for path in (self.paths.status, self.paths.checkpoints, self.paths.control, self.paths.notice):
             if os.path.exists(path):
                 os.remove(path)
+
+    def _start_fresh(self) -> None:
+        """Nor must its output be reported again."""
+        self._clear_channel()
         if os.path.exists(self.log_path):
             os.replace(self.log_path, self.log_path + ".previous")
+        if os.path.exists(self.log_position_path):
+            os.remove(self.log_position_path)
+        self.logs = LogTail(self.log_path)
 
     # --- entry point ------------------------------------------------------------
     def run(self) -> int:
         sigterm.install(self._emit)
         try:
-            answer = self.register()
-        except AgentError as exc:
+            self.session = session.load(self.session_path, check_job_spec)
+            if self.session is None:
+                self._start_fresh()
+                self._begin_session()
+            elif self.session.ended:
+                return self._deliver_ended_session()
+            else:
+                self._resume_session()
+        except InstanceEnded as exc:
+            log.error("%s", exc)
+            return EXIT_INSTANCE_ENDED
+        except (AgentError, session.SessionError) as exc:
             log.error("%s", exc)
             return 2
-        self.client.agent_token = answer.agent_token
-        self.job = answer.job
-        self.heartbeat_interval_s = self.config.heartbeat_interval_s or self.job.heartbeat_interval_s
-        self.checkpoint_interval_s = self.job.checkpoint_interval_s
         self.reporter.start()
         self.watcher.start(self._emit, self.stop_watching)
         try:
             exit_report = self.supervise()
             self.reporter.report(protocol.PATH_EXIT, exit_report)
             log.info("trainer ended: %s (exit code %s)", exit_report.reason, exit_report.exit_code)
+            self.session.ended = True
+            self._save_session()
         finally:
             self._shut_down()
+        return 0
+
+    def _adopt(self, job: protocol.JobSpec, agent_token: str) -> None:
+        self.client.agent_token = agent_token
+        self.job = job
+        self.heartbeat_interval_s = self.config.heartbeat_interval_s or job.heartbeat_interval_s
+        self.checkpoint_interval_s = job.checkpoint_interval_s
+
+    # --- the session: register, or resume after a restart -----------------------------
+    def _begin_session(self) -> None:
+        answer = self.register()
+        self._adopt(answer.job, answer.agent_token)
+        self.session = session.Session(agent_token=answer.agent_token, job=answer.job)
+        self._save_session()
+
+    def _save_session(self) -> None:
+        assert self.session is not None
+        try:
+            session.save(self.session_path, self.session)
+        except OSError as exc:  # training can go on; only a restart of this agent would suffer
+            log.warning("could not write the session file %s: %s; a restarted agent could not resume", self.session_path, exc)
+
+    def _resume_session(self) -> None:
+        """Pick up the session of an agent that died on this VM (its trainer died with
+        it): make sure the control plane still takes its token, report what the trainer
+        committed that the dead agent had not, and point the trainer at the newest of
+        those. InstanceEnded when the control plane refused the token."""
+        stored = self.session
+        assert stored is not None
+        self._adopt(stored.job, stored.agent_token)
+        self._agent_line(f"resuming session of instance {stored.job.instance_id} after a restart")
+        committed = self._committed_by_the_dead_trainer()
+        beat = self.status.heartbeat(committed[-1] if committed else None)  # where the dead trainer got to
+        self._clear_channel()
+        self.logs = LogTail(self.log_path, **self._read_log_position())
+        outcome = self._call_until_answered(protocol.PATH_HEARTBEAT, protocol.to_dict(beat), "heartbeat")
+        if outcome.kind == REFUSED:
+            refusal = f"the control plane refused the stored agent token of instance {stored.job.instance_id} (HTTP {outcome.status}): {outcome.detail[:500]}"
+            if outcome.status == 401:
+                self._agent_line(f"{refusal}; the instance ended while the agent was down: not restarting the trainer")
+                raise InstanceEnded(f"{refusal} (the instance ended or was fenced while the agent was down); exiting without restarting the trainer")
+            raise AgentError(refusal)
+        for report in committed:  # event_ids follow from the checkpoints: applied once if already delivered
+            self.reporter.report(protocol.PATH_CHECKPOINTS, report)
+        if committed:
+            self.last_checkpoint = newest = max(committed, key=lambda c: c.step)
+            if stored.job.resume_step is None or newest.step > stored.job.resume_step:
+                # The spec's resume checkpoint is older than what this instance committed since.
+                stored.job.resume_from, stored.job.resume_step = newest.uri, newest.step
+                self._save_session()
+            self._agent_line(f"the trainer resumes from the newest checkpoint it committed: step {newest.step}, {newest.uri}")
+        answer = outcome.answer or {}
+        if answer.get("action") == protocol.Action.CHECKPOINT:
+            answer = {**answer, "action": protocol.Action.CONTINUE}  # nothing to checkpoint yet; the answer is repeated
+        self._on_heartbeat_answer(answer, "")
+
+    def _committed_by_the_dead_trainer(self) -> list[protocol.CheckpointReport]:
+        reports = []
+        try:
+            with open(self.paths.checkpoints, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return []
+        for line in lines:
+            try:
+                reports.append(parse_checkpoint_line(line))
+            except (ValueError, TypeError) as exc:  # a torn last line, or a trainer's bug
+                log.warning("skipping an unreadable line of %s (%s): %r", self.paths.checkpoints, exc, line[:500])
+        return reports
+
+    def _read_log_position(self) -> dict[str, int]:
+        try:
+            with open(self.log_position_path) as f:
+                doc = json.load(f)
+            return {k: int(doc[k]) for k in ("byte_offset", "line_offset")}
+        except (OSError, ValueError, KeyError, TypeError):
+            return {"byte_offset": 0, "line_offset": 0}
+
+    def _deliver_ended_session(self) -> int:
+        """The session ended before this start (a reboot, or a crash after the exit
+        report was journaled): deliver what the journal holds, start no trainer."""
+        assert self.session is not None
+        log.info("the session of instance %s ended before this start; delivering %d journaled report(s), starting no trainer",
+                 self.session.job.instance_id, self.journal.pending_count())
+        self.client.agent_token = self.session.agent_token
+        self.reporter.start()
+        self._shut_down()
         return 0
 
     # --- register -----------------------------------------------------------------
@@ -163,23 +281,29 @@ class Agent:
         body = protocol.to_dict(
             protocol.Register(bootstrap_token=self.config.bootstrap_token, provider_instance_id=self._instance_id(), hostname=socket.gethostname(), agent_version=__version__)
         )
+        outcome = self._call_until_answered(protocol.PATH_REGISTER, body, "register")
+        if outcome.kind == REFUSED:
+            raise AgentError(f"the control plane refused to register this agent (HTTP {outcome.status}): {outcome.detail[:500]} (the bootstrap token is single-use: a VM that registered once cannot register again)")
+        return self._parse_register(outcome.answer, outcome.detail)
+
+    def _call_until_answered(self, path: str, body: dict, what: str) -> Outcome:
+        """POST `body` until the control plane answers (delivered or refused) or the
+        register timeout runs out (AgentError, as does a preemption meanwhile)."""
         backoff, give_up = self._backoff(), time.monotonic() + self.config.register_timeout_s
         while True:
-            outcome = self.client.post(protocol.PATH_REGISTER, body)
-            if outcome.kind == DELIVERED:
-                return self._parse_register(outcome.answer, outcome.detail)
-            if outcome.kind == REFUSED:
-                raise AgentError(f"the control plane refused to register this agent (HTTP {outcome.status}): {outcome.detail[:500]} (the bootstrap token is single-use: a VM that registered once cannot register again)")
+            outcome = self.client.post(path, body)
+            if outcome.kind in (DELIVERED, REFUSED):
+                return outcome
             if time.monotonic() >= give_up:
-                raise AgentError(f"could not register with {self.config.control_plane_url} within {self.config.register_timeout_s}s: {outcome.detail[:500]}")
+                raise AgentError(f"could not {what} with {self.config.control_plane_url} within {self.config.register_timeout_s}s: {outcome.detail[:500]}")
             wait = backoff.next_wait()
-            log.info("register: control plane unavailable (%s %s); retrying in %.2fs", outcome.status or "", outcome.detail[:200], wait)
+            log.info("%s: control plane unavailable (%s %s); retrying in %.2fs", what, outcome.status or "", outcome.detail[:200], wait)
             try:
                 event = self.events.get(timeout=wait)
             except queue.Empty:
                 continue
             if event[0] == "notice" and event[1].kind == PREEMPT:
-                raise AgentError(f"preempted ({event[1].source}) before the control plane answered register; nothing to save")
+                raise AgentError(f"preempted ({event[1].source}) before the control plane answered {what}; nothing to save")
 
     def _parse_register(self, answer: dict | None, raw: str) -> protocol.RegisterAnswer:
         try:
@@ -204,6 +328,8 @@ class Agent:
     def supervise(self) -> protocol.ExitReport:
         job = self.job
         assert job is not None
+        if self.stopped_by_control_plane:  # a resumed session's first heartbeat was answered `stop`
+            return self._exit_report(None)
         try:
             env = trainer_env(job, self.paths.env())
         except ValueError as exc:
@@ -470,9 +596,12 @@ class Agent:
         self.reporter.report(protocol.PATH_VALIDATION.format(checkpoint_id=checkpoint_id), report)
 
     def _ship_logs(self, final: bool = False) -> None:
+        assert self.logs is not None
         while batches := self.logs.batches(final=final):
             for batch in batches:
                 self.reporter.report(protocol.PATH_LOGS, batch)
+            # After the journal has them: a restarted agent ships from here, with the offsets going on.
+            write_json_atomic(self.log_position_path, self.logs.position())
             if not final:
                 return
 

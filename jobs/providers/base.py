@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import agents
+from agents.agent import EXIT_INSTANCE_ENDED
 
 TAG_JOB = "respawn:job"
 TAG_INSTANCE = "respawn:instance"
@@ -161,8 +162,9 @@ def agent_argv(*, control_plane_url: str, provider: str) -> list[str]:
 
 
 def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
-    """The systemd unit that keeps the agent running: restarted when it fails, a
-    bounded number of times so a broken agent does not spin forever."""
+    """The systemd unit that keeps the agent running: restarted when it fails (it
+    resumes its session: agents.agent.session), a bounded number of times so a
+    broken agent does not spin forever, and not once its instance has ended."""
     argv = agent_argv(control_plane_url=control_plane_url, provider=provider)
     return "\n".join(
         [
@@ -178,6 +180,9 @@ def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
             "ExecStart=" + " ".join(systemd_quote(arg) for arg in argv),
             "Restart=on-failure",
             "RestartSec=5",
+            # A restarted agent resumes its session; this status says the control plane
+            # refused it (the instance ended meanwhile): nothing left to restart for.
+            f"RestartPreventExitStatus={EXIT_INSTANCE_ENDED}",
             # The agent forwards SIGTERM to the trainer and saves a checkpoint: give it time.
             "KillMode=mixed",
             "TimeoutStopSec=120",

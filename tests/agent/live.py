@@ -54,20 +54,30 @@ class AgentProcess(ChildProcess):
         """The trainer's pid, from /proc (the agent's only child in its own session)."""
         if self.proc is None:
             return None
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
-                    cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-                    if b"plain_pytorch" in cmdline:
-                        return int(entry)
+        for pid in children(self.proc.pid):
+            try:
+                if b"plain_pytorch" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
         return None
 
     def terminate(self):
         os.kill(self.proc.pid, signal.SIGTERM)
+
+
+def children(parent: int) -> list[int]:
+    """The pids of `parent`'s children, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry))
+    return found
 
 
 def alive(pid: int) -> bool:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import agents
+from agents.agent import EXIT_INSTANCE_ENDED
 from jobs.providers.base import AGENT_BIN, render_user_data
 
 URL = "https://cp.example.org/base%20path$HOME"
@@ -44,6 +45,8 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     assert shutil.which("systemd-analyze"), "systemd-analyze is missing: apt-get install systemd"
     unit = unit_text(rendered())
     assert "Restart=on-failure" in unit.splitlines()
+    # The agent's exit status for "the control plane ended this instance": not restarted.
+    assert f"RestartPreventExitStatus={EXIT_INSTANCE_ENDED}" in unit.splitlines()
     assert "WantedBy=multi-user.target" in unit.splitlines()
     # verify checks the executable exists: point it at this checkout's real agent entry point.
     path = tmp_path / "respawn-agent.service"
