@@ -75,7 +75,8 @@ class AgentError(Exception):
 
 
 class InstanceEnded(AgentError):
-    """The control plane refused a resumed session's agent token: the instance is over."""
+    """The control plane refused this VM's token (a resumed session's agent token, or
+    the bootstrap token at register): the instance is over."""
 
 
 def _is_number(value) -> bool:
@@ -283,7 +284,10 @@ class Agent:
         )
         outcome = self._call_until_answered(protocol.PATH_REGISTER, body, "register")
         if outcome.kind == REFUSED:
-            raise AgentError(f"the control plane refused to register this agent (HTTP {outcome.status}): {outcome.detail[:500]} (the bootstrap token is single-use: a VM that registered once cannot register again)")
+            # A refused bootstrap token stays refused: the instance is over for this VM (exit
+            # EXIT_INSTANCE_ENDED, which systemd does not restart); anything else is exit 2.
+            error = InstanceEnded if outcome.status == 401 else AgentError
+            raise error(f"the control plane refused to register this agent (HTTP {outcome.status}): {outcome.detail[:500]} (the bootstrap token is single-use: a VM that registered once cannot register again)")
         return self._parse_register(outcome.answer, outcome.detail)
 
     def _call_until_answered(self, path: str, body: dict, what: str) -> Outcome:

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 
 from agents import protocol
+from agents.agent import EXIT_INSTANCE_ENDED
 from tests.agent.live import PLAIN
 from tests.agent.standin import StandInControlPlane, agent_argv
 
@@ -35,7 +36,8 @@ def run_agent(tmp_path, url, timeout=120):
 def test_an_unusable_register_answer_stops_the_agent_with_the_reason(tmp_path, plane, status, answer, expected):
     plane.register_status, plane.register_answer = status, answer
     result = run_agent(tmp_path, plane.url)
-    assert result.returncode == 2
+    # A refused token is final (systemd must not restart the agent); other answers exit 2.
+    assert result.returncode == (EXIT_INSTANCE_ENDED if status == 401 else 2)
     assert expected in result.stderr
 
 
