@@ -24,8 +24,14 @@ class TeamChoice:
     name: str
 
 
+def team_choices(user) -> reads.Read:
+    """The teams `user` can switch to, by name (a read to batch with a page's own)."""
+    read = reads.team_names(visible_team_ids(user))
+    return reads.Read(read.sql, read.params, lambda rows: [TeamChoice(pk, name) for pk, name in rows])
+
+
 def visible_teams(user) -> list[TeamChoice]:
-    return [TeamChoice(pk, name) for pk, name in reads.team_names(visible_team_ids(user))]
+    return team_choices(user).run()
 
 
 def current_team(request, teams: list[TeamChoice]) -> TeamChoice | None:
@@ -35,6 +41,16 @@ def current_team(request, teams: list[TeamChoice]) -> TeamChoice | None:
         if team.pk == chosen:
             return team
     return teams[0] if teams else None
+
+
+def current_team_id(request) -> int | None:
+    """As `current_team`, reading the teams' names only when none was chosen (or it can
+    no longer be seen): the first by name is then the one."""
+    chosen = request.session.get(SESSION_TEAM)
+    if chosen in visible_team_ids(request.user):
+        return chosen
+    team = current_team(request, visible_teams(request.user))
+    return team.pk if team else None
 
 
 def require(user, action: str, team_id: int) -> None:

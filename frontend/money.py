@@ -2,10 +2,10 @@
 (`jobs.api.costs`), kept in the shared cache once they are settled, so a page that
 is polled every few seconds does not price a job's whole history each time.
 
-- A job's money is settled once none of its instances lives. It is stored under
-  `costs.settled_keys`, which changes with everything the figure depends on, so a
-  stored figure is never stale. A job with a live instance accrues every second
-  and is priced on each request (only those jobs).
+- A job's money is settled once none of its instances lives. It is stored (with
+  its cost curve) under `costs.settled_key`, which changes with everything the
+  figure depends on, so a stored figure is never stale. A job with a live instance
+  accrues every second and is priced on each request (only those jobs).
 - A team's month is the sum of its jobs' months, the sum `costs.team_month_cost`
   answers through the API. The settled jobs' part is stored under a key made of
   the number of the team's live instances and the newest instance, checkpoint,
@@ -95,10 +95,10 @@ def job_money(keys: dict[int, str | None], now: dt.datetime, *, detail: bool = F
                 if settled:
                     to_store[_stored_as("summary", keys[job_id])] = str(answer)
                 continue
-            documents = _documents(answer, with_curve=detail or settled)
+            documents = _documents(answer, with_curve=detail)
             fresh[job_id] = documents["summary"] | ({kind: documents[kind] for kind in KINDS[1:]} if detail else {})
-            if settled:
-                to_store.update({_stored_as(kind, keys[job_id]): documents[kind] for kind in KINDS})
+            if settled:  # a list or a team's month stores the summary; the job page the rest
+                to_store.update({_stored_as(kind, keys[job_id]): documents[kind] for kind in kinds})
     cache.set_many(to_store, JOB_TTL_S)
     return {**found, **fresh}
 
@@ -163,7 +163,7 @@ class _SettledPart:
     error: str | None
     interruptions: list[dict]
     open_jobs: list[int] = field(default_factory=list)
-    """Jobs with an instance not live yet without an end (billed to now): priced each time."""
+    """Jobs with an instance that is not live but has no end (billed up to now): priced each time."""
 
 
 def team_month(team, label: str, now: dt.datetime, *, live: list[tuple[int, int]], newest: tuple) -> TeamMonth:

@@ -259,12 +259,11 @@ def newest_events(job_id: int, limit: int) -> Read:
 
 # ---- a team -----------------------------------------------------------------------------------
 
-def team_names(team_ids) -> list[tuple[int, str]]:
+def team_names(team_ids) -> Read:
     """(id, name) of these teams, by name."""
     if not team_ids:
-        return []
-    return Read(f"SELECT id, name FROM {TEAM} WHERE id IN ({placeholders(team_ids)}) ORDER BY name",
-                list(team_ids)).run()
+        return Read(f"SELECT id, name FROM {TEAM} WHERE 1 = 0")
+    return Read(f"SELECT id, name FROM {TEAM} WHERE id IN ({placeholders(team_ids)}) ORDER BY name", list(team_ids))
 
 
 def _team(rows: list[tuple]) -> Team | None:

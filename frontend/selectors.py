@@ -43,9 +43,9 @@ def _iso(moment: dt.datetime | None) -> str | None:
 
 # ---- jobs list --------------------------------------------------------------------------------
 
-def filtered_jobs(team, *, statuses=(), owner="", cloud="", search="", page: int = 1) -> reads.JobList:
+def filtered_jobs(team_id: int, *, statuses=(), owner="", cloud="", search="", page: int = 1) -> reads.JobList:
     """The team's jobs for list page `page`, counted at most COUNTED_PAST jobs past it."""
-    return reads.JobList(team.pk, statuses=statuses, owner=owner, cloud=cloud, search=search,
+    return reads.JobList(team_id, statuses=statuses, owner=owner, cloud=cloud, search=search,
                          count_to=page * JOBS_PER_PAGE + COUNTED_PAST)
 
 
@@ -190,13 +190,15 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
 
 # ---- a team's month ---------------------------------------------------------------------------
 
-def team_status(team_id: int, month: str | None, now: dt.datetime | None = None) -> tuple[Team, dict]:
-    """The team and its overview's figures (the caller has checked the team may be seen)."""
+def team_status(team_id: int, month: str | None, *also: reads.Read,
+                now: dt.datetime | None = None) -> tuple[Team, dict, list]:
+    """The team, its overview's figures and the answers of `also`, read in the same
+    round trip (the caller has checked the team may be seen)."""
     now = now or timezone.now()
     label = costs.parse_month(month, now)[0]
-    team, live, newest, by_status = reads.batch(
+    team, live, newest, by_status, *found = reads.batch(
         reads.team(team_id), reads.live_instances(team_id), reads.newest_ids(),
-        reads.jobs_by_status(team_id, JobStatus.ACTIVE | {JobStatus.QUEUED}))
+        reads.jobs_by_status(team_id, JobStatus.ACTIVE | {JobStatus.QUEUED}), *also)
     month_money = store.team_month(team, label, now, live=live, newest=newest)
     money = month_money.money
     if money:
@@ -214,7 +216,7 @@ def team_status(team_id: int, month: str | None, now: dt.datetime | None = None)
         "jobs_by_status": by_status,
         "live_instances": month_money.live_instances,
         "as_of": now.isoformat(),
-    }
+    }, found
 
 
 # ---- prices -----------------------------------------------------------------------------------

@@ -54,33 +54,32 @@ def page(request, template: str, http_status: int = 200, teams=None, **context):
 
 # ---- jobs list --------------------------------------------------------------------------------
 
-def _jobs_page(request, teams, *also: reads.Read):
-    """(team, filter form, paginator page, rows, answers of `also`) for the chosen team,
-    or the form's errors; `also` are read in the same round trip as the page."""
-    team = access.current_team(request, teams)
+def _jobs_page(request, team_id: int | None, *also: reads.Read):
+    """(filter form, paginator page, rows, answers of `also`) for the chosen team, or
+    the form's errors; `also` are read in the same round trip as the page."""
     form = JobFilterForm(request.GET)
-    if team is None or not form.is_valid():
-        return team, form, None, [], [read.run() for read in also]
-    access.require(request.user, "job.view", team.pk)
+    if team_id is None or not form.is_valid():
+        return form, None, [], reads.batch(*also) if also else []
+    access.require(request.user, "job.view", team_id)
     f = form.cleaned_data
     number = f["page"] or 1
-    jobs = selectors.filtered_jobs(team, statuses=f["status"], owner=f["owner"], cloud=f["cloud"], search=f["q"],
+    jobs = selectors.filtered_jobs(team_id, statuses=f["status"], owner=f["owner"], cloud=f["cloud"], search=f["q"],
                                    page=number)
     also = jobs.load((number - 1) * selectors.JOBS_PER_PAGE, selectors.JOBS_PER_PAGE, *also)
     current = Paginator(jobs, selectors.JOBS_PER_PAGE).get_page(number)
-    return team, form, current, selectors.job_rows(list(current.object_list)), also
+    return form, current, selectors.job_rows(list(current.object_list)), also
 
 
 @login_required
 def home(request):
-    teams = access.visible_teams(request.user)
-    team = access.current_team(request, teams)
-    team, form, current, rows, also = _jobs_page(request, teams, *([reads.team_usernames(team.pk)] if team else []))
+    team_id = access.current_team_id(request)
+    owners = [reads.team_usernames(team_id)] if team_id else []
+    form, current, rows, (teams, *found) = _jobs_page(request, team_id, access.team_choices(request.user), *owners)
     query = request.GET.copy()
     query.pop("page", None)
     return page(request, "frontend/jobs.html", http_status=200 if form.is_valid() else 400, teams=teams,
                 form=form, page=current, rows=rows, query=query.urlencode(),
-                filters=_filter_choices(request.GET, also[0] if also else []))
+                filters=_filter_choices(request.GET, found[0] if found else []))
 
 
 def _filter_choices(asked, owners: list[str]) -> dict:
@@ -94,10 +93,11 @@ def _filter_choices(asked, owners: list[str]) -> dict:
 
 @json_view
 def jobs_json(request):
-    team, form, current, rows, _ = _jobs_page(request, access.visible_teams(request.user))
+    team_id = access.current_team_id(request)
+    form, current, rows, _ = _jobs_page(request, team_id)
     if not form.is_valid():
         return JsonResponse({"detail": "invalid filters", "errors": form.errors}, status=400)
-    return JsonResponse({"team": team.pk if team else None, "rows": rows,
+    return JsonResponse({"team": team_id, "rows": rows,
                          "count": current.paginator.count if current else 0,
                          "count_capped": current.paginator.object_list.capped if current else False})
 
@@ -127,8 +127,8 @@ def job_page(request, pk: int):
     now = timezone.now()
     summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
                                     may_cancel=can(request.user, "job.cancel", job["team_id"]))
-    return page(request, "frontend/job.html", job=job, status=summary,
-                interval=reads.checkpoint_interval(job["id"]).run())
+    teams, interval = reads.batch(access.team_choices(request.user), reads.checkpoint_interval(job["id"]))
+    return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval)
 
 
 @json_view
@@ -153,10 +153,10 @@ def job_cancel(request, pk: int):
 def _team_page(request, team_id: int, form: SubmitJobForm | None = None, http_status=200):
     """The overview; `form` is a submitted form to show again with its errors."""
     month = request.GET.get("month") or None
-    team, data = selectors.team_status(team_id, month)
+    team, data, (teams,) = selectors.team_status(team_id, month, access.team_choices(request.user))
     rates = money.placement_rates()
     may_submit = can(request.user, "job.create", team.pk)
-    return page(request, "frontend/team.html", http_status=http_status, team=team, data=data, rates=rates,
+    return page(request, "frontend/team.html", http_status=http_status, teams=teams, team=team, data=data, rates=rates,
                 may_submit=may_submit, submit_fields=_submit_fields(form) if may_submit else "",
                 role=access.role_in(request.user, team.pk))
 
