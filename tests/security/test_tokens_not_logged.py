@@ -68,7 +68,10 @@ def test_no_process_logs_a_token_over_a_whole_job(team_setup, child_env, tmp_pat
     assert all(tokens_in(t) == [t] for t in sent)
     # Every log of every process, the VM's own files included; only the local VM's
     # launch spec and the bootstrap token's file may hold one: they are its user
-    # data, readable on the VM by design (so that token is single-use).
-    leaked = tokens_in_files(tmp_path, skip=("bootstrap-token", "vm.json"))
+    # data, readable on the VM by design (so that token is single-use). And the
+    # agent's session file, which keeps its agent token across a restart: owner-only.
+    leaked = tokens_in_files(tmp_path, skip=("bootstrap-token", "vm.json", "session.json"))
     assert leaked == [], leaked
+    sessions = list(tmp_path.rglob("session.json"))
+    assert sessions and all(path.stat().st_mode & 0o777 == 0o600 for path in sessions)
     assert tokens_in_database() == []
