@@ -106,6 +106,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
     }
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+elif os.environ.get("RESPAWN_DB_PREPARED_STATEMENTS", "on") == "off":
+    # Behind a pooler that cannot keep prepared statements (PgBouncer in transaction
+    # mode before 1.21): the heartbeat's one prepared statement is run unprepared too.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = None
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -40,6 +40,10 @@ def test_production_variables_select_postgres_and_redis_with_short_visibility(tm
     assert settings_value("settings.DATABASES['default']['ENGINE']", env) == "django.db.backends.postgresql"
     assert settings_value("settings.CELERY_BROKER_TRANSPORT_OPTIONS['visibility_timeout']", env) == "300"
     assert settings_value("settings.CELERY_TASK_ACKS_LATE", env) == "True"
+    assert settings_value("settings.DATABASES['default'].get('OPTIONS', {}).get('prepare_threshold', 'unset')",
+                          env) == "unset"  # the heartbeat prepares its statement
+    behind_pgbouncer = {**env, "RESPAWN_DB_PREPARED_STATEMENTS": "off"}
+    assert settings_value("settings.DATABASES['default']['OPTIONS']['prepare_threshold']", behind_pgbouncer) == "None"
 
 
 def test_migrations_match_the_models(tmp_path):

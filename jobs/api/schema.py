@@ -24,6 +24,20 @@ class AgentTokenScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer", "description": "Per-instance agent token (rsa_…)."}
 
 
+class HeartbeatTokenScheme(OpenApiAuthenticationExtension):
+    """The heartbeat's narrower lookup of the same agent token: it names the scheme
+    AgentTokenScheme defines and defines none of its own (one component, one class)."""
+
+    target_class = "jobs.auth.HeartbeatTokenAuthentication"
+    name: list[str] = []
+
+    def get_security_requirement(self, auto_schema):
+        return {AgentTokenScheme.name: []}
+
+    def get_security_definition(self, auto_schema):
+        return []
+
+
 class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
     errors = serializers.DictField(required=False, help_text="400 only: each bad field with its messages.")
