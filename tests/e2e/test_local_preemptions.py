@@ -17,7 +17,7 @@ from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
 from tests.conftest import ROOT, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
 
-STEPS, STEP_DELAY_S = 1600, 0.03
+STEPS, STEP_DELAY_S = 2400, 0.03
 TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
@@ -32,8 +32,10 @@ def reference_digest(tmp_path: Path) -> str:
 @pytest.mark.e2e
 @pytest.mark.timeout(900)  # a couple of minutes on a quiet machine; CI machines may be loaded
 def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_env, web_server, tmp_path):
-    # VMs live 20 s: long enough that a loaded machine still trains a few hundred steps per VM,
-    # so the policy's preemption-burst back-off (3 per zone per hour) never idles the job.
+    # 72 s of training on VMs that live 20 s, ~16 s of it training on a quiet machine: four
+    # or five preemptions there (1600 steps once ended after two, once VMs booted faster).
+    # 20 s is long enough that a loaded machine still trains a few hundred steps per VM, so
+    # the policy's preemption-burst back-off (3 per zone per hour, two zones) never idles the job.
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
            "RESPAWN_LOCAL_PREEMPT_EVERY_S": "20", "RESPAWN_LOCAL_NOTICE_S": "8",
            "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}
