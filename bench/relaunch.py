@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     var_dir = Path(tempfile.mkdtemp(prefix="respawn-bench-relaunch-"))
     env = embedded_env(var_dir)
+    os.environ.clear()  # this process must see the worker's database, not one from the caller's environment
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
     import django
