@@ -111,18 +111,29 @@ class ReferenceLoss:
             return
         with _rng_untouched():
             self._batch = _call(self.settings.batch_factory)
-            with torch.device("meta"):
-                model = _call(self.settings.model_factory)
-        if not isinstance(model, torch.nn.Module):
-            raise FactoryError(f"model factory {self.settings.model_factory!r} returned {type(model).__name__}, not an nn.Module")
-        self._model = model.eval()
+        self._model = model_skeleton(self.settings.model_factory).eval()
 
     def loss(self, weights: dict[str, torch.Tensor]) -> float:
         load_model_weights(self._model, weights, "the snapshot", assign=True)
-        if any(t.is_meta for t in (*self._model.parameters(), *self._model.buffers())):
+        if has_meta_state(self._model):
             raise FactoryError(f"model factory {self.settings.model_factory!r}: the model has state outside its state_dict")
         with torch.no_grad():
             return batch_loss(self._model, self._batch)
+
+
+def model_skeleton(model_factory: str) -> torch.nn.Module:
+    """The factory's model without memory or initialisation for its weights (meta
+    device; every RNG forked, since a factory may seed): loaded weights are then
+    assigned, not copied over freshly initialised ones."""
+    with _rng_untouched(), torch.device("meta"):
+        model = _call(model_factory)
+    if not isinstance(model, torch.nn.Module):
+        raise FactoryError(f"model factory {model_factory!r} returned {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def has_meta_state(model: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
 
 
 class _rng_untouched:
@@ -165,10 +176,10 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
         if not stored:
             raise FactoryError(f"checkpoint {uri} names no validation factories; pass them explicitly")
         settings = ValidationSettings(**stored)
-    model = _call(settings.model_factory)
-    if not isinstance(model, torch.nn.Module):
-        raise FactoryError(f"model factory {settings.model_factory!r} returned {type(model).__name__}, not an nn.Module")
-    load_model_weights(model, loaded.state["model"], uri)
+    model = model_skeleton(settings.model_factory)
+    load_model_weights(model, loaded.state["model"], uri, assign=True)
+    if has_meta_state(model):  # as at save time (ReferenceLoss): the checkpoint cannot hold all of it
+        raise FactoryError(f"model factory {settings.model_factory!r}: the model has state outside its state_dict")
     with torch.no_grad():
         model.eval()
         loss = batch_loss(model, _call(settings.batch_factory))
