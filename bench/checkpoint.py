@@ -209,10 +209,17 @@ def validation_seconds(state: TrainState, uri: str) -> float:
     return seconds
 
 
+# glibc raises its mmap threshold as large blocks are freed, so whether a later 16 MiB
+# gradient lands in a returned mapping or in the sticky heap depends on the process's
+# history: the same probe's peak varied by ±0.05 GiB (±20 % of the state) run to run.
+# A fixed threshold, the same for both probes, makes the peak what is actually live.
+PROBE_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
 def peak_rss_bytes(mode: str, uri: str) -> int:
     """Peak RSS of a fresh process that builds the state and, in mode "save", saves it once."""
     out = subprocess.run([sys.executable, __file__, "--rss-probe", mode, "--uri", uri], capture_output=True, text=True,
-                         env=os.environ | {"BENCH_LAYERS": os.environ["BENCH_LAYERS"]}, check=True)
+                         env=os.environ | PROBE_MALLOC | {"BENCH_LAYERS": os.environ["BENCH_LAYERS"]}, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
