@@ -15,6 +15,12 @@ Conventions (binding for everything that shows money):
 - A second without any price in force is an error, never a silent zero.
 - Intervals are split at UTC month boundaries. Baseline and waste are spread over
   months in proportion to the interval's seconds in each.
+- A stopped VM that keeps its disk (an Azure spot VM evicted with policy Deallocate)
+  bills that disk from the instance's end until the VM is deleted (or up to `now`):
+  the seconds floor(end) up to floor(release or now), each at the disk's monthly
+  price in force at its first instant, prorated at HOURS_PER_MONTH hours a month.
+  It is part of spent and all of it is waste (`Waste.stopped_disk`), in the months
+  its own seconds fall in.
 - Sums are exact (price × whole seconds); division by 3600 and rounding to
   MONEY_QUANTUM happen once per reported figure.
 """
@@ -31,6 +37,10 @@ from decimal import Decimal
 MONEY_QUANTUM = Decimal("0.00000001")
 MARKETS = ("spot", "on_demand")
 SECONDS_PER_HOUR = 3600
+DISK = "disk"
+"""The market of a disk's price key: its price is per month, its key has no zone."""
+HOURS_PER_MONTH = 730
+"""Azure prices a managed disk per month and bills it prorated on a month of 730 hours."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -41,6 +51,11 @@ class LedgerError(ValueError):
 def _require_aware(value: dt.datetime, what: str) -> None:
     if not isinstance(value, dt.datetime) or value.tzinfo is None:
         raise LedgerError(f"{what} must be a timezone-aware datetime (got {value!r})")
+
+
+def _require_price(value, what: str) -> None:
+    if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
+        raise LedgerError(f"{what} must be a non-negative Decimal (got {value!r})")
 
 
 def _whole_seconds(value: dt.datetime) -> int:
@@ -68,13 +83,37 @@ class PriceQuote:
         _require_aware(self.observed_at, f"quote {self.key()} observed_at")
         if self.market not in MARKETS:
             raise LedgerError(f"quote {self.key()}: market must be one of {MARKETS}")
-        if not isinstance(self.usd_per_hour, Decimal) or not self.usd_per_hour.is_finite() \
-                or self.usd_per_hour < 0:
-            raise LedgerError(f"quote {self.key()}: usd_per_hour must be a non-negative Decimal "
-                              f"(got {self.usd_per_hour!r})")
+        _require_price(self.usd_per_hour, f"quote {self.key()}: usd_per_hour")
 
     def key(self) -> tuple[str, str, str, str, str]:
         return (self.provider, self.region, self.zone, self.instance_type, self.market)
+
+    @property
+    def rate(self) -> Decimal:
+        return self.usd_per_hour
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DiskQuote:
+    """A managed disk's list price per month in one region (disks have no zone price)."""
+
+    provider: str
+    region: str
+    sku: str
+    """The cloud's price name of the disk, e.g. Azure's "P10 LRS"."""
+    usd_per_month: Decimal
+    observed_at: dt.datetime
+
+    def __post_init__(self):
+        _require_aware(self.observed_at, f"disk quote {self.key()} observed_at")
+        _require_price(self.usd_per_month, f"disk quote {self.key()}: usd_per_month")
+
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (self.provider, self.region, "", self.sku, DISK)
+
+    @property
+    def rate(self) -> Decimal:
+        return self.usd_per_month
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,6 +138,11 @@ class InstanceInterval:
     checkpoint_stall_seconds: Decimal = Decimal(0)
     recomputed_steps: int = 0
     """Steps this instance ran that had already been done (lost to an earlier interruption)."""
+    stopped_disk: str = ""
+    """Price SKU of the disk its stopped VM kept, billed from `end` (an Azure spot VM evicted
+    with policy Deallocate); empty: nothing bills after `end`."""
+    disk_released: dt.datetime | None = None
+    """When that VM and its disk were deleted; None: the disk bills up to `now`."""
 
     def __post_init__(self):
         _require_aware(self.start, f"instance {self.instance_id} start")
@@ -106,6 +150,15 @@ class InstanceInterval:
             _require_aware(self.end, f"instance {self.instance_id} end")
             if self.end < self.start:
                 raise LedgerError(f"instance {self.instance_id}: end {self.end} is before start {self.start}")
+        if self.stopped_disk and self.end is None:
+            raise LedgerError(f"instance {self.instance_id}: a stopped disk bills after the end, but it has none")
+        if self.disk_released is not None:
+            _require_aware(self.disk_released, f"instance {self.instance_id} disk_released")
+            if not self.stopped_disk:
+                raise LedgerError(f"instance {self.instance_id}: disk_released given without a stopped_disk")
+            if self.disk_released < self.end:
+                raise LedgerError(f"instance {self.instance_id}: disk_released {self.disk_released} "
+                                  f"is before end {self.end}")
         if self.market not in MARKETS:
             raise LedgerError(f"instance {self.instance_id}: market must be one of {MARKETS} "
                               f"(got {self.market!r})")
@@ -120,19 +173,32 @@ class Waste:
     recomputed: Decimal
     boot_restore: Decimal
     checkpoint_stalls: Decimal
+    stopped_disk: Decimal = Decimal(0)
+    """A stopped VM's disk, billed after the instance ended until the VM was deleted."""
+
+    PARTS = ("recomputed", "boot_restore", "checkpoint_stalls", "stopped_disk")
 
     @property
     def total(self) -> Decimal:
-        return self.recomputed + self.boot_restore + self.checkpoint_stalls
+        return self.recomputed + self.boot_restore + self.checkpoint_stalls + self.stopped_disk
+
+    @property
+    def of_work(self) -> Decimal:
+        """The parts spent while the instance ran (spread over its months like its work)."""
+        return self.total - self.stopped_disk
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class InstanceCost:
     instance_id: str
     billed_seconds: int
+    """Seconds the VM itself was billed (a stopped disk's seconds are not among them)."""
     seconds_by_month: dict[str, int]
     spent: Decimal
+    """The VM and, after its end, its stopped disk."""
     spent_by_month: dict[str, Decimal]
+    stopped_disk_seconds: int = 0
+    stopped_disk_by_month: dict[str, Decimal] = field(default_factory=dict)
     baseline: Decimal
     """What this instance's kept work would have cost on on-demand of the same type."""
     waste: Waste
@@ -167,20 +233,20 @@ class Ledger:
 
 
 class PriceIndex:
-    """Quotes arranged for fast 'price in force' look-ups and piecewise integration."""
+    """Quotes (VM and disk) arranged for fast 'price in force' look-ups and piecewise
+    integration. A quote's `rate` is its price per its unit of time (hour or month)."""
 
     def __init__(self, quotes):
-        by_key: dict[tuple, dict[int, PriceQuote]] = defaultdict(dict)
+        by_key: dict[tuple, dict[int, PriceQuote | DiskQuote]] = defaultdict(dict)
         for quote in sorted(quotes, key=lambda q: q.observed_at):
             series = by_key[quote.key()]
             second = _first_second_at_or_after(quote.observed_at)
             earlier = series.get(second)
-            if earlier is not None and earlier.observed_at == quote.observed_at \
-                    and earlier.usd_per_hour != quote.usd_per_hour:
+            if earlier is not None and earlier.observed_at == quote.observed_at and earlier.rate != quote.rate:
                 raise LedgerError(f"two quotes for {quote.key()} observed at {quote.observed_at} "
-                                  f"disagree ({earlier.usd_per_hour} vs {quote.usd_per_hour})")
+                                  f"disagree ({earlier.rate} vs {quote.rate})")
             series[second] = quote  # sorted input: the later observation wins its second
-        self._series = {key: (sorted(s), [s[k].usd_per_hour for k in sorted(s)])
+        self._series = {key: (sorted(s), [s[k].rate for k in sorted(s)])
                         for key, s in by_key.items()}
         self._schedules: dict[tuple, tuple[list[int], list[Decimal | None]]] = {}
 
@@ -217,21 +283,20 @@ def _next_month_start(second: int) -> int:
     return _whole_seconds(dt.datetime(year, month, 1, tzinfo=dt.UTC))
 
 
-def _hour_seconds_by_month(interval: InstanceInterval, first: int, last: int,
+def _rate_seconds_by_month(key: tuple, what: str, first: int, last: int,
                            prices: PriceIndex) -> tuple[dict[str, Decimal], dict[str, int]]:
-    """Σ price × seconds (USD·s/h, exact), and the seconds, per month over [first, last)."""
-    seconds, values = prices.schedule(interval.provider, interval.region, interval.zone,
-                                      interval.instance_type, interval.market)
+    """Σ rate × seconds (exact), and the seconds, per month over [first, last), for the
+    price series `key`; `what` names the priced thing in errors."""
+    seconds, values = prices.schedule(*key)
     totals: dict[str, Decimal] = {}
     counts: dict[str, int] = {}
     cursor = first
     i = bisect.bisect_right(seconds, cursor) - 1
     while cursor < last:
         if i < 0 or values[i] is None:
-            raise LedgerError(
-                f"instance {interval.instance_id}: no {interval.market} price for "
-                f"{interval.provider}/{interval.region}/{interval.zone or '*'}/{interval.instance_type} "
-                f"in force at {_EPOCH + dt.timedelta(seconds=cursor)}")
+            provider, region, zone, name, market = key
+            raise LedgerError(f"{what}: no {market} price for {provider}/{region}/{zone or '*'}/{name} "
+                              f"in force at {_EPOCH + dt.timedelta(seconds=cursor)}")
         price_ends = seconds[i + 1] if i + 1 < len(seconds) else math.inf
         stop = min(last, price_ends, _next_month_start(cursor))
         month = _month_of(cursor)
@@ -247,6 +312,10 @@ def _money(hour_seconds: Decimal) -> Decimal:
     return (hour_seconds / SECONDS_PER_HOUR).quantize(MONEY_QUANTUM)
 
 
+def _disk_money(month_seconds: Decimal) -> Decimal:
+    return (month_seconds / (HOURS_PER_MONTH * SECONDS_PER_HOUR)).quantize(MONEY_QUANTUM)
+
+
 def _billed_range(interval: InstanceInterval, now: dt.datetime) -> tuple[int, int]:
     first = _whole_seconds(interval.start)
     end = interval.end if interval.end is not None else now
@@ -256,11 +325,29 @@ def _billed_range(interval: InstanceInterval, now: dt.datetime) -> tuple[int, in
     return first, _whole_seconds(end)
 
 
+def _stopped_disk_by_month(interval: InstanceInterval, prices: PriceIndex,
+                           now: dt.datetime) -> tuple[dict[str, Decimal], int]:
+    """The stopped disk's money per month (USD) and its billed seconds."""
+    if not interval.stopped_disk:
+        return {}, 0
+    released = interval.disk_released if interval.disk_released is not None else now
+    if released < interval.end:
+        raise LedgerError(f"instance {interval.instance_id}: its stopped disk is still billed but now ({now}) "
+                          f"is before its end ({interval.end})")
+    first, last = _whole_seconds(interval.end), _whole_seconds(released)
+    key = (interval.provider, interval.region, "", interval.stopped_disk, DISK)
+    by_month, counts = _rate_seconds_by_month(key, f"instance {interval.instance_id}'s stopped disk",
+                                              first, last, prices)
+    return {m: _disk_money(v) for m, v in sorted(by_month.items())}, sum(counts.values())
+
+
 def cost_instance(interval: InstanceInterval, prices: PriceIndex, now: dt.datetime) -> InstanceCost:
     first, last = _billed_range(interval, now)
-    by_month, seconds_by_month = _hour_seconds_by_month(interval, first, last, prices)
+    key = (interval.provider, interval.region, interval.zone, interval.instance_type, interval.market)
+    by_month, seconds_by_month = _rate_seconds_by_month(key, f"instance {interval.instance_id}", first, last, prices)
     total = sum(by_month.values(), Decimal(0))
     billed = last - first
+    disk_by_month, disk_seconds = _stopped_disk_by_month(interval, prices, now)
 
     on_demand = prices.price_at(first, interval.provider, interval.region, interval.zone,
                                 interval.instance_type, "on_demand")
@@ -275,17 +362,24 @@ def cost_instance(interval: InstanceInterval, prices: PriceIndex, now: dt.dateti
     def wasted(seconds) -> Decimal:
         return _money(Decimal(seconds) * total / billed) if billed else Decimal(0)
 
+    spent_by_month = {m: _money(v) for m, v in by_month.items()}
+    for month, value in disk_by_month.items():
+        spent_by_month[month] = spent_by_month.get(month, Decimal(0)) + value
+    disk = sum(disk_by_month.values(), Decimal(0))
     return InstanceCost(
         instance_id=interval.instance_id,
         billed_seconds=billed,
         seconds_by_month=dict(sorted(seconds_by_month.items())),
-        spent=_money(total),
-        spent_by_month={m: _money(v) for m, v in sorted(by_month.items())},
+        spent=_money(total) + disk,
+        spent_by_month=dict(sorted(spent_by_month.items())),
+        stopped_disk_seconds=disk_seconds,
+        stopped_disk_by_month=disk_by_month,
         baseline=_money(baseline),
         waste=Waste(
             recomputed=wasted(interval.recomputed_steps * Decimal(interval.seconds_per_step)),
             boot_restore=wasted(interval.boot_restore_seconds),
             checkpoint_stalls=wasted(interval.checkpoint_stall_seconds),
+            stopped_disk=disk,
         ),
     )
 
@@ -303,15 +397,17 @@ def build_ledger(intervals, quotes, now: dt.datetime) -> Ledger:
                   if cost.billed_seconds else {interval.start.astimezone(dt.UTC).strftime("%Y-%m"): Decimal(1)})
         for month, share in shares.items():
             row = months[month]
-            row[0] += cost.spent_by_month.get(month, Decimal(0))
             row[1] += cost.baseline * share
-            row[2] += cost.waste.total * share
+            row[2] += cost.waste.of_work * share
+        for month, value in cost.spent_by_month.items():
+            months[month][0] += value
+        for month, value in cost.stopped_disk_by_month.items():
+            months[month][2] += value
     return Ledger(
         instances=costs,
         spent=sum((c.spent for c in costs), Decimal(0)),
         baseline=sum((c.baseline for c in costs), Decimal(0)),
-        waste=Waste(*(sum((getattr(c.waste, part) for c in costs), Decimal(0))
-                      for part in ("recomputed", "boot_restore", "checkpoint_stalls"))),
+        waste=Waste(*(sum((getattr(c.waste, part) for c in costs), Decimal(0)) for part in Waste.PARTS)),
         by_month={m: MonthCost(spent=s, baseline=b.quantize(MONEY_QUANTUM), waste=w.quantize(MONEY_QUANTUM))
                   for m, (s, b, w) in sorted(months.items())},
     )

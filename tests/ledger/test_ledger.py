@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.ledger import MONEY_QUANTUM, InstanceInterval, LedgerError, PriceQuote, build_ledger
+from jobs.ledger import HOURS_PER_MONTH, MONEY_QUANTUM, DiskQuote, InstanceInterval, LedgerError, PriceQuote, \
+    build_ledger
 
 UTC = dt.UTC
 KEY = dict(provider="aws", region="us-east-1", instance_type="p3.2xlarge")
@@ -19,6 +20,10 @@ def quote(price, at, *, zone="us-east-1a", market="spot", itype="p3.2xlarge"):
                       market=market, usd_per_hour=Decimal(price), observed_at=at)
 
 
+def disk_quote(price, at, *, sku="P10 LRS"):
+    return DiskQuote(provider="aws", region="us-east-1", sku=sku, usd_per_month=Decimal(price), observed_at=at)
+
+
 def instance(start, end, *, name="i-1", zone="us-east-1a", market="spot", itype="p3.2xlarge", **work):
     return InstanceInterval(instance_id=name, provider="aws", region="us-east-1", zone=zone,
                             instance_type=itype, market=market, start=start, end=end, **work)
@@ -27,15 +32,25 @@ def instance(start, end, *, name="i-1", zone="us-east-1a", market="spot", itype=
 # ---- the independent reference: one price look-up per billed second ----
 
 def brute_force(intervals, quotes, now):
-    """Walk every second; the price is a linear scan over all quotes. Slow on purpose."""
+    """Walk every second; the price is a linear scan over all quotes. Slow on purpose.
+    A stopped disk's second costs its monthly price / HOURS_PER_MONTH per hour."""
+    def latest(matching, moment):
+        seen = [q for q in quotes if matching(q) and q.observed_at <= moment]
+        return max(seen, key=lambda q: q.observed_at) if seen else None
+
     def price_at(moment, iv, market):
-        def latest(zone):
-            seen = [q for q in quotes if (q.provider, q.region, q.zone, q.instance_type, q.market)
-                    == (iv.provider, iv.region, zone, iv.instance_type, market)
-                    and q.observed_at <= moment]
-            return max(seen, key=lambda q: q.observed_at).usd_per_hour if seen else None
-        zoned = latest(iv.zone) if iv.zone else None
-        return zoned if zoned is not None else latest("")
+        def in_zone(zone):
+            found = latest(lambda q: isinstance(q, PriceQuote) and (q.provider, q.region, q.zone, q.instance_type,
+                           q.market) == (iv.provider, iv.region, zone, iv.instance_type, market), moment)
+            return found.usd_per_hour if found else None
+        zoned = in_zone(iv.zone) if iv.zone else None
+        return zoned if zoned is not None else in_zone("")
+
+    def disk_price_at(moment, iv):
+        found = latest(lambda q: isinstance(q, DiskQuote) and (q.provider, q.region, q.sku)
+                       == (iv.provider, iv.region, iv.stopped_disk), moment)
+        assert found is not None
+        return found.usd_per_month / HOURS_PER_MONTH
 
     spent, months, baseline, waste = Decimal(0), defaultdict(Decimal), Decimal(0), Decimal(0)
     for iv in intervals:
@@ -57,6 +72,14 @@ def brute_force(intervals, quotes, now):
             wasted_s = iv.recomputed_steps * iv.seconds_per_step + iv.boot_restore_seconds \
                 + iv.checkpoint_stall_seconds
             waste += wasted_s * paid / seconds / 3600
+        if iv.stopped_disk:  # after the end, up to the release (or now)
+            moment, released = end, (iv.disk_released or now).replace(microsecond=0)
+            while moment < released:
+                p = disk_price_at(moment, iv)
+                spent += p / 3600
+                waste += p / 3600
+                months[moment.strftime("%Y-%m")] += p
+                moment += dt.timedelta(seconds=1)
     return spent, {m: v / 3600 for m, v in months.items()}, baseline, waste
 
 
@@ -71,6 +94,8 @@ MONTH_EDGES = [dt.datetime(2026, 1, 31, 23, 0, tzinfo=UTC), dt.datetime(2026, 12
 ZONES = ["us-east-1a", "us-east-1b"]
 TYPES = ["p3.2xlarge", "g5.xlarge"]
 prices = st.decimals(min_value=Decimal("0.0001"), max_value=Decimal("40"), places=4)
+DISK_SKUS = ["P10 LRS", "E10 LRS"]
+disk_prices = st.decimals(min_value=Decimal("0.01"), max_value=Decimal("900"), places=2)
 
 
 @st.composite
@@ -91,24 +116,34 @@ def histories(draw):
         for _ in range(draw(st.integers(0, 4))):
             quotes.append(quote(draw(prices), moment(), zone=draw(st.sampled_from(ZONES + [""])),
                                 market=draw(st.sampled_from(["spot", "spot", "on_demand"])), itype=itype))
+    for sku in DISK_SKUS:  # a monthly disk price in force from the start, then changes
+        quotes.append(disk_quote(draw(disk_prices), base - dt.timedelta(days=1), sku=sku))
+        for _ in range(draw(st.integers(0, 3))):
+            quotes.append(disk_quote(draw(disk_prices), moment(hi=2 * horizon), sku=sku))
     # two different prices for one key at one instant are refused (tested below), so keep one
     quotes = list({(q.key(), q.observed_at): q for q in reversed(quotes)}.values())
-    intervals, cursor = [], 0
+    intervals, cursor, last_release = [], 0, base
     for n in range(draw(st.integers(1, 4))):  # relaunches, possibly on another type/zone/market
         start_s = cursor + draw(st.integers(0, 1800))
         length = draw(st.integers(0, 5400))
         running = draw(st.integers(0, 5)) == 0
         start = base + dt.timedelta(seconds=start_s, microseconds=draw(st.sampled_from([0, 250_000])))
         end = None if running else start + dt.timedelta(seconds=length, microseconds=draw(st.sampled_from([0, 700_000])))
+        # evicted, its VM stopped with a billed disk: released later (or not yet: billed to now)
+        disk = {} if running or draw(st.integers(0, 2)) == 0 else {"stopped_disk": draw(st.sampled_from(DISK_SKUS))}
+        if disk and draw(st.booleans()):
+            disk["disk_released"] = end + dt.timedelta(seconds=draw(st.integers(0, 3 * 3600)),
+                                                       microseconds=draw(st.sampled_from([0, 300_000])))
+            last_release = max(last_release, disk["disk_released"])
         intervals.append(instance(
             start, end, name=f"i-{n}", zone=draw(st.sampled_from(ZONES)),
             market=draw(st.sampled_from(["spot", "on_demand"])), itype=draw(st.sampled_from(TYPES)),
             steps_kept=draw(st.integers(0, 500)), seconds_per_step=draw(st.decimals(0, 5, places=2)),
             boot_restore_seconds=Decimal(draw(st.integers(0, 400))),
             checkpoint_stall_seconds=Decimal(draw(st.integers(0, 100))),
-            recomputed_steps=draw(st.integers(0, 50))))
+            recomputed_steps=draw(st.integers(0, 50)), **disk))
         cursor = start_s + (0 if running else length) + 1
-    now = base + dt.timedelta(seconds=cursor + draw(st.integers(0, 3600)))
+    now = max(base + dt.timedelta(seconds=cursor), last_release) + dt.timedelta(seconds=draw(st.integers(0, 3600)))
     return intervals, quotes, now
 
 
@@ -118,20 +153,52 @@ def test_it_matches_a_per_second_sum_of_the_price_in_force(history):
     intervals, quotes, now = history
     ledger = build_ledger(intervals, quotes, now)
     spent, months, baseline, waste = brute_force(intervals, quotes, now)
-    n = len(intervals)
-    assert close(ledger.spent, spent, n)
+    n = len(intervals)  # each instance's VM and stopped disk are rounded apart: two terms each
+    assert close(ledger.spent, spent, 2 * n)
     assert set(months) <= set(ledger.by_month)
     for month, value in months.items():
-        assert close(ledger.by_month[month].spent, value, n)
+        assert close(ledger.by_month[month].spent, value, 2 * n)
     assert close(ledger.baseline, baseline, n)
-    assert close(ledger.waste.total, waste, 3 * n)
+    assert close(ledger.waste.total, waste, 4 * n)
     # identities, as an extra check only
     assert close(ledger.savings, ledger.baseline - ledger.spent, 0)
-    assert close(sum(m.spent for m in ledger.by_month.values()), ledger.spent, 2 * n)
+    assert close(sum(m.spent for m in ledger.by_month.values()), ledger.spent, 4 * n)
     assert close(sum(m.baseline for m in ledger.by_month.values()), ledger.baseline, 4 * n)
+    assert close(sum(m.waste for m in ledger.by_month.values()), ledger.waste.total, 6 * n)
+    assert ledger.waste.stopped_disk == sum((c.waste.stopped_disk for c in ledger.instances), Decimal(0))
 
 
 # ---- worked examples and refusals ----
+
+def test_a_stopped_disk_bills_from_the_end_to_its_release_across_a_month_and_a_price_change():
+    t0 = dt.datetime(2026, 1, 31, 22, 0, tzinfo=UTC)
+    quotes = [quote("1.00", t0 - dt.timedelta(days=1)), disk_quote("73.00", t0 - dt.timedelta(days=1)),
+              disk_quote("146.00", t0 + dt.timedelta(hours=3))]  # 0.10 $/h, then 0.20 $/h
+    evicted = instance(t0, t0 + dt.timedelta(hours=1), stopped_disk="P10 LRS",
+                       disk_released=t0 + dt.timedelta(hours=4))
+    ledger = build_ledger([evicted], quotes, now=t0 + dt.timedelta(days=1))
+    assert ledger.waste.stopped_disk == Decimal("0.40")  # 23:00-01:00 at 0.10 + 01:00-02:00 at 0.20
+    assert ledger.spent == Decimal("1.40")
+    assert ledger.by_month["2026-01"].spent == Decimal("1.10")  # the VM's hour + the disk's first hour
+    assert ledger.by_month["2026-02"].waste == Decimal("0.30")
+    assert ledger.instances[0].stopped_disk_seconds == 3 * 3600
+    assert ledger.instances[0].billed_seconds == 3600, "a disk's seconds are not the VM's (GPU-hours)"
+
+    still_stopped = instance(t0, t0 + dt.timedelta(hours=1), stopped_disk="P10 LRS")
+    open_ledger = build_ledger([still_stopped], quotes, now=t0 + dt.timedelta(hours=2))
+    assert open_ledger.waste.stopped_disk == Decimal("0.10"), "billed up to now while not released"
+
+
+def test_it_refuses_a_stopped_disk_without_an_end_or_released_before_it():
+    t0 = dt.datetime(2026, 3, 1, tzinfo=UTC)
+    with pytest.raises(LedgerError, match="instance i-1: a stopped disk bills after the end, but it has none"):
+        instance(t0, None, stopped_disk="P10 LRS")
+    with pytest.raises(LedgerError, match="instance i-1: disk_released .* is before end"):
+        instance(t0, t0 + dt.timedelta(hours=1), stopped_disk="P10 LRS", disk_released=t0)
+    with pytest.raises(LedgerError, match="instance i-1's stopped disk: no disk price for aws/us-east-1/\\*/P10 LRS"):
+        build_ledger([instance(t0, t0 + dt.timedelta(hours=1), stopped_disk="P10 LRS")],
+                     [quote("1", t0)], now=t0 + dt.timedelta(hours=2))
+
 
 def test_it_splits_at_the_month_boundary_and_follows_a_mid_instance_price_change():
     t0 = dt.datetime(2026, 1, 31, 23, 0, tzinfo=UTC)
