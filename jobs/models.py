@@ -201,6 +201,16 @@ class Instance(models.Model):
     requested_action = models.CharField(max_length=24, blank=True)
     requested_action_at = models.DateTimeField(null=True, blank=True)
 
+    # A spot VM the cloud stops rather than deletes on eviction (Azure, eviction policy
+    # Deallocate) keeps its disk, billed until the VM is deleted.
+    stopped_disk_sku = models.CharField(
+        max_length=50, blank=True,
+        help_text="Price SKU of the disk this VM keeps while stopped (e.g. 'P10 LRS'); empty when an eviction "
+                  "leaves nothing billed. Recorded at launch.")
+    storage_released_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the control plane saw the evicted VM and its disk deleted; the disk bills until then.")
+
     class Meta:
         ordering = ["requested_at", "id"]
         constraints = [
@@ -218,10 +228,22 @@ class Instance(models.Model):
                 condition=Q(state__in=sorted(InstanceState.LIVE)),
                 name="instance_live_deadline_idx",
             ),
+            # The reconciler's sweep of evicted VMs whose disk still bills (few rows, asked each period).
+            models.Index(fields=["ended_at"], condition=Q(storage_released_at__isnull=True) & ~Q(stopped_disk_sku="")
+                         & Q(end_reason=EndReason.PREEMPTED), name="instance_disk_unreleased_idx"),
         ]
+
+    # The instances whose stopped disk bills after their end: evicted (ended preempted)
+    # with a disk the cloud keeps. jobs.costs prices them; reconcile deletes their VM.
+    DISK_KEPT = Q(end_reason=EndReason.PREEMPTED) & ~Q(stopped_disk_sku="")
 
     def __str__(self):
         return f"instance {self.pk} of job {self.job_id} rank {self.rank}"
+
+    @property
+    def disk_kept(self) -> bool:
+        """Whether its disk bills after its end (see DISK_KEPT)."""
+        return self.end_reason == EndReason.PREEMPTED and bool(self.stopped_disk_sku)
 
 
 class InstanceEvent(models.Model):
@@ -321,6 +343,24 @@ class PriceQuote(models.Model):
                 fields=["provider", "region", "zone", "instance_type", "market", "observed_at"],
                 name="price_quote_unique",
             )
+        ]
+
+
+class DiskPriceQuote(models.Model):
+    """A managed disk's list price per month in one region, kept like PriceQuote: every
+    quote ever seen, so the price in force at each moment prices a stopped disk."""
+
+    provider = models.CharField(max_length=20)
+    region = models.CharField(max_length=50)
+    sku = models.CharField(max_length=50, help_text="The cloud's price name, e.g. Azure's 'P10 LRS'.")
+    usd_per_month = models.DecimalField(max_digits=12, decimal_places=5)
+    observed_at = models.DateTimeField()
+    source = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["provider", "region", "sku", "observed_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "region", "sku", "observed_at"], name="disk_price_quote_unique"),
         ]
 
 

@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 DEFAULT_PRICE_BOOK = Path(__file__).parent / "data" / "pricebook.csv"
+DEFAULT_DISK_PRICES = Path(__file__).parent / "data" / "disk_prices.csv"
 
 PROVIDERS = ("aws", "gcp", "azure", "local")
 MARKETS = ("spot", "on_demand")
@@ -21,6 +22,7 @@ COLUMNS = (
     "provider", "region", "zone", "instance_type", "accelerator",
     "accelerator_count", "market", "usd_per_hour", "source", "as_of",
 )
+DISK_COLUMNS = ("provider", "region", "sku", "usd_per_month", "source", "as_of")
 
 
 class PriceBookError(ValueError):
@@ -39,6 +41,19 @@ class PriceBookEntry:
     accelerator_count: int
     market: str
     usd_per_hour: Decimal
+    source: str
+    as_of: dt.date
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DiskPriceEntry:
+    """A managed disk tier's list price per month (what a stopped VM's disk costs)."""
+
+    provider: str
+    region: str
+    sku: str
+    """The cloud's price name, e.g. Azure's "P10 LRS"."""
+    usd_per_month: Decimal
     source: str
     as_of: dt.date
 
@@ -77,55 +92,92 @@ class PriceBook:
         return (sum(spot) / len(spot)) / (sum(on_demand) / len(on_demand))
 
 
-def _parse_row(row: dict[str, str], line: int) -> PriceBookEntry:
-    def bad(column: str, why: str) -> PriceBookError:
-        return PriceBookError(f"price book line {line}, column {column!r}: {why} (got {row.get(column)!r})")
+class _Row:
+    """One CSV row's checked values; errors name the line and column."""
 
-    for column in ("provider", "region", "instance_type", "market", "usd_per_hour", "source", "as_of"):
-        if not (row.get(column) or "").strip():
-            raise bad(column, "must not be empty")
-    if row["provider"] not in PROVIDERS:
-        raise bad("provider", f"must be one of {', '.join(PROVIDERS)}")
+    def __init__(self, row: dict[str, str], line: int, required: tuple[str, ...]):
+        self.row, self.line = row, line
+        for column in required:
+            if not (row.get(column) or "").strip():
+                raise self.bad(column, "must not be empty")
+        if row["provider"] not in PROVIDERS:
+            raise self.bad("provider", f"must be one of {', '.join(PROVIDERS)}")
+
+    def bad(self, column: str, why: str) -> PriceBookError:
+        return PriceBookError(f"price book line {self.line}, column {column!r}: {why} (got {self.row.get(column)!r})")
+
+    def price(self, column: str) -> Decimal:
+        try:
+            price = Decimal(self.row[column])
+        except InvalidOperation:
+            raise self.bad(column, "must be a decimal number") from None
+        if not price.is_finite() or price <= 0:
+            raise self.bad(column, "must be a positive finite number")
+        return price
+
+    def as_of(self) -> dt.date:
+        try:
+            return dt.date.fromisoformat(self.row["as_of"])
+        except ValueError:
+            raise self.bad("as_of", "must be a date YYYY-MM-DD") from None
+
+
+def _parse_row(row: dict[str, str], line: int) -> PriceBookEntry:
+    checked = _Row(row, line, ("provider", "region", "instance_type", "market", "usd_per_hour", "source", "as_of"))
     if row["market"] not in MARKETS:
-        raise bad("market", f"must be one of {', '.join(MARKETS)}")
-    try:
-        price = Decimal(row["usd_per_hour"])
-    except InvalidOperation:
-        raise bad("usd_per_hour", "must be a decimal number") from None
-    if not price.is_finite() or price <= 0:
-        raise bad("usd_per_hour", "must be a positive finite number")
+        raise checked.bad("market", f"must be one of {', '.join(MARKETS)}")
+    price = checked.price("usd_per_hour")
     try:
         count = int(row["accelerator_count"] or "0")
     except ValueError:
-        raise bad("accelerator_count", "must be a whole number") from None
+        raise checked.bad("accelerator_count", "must be a whole number") from None
     if count < 0:
-        raise bad("accelerator_count", "must not be negative")
+        raise checked.bad("accelerator_count", "must not be negative")
     if bool(count) != bool(row["accelerator"].strip()):
-        raise bad("accelerator", "must be named exactly when accelerator_count > 0")
-    try:
-        as_of = dt.date.fromisoformat(row["as_of"])
-    except ValueError:
-        raise bad("as_of", "must be a date YYYY-MM-DD") from None
+        raise checked.bad("accelerator", "must be named exactly when accelerator_count > 0")
     return PriceBookEntry(
         provider=row["provider"], region=row["region"], zone=row["zone"].strip(),
         instance_type=row["instance_type"], accelerator=row["accelerator"].strip(),
         accelerator_count=count, market=row["market"], usd_per_hour=price,
-        source=row["source"], as_of=as_of,
+        source=row["source"], as_of=checked.as_of(),
     )
 
 
-def parse_price_book(text: str) -> PriceBook:
+def _parse_disk_row(row: dict[str, str], line: int) -> DiskPriceEntry:
+    checked = _Row(row, line, DISK_COLUMNS)
+    return DiskPriceEntry(provider=row["provider"], region=row["region"], sku=row["sku"],
+                          usd_per_month=checked.price("usd_per_month"), source=row["source"], as_of=checked.as_of())
+
+
+def _rows(text: str, columns: tuple[str, ...], parse) -> list:
     reader = csv.DictReader(text.splitlines())
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or ())]
+    missing = [c for c in columns if c not in (reader.fieldnames or ())]
     if missing:
         raise PriceBookError(f"price book header lacks column(s): {', '.join(missing)}")
     entries = []
     for line, row in enumerate(reader, start=2):
         if None in row or any(v is None for v in row.values()):
-            raise PriceBookError(f"price book line {line}: expected {len(COLUMNS)} columns")
-        entries.append(_parse_row(row, line))
-    return PriceBook(entries)
+            raise PriceBookError(f"price book line {line}: expected {len(columns)} columns")
+        entries.append(parse(row, line))
+    return entries
+
+
+def parse_price_book(text: str) -> PriceBook:
+    return PriceBook(_rows(text, COLUMNS, _parse_row))
 
 
 def load_price_book(path: Path | str = DEFAULT_PRICE_BOOK) -> PriceBook:
     return parse_price_book(Path(path).read_text(encoding="utf-8"))
+
+
+def parse_disk_prices(text: str) -> list[DiskPriceEntry]:
+    entries = _rows(text, DISK_COLUMNS, _parse_disk_row)
+    keys = [(e.provider, e.region, e.sku, e.as_of) for e in entries]
+    if len(set(keys)) != len(keys):
+        raise PriceBookError(f"disk prices: duplicate price for {next(k for k in keys if keys.count(k) > 1)}")
+    return entries
+
+
+def load_disk_prices(path: Path | str = DEFAULT_DISK_PRICES) -> list[DiskPriceEntry]:
+    """The shipped monthly prices of the managed disk tiers Azure VMs get (the refresher adds newer ones)."""
+    return parse_disk_prices(Path(path).read_text(encoding="utf-8"))

@@ -1,9 +1,12 @@
-"""Price refreshers: fetch the clouds' current prices into PriceQuote.
+"""Price refreshers: fetch the clouds' current prices into PriceQuote (and Azure's
+managed disk prices into DiskPriceQuote).
 
 One refresher per cloud that publishes prices (`REFRESHERS`); each asks only for
 the regions and instance types the database already prices (the shipped price
-book at least) and inserts every new quote, never changing an old one, so the
-cost ledger can use the price in force at each moment.
+book at least), Azure's also for its OS disk tiers in those regions (the
+configured tier, and those already priced or kept by instances), and inserts
+every new quote, never changing an old one, so the cost ledger can use the
+price in force at each moment.
 
     refresh("azure")  ->  RefreshResult(provider="azure", seen=16, added=16)
 """
@@ -16,7 +19,7 @@ from dataclasses import dataclass, replace
 from django.utils import timezone
 
 from jobs.pricing.config import RefreshConfig
-from jobs.pricing.quotes import PriceRefreshError, Quote, priced_types, store_quotes
+from jobs.pricing.quotes import PriceRefreshError, Quote, priced_disks, priced_types, store_quotes
 
 __all__ = ["REFRESHERS", "PriceRefreshError", "RefreshConfig", "RefreshResult", "refresh"]
 
@@ -60,13 +63,24 @@ def _batches(provider: str, wanted: dict[str, set[str]], config: RefreshConfig):
         for region, types in sorted(wanted.items()):
             yield from spot_quote_pages(region, types, config, now)
     elif provider == "azure":
-        from jobs.pricing.azure import retail_quote_pages
+        from jobs.pricing.azure import disk_quote_pages, retail_quote_pages
 
         yield from retail_quote_pages(wanted, config)
+        yield from disk_quote_pages(set(wanted), priced_disks("azure") | {_configured_azure_disk()}, config)
     else:
         from jobs.pricing.gcp import catalog_quotes
 
         yield _changed(_in_known_zones(list(catalog_quotes(wanted, config))))
+
+
+def _configured_azure_disk() -> str:
+    """The price SKU of the OS disk this deployment's Azure VMs get (AzureConfig.os_disk_tier)."""
+    from django.conf import settings
+
+    from jobs.providers.azure import DEFAULT_OS_DISK_TIER, os_disk_price_sku
+
+    config = settings.RESPAWN["PROVIDER_CONFIG"].get("azure", {})
+    return os_disk_price_sku(config.get("os_disk_tier", DEFAULT_OS_DISK_TIER))
 
 
 def _in_known_zones(quotes: list[Quote]) -> list[Quote]:

@@ -5,6 +5,12 @@ Windows, the retired Low Priority, reservations and Dev/Test. Two of them are
 prices we pay for a Linux VM: pay-as-you-go (on_demand) and Spot (spot). A
 meter's kind shows only in its names: "Spot" / "Low Priority" in meterName,
 "Windows" in productName. Prices are per region (zone "").
+
+Managed disks are listed under serviceName "Storage": a tier's monthly price is
+the meter "<skuName> Disk" (e.g. skuName "P10 LRS", meterName "P10 LRS Disk",
+unitOfMeasure "1/Month"); the same tier's other meters (mount, operations,
+bursting) are not what a stopped VM's disk costs. They are kept per month
+(DiskPriceQuote); the ledger prorates them by the second.
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from urllib.parse import urlsplit
 import requests
 
 from jobs.pricing.config import RefreshConfig
-from jobs.pricing.quotes import BadRow, PriceRefreshError, Quote, decode_json_object, field, hourly_price, \
-    skip_bad_row, utc_timestamp
+from jobs.pricing.quotes import BadRow, DiskQuote, PriceRefreshError, Quote, decode_json_object, field, \
+    hourly_price, monthly_price, skip_bad_row, utc_timestamp
 
 SOURCE = "azure retail prices"
 
@@ -29,15 +35,32 @@ def price_filter(wanted: dict[str, set[str]]) -> str:
     return f"serviceName eq 'Virtual Machines' and priceType eq 'Consumption' and ({regions}) and ({sizes})"
 
 
+def disk_filter(regions: set[str], skus: set[str]) -> str:
+    """OData $filter for the managed disk tiers (skuName, e.g. 'P10 LRS') in the regions asked for."""
+    where = " or ".join(f"armRegionName eq {_literal(r)}" for r in sorted(regions))
+    tiers = " or ".join(f"skuName eq {_literal(s)}" for s in sorted(skus))
+    return f"serviceName eq 'Storage' and priceType eq 'Consumption' and ({where}) and ({tiers})"
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"  # OData doubles a quote inside a string
 
 
 def retail_quote_pages(wanted: dict[str, set[str]], config: RefreshConfig) -> Iterator[list[Quote]]:
-    url, params = config.azure_prices_url, {"$filter": price_filter(wanted)}
+    for page in _pages(price_filter(wanted), config):
+        yield [q for q in parse_page(page) if q.instance_type in wanted.get(q.region, ())]
+
+
+def disk_quote_pages(regions: set[str], skus: set[str], config: RefreshConfig) -> Iterator[list[DiskQuote]]:
+    for page in _pages(disk_filter(regions, skus), config):
+        yield [q for q in parse_page(page, parse_disk_item) if q.region in regions and q.sku in skus]
+
+
+def _pages(odata_filter: str, config: RefreshConfig) -> Iterator[dict]:
+    url, params = config.azure_prices_url, {"$filter": odata_filter}
     for _ in range(config.max_pages):
         page = _get_page(url, params, config)
-        yield [q for q in parse_page(page) if q.instance_type in wanted.get(q.region, ())]
+        yield page
         link = page.get("NextPageLink")
         if not link:
             return
@@ -67,13 +90,15 @@ def _get_page(url: str, params: dict | None, config: RefreshConfig) -> dict:
     return decode_json_object(answer.text, SOURCE)
 
 
-def parse_page(page: dict) -> Iterator[Quote]:
+def parse_page(page: dict, parse=None) -> Iterator[Quote | DiskQuote]:
+    """The page's quotes, each item read by `parse` (VM meters: `parse_item`)."""
+    parse = parse or parse_item
     items = page.get("Items")
     if not isinstance(items, list):
         raise PriceRefreshError(f"{SOURCE}: a page without an Items list")
     for item in items:
         try:
-            quote = parse_item(item)
+            quote = parse(item)
         except BadRow as exc:
             skip_bad_row(SOURCE, item, exc)
             continue
@@ -97,4 +122,22 @@ def parse_item(item: object) -> Quote | None:
         usd_per_hour=hourly_price(field(item, "retailPrice", (int, float, str)), "retailPrice"),
         observed_at=utc_timestamp(field(item, "effectiveStartDate", str), "effectiveStartDate"),
         source=f"{SOURCE} meter {meter!r}"[:300],
+    )
+
+
+def parse_disk_item(item: object) -> DiskQuote | None:
+    """The item's monthly price of a managed disk tier; None for the tier's other meters."""
+    sku = field(item, "skuName", str)
+    meter = field(item, "meterName", str)
+    if field(item, "type", str) != "Consumption" or meter != f"{sku} Disk":
+        return None
+    if field(item, "unitOfMeasure", str) != "1/Month":
+        raise BadRow(f"unitOfMeasure {item['unitOfMeasure']!r} is not '1/Month'")
+    if field(item, "currencyCode", str) != "USD":
+        raise BadRow(f"currencyCode {item['currencyCode']!r} is not 'USD'")
+    return DiskQuote(
+        provider="azure", region=field(item, "armRegionName", str), sku=sku,
+        usd_per_month=monthly_price(field(item, "retailPrice", (int, float, str)), "retailPrice"),
+        observed_at=utc_timestamp(field(item, "effectiveStartDate", str), "effectiveStartDate"),
+        source=f"{SOURCE} meter {meter!r} of {field(item, 'productName', str)!r}"[:300],
     )

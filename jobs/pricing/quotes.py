@@ -16,13 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from jobs.models import PriceQuote
+from jobs.models import DiskPriceQuote, Instance, PriceQuote
 
 log = logging.getLogger(__name__)
 
-# PriceQuote.usd_per_hour is DECIMAL(10, 5).
+# PriceQuote.usd_per_hour is DECIMAL(10, 5); DiskPriceQuote.usd_per_month DECIMAL(12, 5).
 PRICE_PLACES = Decimal("0.00001")
 PRICE_LIMIT = Decimal(10) ** 5
+MONTHLY_PRICE_LIMIT = Decimal(10) ** 7
 NAME_LIMIT = 50
 SOURCE_LIMIT = 300
 ROW_REPR_LIMIT = 300  # a garbage row can be huge; its log line should not be
@@ -34,6 +35,16 @@ class PriceRefreshError(Exception):
 
 class BadRow(ValueError):
     """One row of a page cannot be used; the message says which field and why."""
+
+
+def _fits_columns(quote, names: tuple[str, ...]) -> None:
+    """The limits of the quote tables' columns: a value beyond them would fail the whole insert."""
+    for name in names:
+        value = getattr(quote, name)
+        if len(value) > NAME_LIMIT or not value.isprintable():
+            raise BadRow(f"{name} {value!r:.80} is not a name of at most {NAME_LIMIT} printable characters")
+    if len(quote.source) > SOURCE_LIMIT:
+        raise BadRow(f"source is longer than {SOURCE_LIMIT} characters")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,16 +59,45 @@ class Quote:
     source: str
 
     def __post_init__(self) -> None:
-        # The limits of PriceQuote's columns: a value beyond them would fail the whole insert.
-        for name in ("region", "zone", "instance_type"):
-            value = getattr(self, name)
-            if len(value) > NAME_LIMIT or not value.isprintable():
-                raise BadRow(f"{name} {value!r:.80} is not a name of at most {NAME_LIMIT} printable characters")
-        if len(self.source) > SOURCE_LIMIT:
-            raise BadRow(f"source is longer than {SOURCE_LIMIT} characters")
+        _fits_columns(self, ("region", "zone", "instance_type"))
 
     def key(self) -> tuple:
         return (self.provider, self.region, self.zone, self.instance_type, self.market, self.observed_at)
+
+    @property
+    def price(self) -> Decimal:
+        return self.usd_per_hour
+
+    def row(self) -> PriceQuote:
+        return PriceQuote(provider=self.provider, region=self.region, zone=self.zone, instance_type=self.instance_type,
+                          market=self.market, usd_per_hour=self.usd_per_hour, observed_at=self.observed_at,
+                          source=self.source)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DiskQuote:
+    """A managed disk's price per month in a region (DESIGN §8: a stopped VM's disk)."""
+
+    provider: str
+    region: str
+    sku: str
+    usd_per_month: Decimal
+    observed_at: dt.datetime
+    source: str
+
+    def __post_init__(self) -> None:
+        _fits_columns(self, ("region", "sku"))
+
+    def key(self) -> tuple:
+        return (self.provider, self.region, self.sku, self.observed_at)
+
+    @property
+    def price(self) -> Decimal:
+        return self.usd_per_month
+
+    def row(self) -> DiskPriceQuote:
+        return DiskPriceQuote(provider=self.provider, region=self.region, sku=self.sku,
+                              usd_per_month=self.usd_per_month, observed_at=self.observed_at, source=self.source)
 
 
 def skip_bad_row(source: str, row: object, error: BadRow) -> None:
@@ -101,7 +141,16 @@ def _kind_name(kind) -> str:
 
 
 def hourly_price(value: object, name: str) -> Decimal:
-    """A positive USD amount that fits PriceQuote, rounded to its five places."""
+    """A positive USD amount per hour that fits PriceQuote, rounded to its five places."""
+    return _price(value, name, PRICE_LIMIT, "per hour")
+
+
+def monthly_price(value: object, name: str) -> Decimal:
+    """A positive USD amount per month that fits DiskPriceQuote, rounded to its five places."""
+    return _price(value, name, MONTHLY_PRICE_LIMIT, "per month")
+
+
+def _price(value: object, name: str, limit: Decimal, unit: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, (str, int, float, Decimal)):
         raise BadRow(f"{name} must be a number (got {value!r:.60})")
     try:
@@ -110,8 +159,8 @@ def hourly_price(value: object, name: str) -> Decimal:
         raise BadRow(f"{name} is not a number (got {value!r:.60})") from None
     if not price.is_finite() or price <= 0:
         raise BadRow(f"{name} must be a positive finite number (got {value!r:.60})")
-    if price >= PRICE_LIMIT:
-        raise BadRow(f"{name} {price} is beyond {PRICE_LIMIT} USD per hour")
+    if price >= limit:
+        raise BadRow(f"{name} {price} is beyond {limit} USD {unit}")
     rounded = price.quantize(PRICE_PLACES)
     if rounded == 0:
         raise BadRow(f"{name} {price} rounds to zero at five decimal places")
@@ -142,23 +191,25 @@ def as_utc(value: dt.datetime, name: str) -> dt.datetime:
         raise BadRow(f"{name} is out of range in UTC (got {value!r:.60})") from None
 
 
-def store_quotes(quotes: Iterable[Quote]) -> int:
-    """Insert the quotes not yet stored; returns how many were new. A quote is
-    never updated: the price in force at a past moment must stay what it was."""
-    unique: dict[tuple, Quote] = {}
+def store_quotes(quotes: Iterable[Quote | DiskQuote]) -> int:
+    """Insert the quotes (VM or disk) not yet stored; returns how many were new. A quote
+    is never updated: the price in force at a past moment must stay what it was."""
+    unique: dict[tuple, Quote | DiskQuote] = {}
     for quote in quotes:
-        kept = unique.setdefault(quote.key(), quote)
-        if kept.usd_per_hour != quote.usd_per_hour:
+        kept = unique.setdefault((type(quote), *quote.key()), quote)
+        if kept.price != quote.price:
             log.warning("two prices for %s observed at the same time (%s and %s): kept the first",
-                        kept.key()[:5], kept.usd_per_hour, quote.usd_per_hour)
-    if not unique:
-        return 0
-    rows = [PriceQuote(provider=q.provider, region=q.region, zone=q.zone, instance_type=q.instance_type,
-                       market=q.market, usd_per_hour=q.usd_per_hour, observed_at=q.observed_at, source=q.source)
-            for q in unique.values()]
-    before = PriceQuote.objects.count()
-    PriceQuote.objects.bulk_create(rows, ignore_conflicts=True)
-    return PriceQuote.objects.count() - before
+                        kept.key()[:-1], kept.price, quote.price)
+    by_model: dict[type, list] = {}
+    for quote in unique.values():
+        row = quote.row()
+        by_model.setdefault(type(row), []).append(row)
+    added = 0
+    for model, rows in by_model.items():
+        before = model.objects.count()
+        model.objects.bulk_create(rows, ignore_conflicts=True)
+        added += model.objects.count() - before
+    return added
 
 
 def priced_types(provider: str) -> dict[str, set[str]]:
@@ -169,3 +220,10 @@ def priced_types(provider: str) -> dict[str, set[str]]:
     for region, instance_type in rows:
         wanted.setdefault(region, set()).add(instance_type)
     return wanted
+
+
+def priced_disks(provider: str) -> set[str]:
+    """Disk SKUs the database prices or its instances keep for this provider."""
+    return (set(DiskPriceQuote.objects.filter(provider=provider).values_list("sku", flat=True).distinct())
+            | set(Instance.objects.filter(provider=provider).exclude(stopped_disk_sku="")
+                  .values_list("stopped_disk_sku", flat=True).distinct()))

@@ -3,8 +3,10 @@
 Serves the real JSON shape: `Items`, `NextPageLink` (absolute, with the port, as
 Azure writes it), `Count`, `BillingCurrency`... Each VM size comes with the meters
 Azure lists for it: Linux and Windows, pay-as-you-go, Spot and Low Priority,
-reservations and Dev/Test. The `$filter` is applied for the clauses the refresher
-sends (`serviceName`, `priceType`, `armRegionName`, `armSkuName` with `eq`/`or`),
+reservations and Dev/Test; each managed disk tier with the meters Azure lists under
+serviceName "Storage" (the disk itself, its mount meter, the zone-redundant twin).
+The `$filter` is applied for the clauses the refresher sends (`serviceName`,
+`priceType`, `armRegionName`, `armSkuName`, `skuName` with `eq`/`or`),
 so a wrong filter shows up as wrong rows. Pages of `page_size` items, skipped by
 `$skip` as Azure does.
 
@@ -59,6 +61,15 @@ class AzurePricesEmulator(JsonHttpEmulator):
         ):
             self.add_item(**meter_row(arm_sku, region, meter, product_name, price, kind, effective))
 
+    def add_disk_tier(self, tier: str, region: str, *, per_month: float, effective: str = "2024-06-01T00:00:00Z",
+                      product: str = "Premium SSD Managed Disks") -> None:
+        """The meters Azure lists for one managed disk tier in one region: the disk's
+        monthly price (the one we keep) and two we must not."""
+        for sku, meter, price in ((f"{tier} LRS", f"{tier} LRS Disk", per_month),
+                                  (f"{tier} LRS", f"{tier} LRS Disk Mount", round(per_month * 0.06, 4)),
+                                  (f"{tier} ZRS", f"{tier} ZRS Disk", round(per_month * 1.5, 2))):
+            self.add_item(**disk_row(sku, region, meter, product, price, effective))
+
     def _prices(self, match, query, body):
         selected = [item for item in self.items if matches(item, query.get("$filter", ""))]
         skip = int(query.get("$skip", 0))
@@ -85,6 +96,18 @@ def meter_row(arm_sku: str, region: str, meter: str, product: str, price: float,
     if kind == "Reservation":
         row.update(unitOfMeasure="1 Hour", reservationTerm="1 Year")
     return row
+
+
+def disk_row(sku: str, region: str, meter: str, product: str, price: float, effective: str) -> dict:
+    """As Azure lists a managed disk meter: no armSkuName, the tier in skuName, priced per month."""
+    return {
+        "currencyCode": "USD", "tierMinimumUnits": 0.0, "retailPrice": price, "unitPrice": price,
+        "armRegionName": region, "location": region.upper(), "effectiveStartDate": effective,
+        "meterId": str(uuid.uuid4()), "meterName": meter, "productId": "DZH318Z0BP04",
+        "skuId": "DZH318Z0BP04/00" + sku[:2].upper(), "productName": product, "skuName": sku,
+        "serviceName": "Storage", "serviceId": "DZH317F1HKN0", "serviceFamily": "Storage",
+        "unitOfMeasure": "1/Month", "type": "Consumption", "isPrimaryMeterRegion": True, "armSkuName": "",
+    }
 
 
 def matches(item: dict, odata_filter: str) -> bool:

@@ -9,11 +9,11 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import PriceQuote
+from jobs.models import DiskPriceQuote, PriceQuote
 from jobs.pricing import PriceRefreshError, refresh
-from jobs.pricing.azure import price_filter
+from jobs.pricing.azure import disk_filter, price_filter
 from jobs.tasks import refresh_prices
-from tests.emulators.azure_prices import AzurePricesEmulator, meter_row
+from tests.emulators.azure_prices import AzurePricesEmulator, disk_row, meter_row
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +55,7 @@ def test_only_linux_pay_as_you_go_and_linux_spot_become_quotes(azure):
 def test_it_follows_next_page_link_with_the_filter_on_every_page(azure):
     refresh("azure")
 
-    calls = azure.requests_to("GET", "/api/retail/prices")
+    calls = [c for c in azure.requests_to("GET", "/api/retail/prices") if "Virtual Machines" in c.query["$filter"]]
     assert len(calls) == 3  # two sizes of the book × five Consumption meters, 4 a page
     assert [c.query.get("$skip") for c in calls] == [None, "4", "8"]
     sent = {c.query["$filter"] for c in calls}
@@ -125,3 +125,57 @@ def test_more_pages_than_allowed_stops_with_an_error_keeping_the_pages_read(azur
 
     assert len(azure.requests_to("GET", "/api/retail/prices")) == 2
     assert PriceQuote.objects.filter(provider="azure", observed_at__year=2026).exists()
+
+
+# ---- managed disks: what an evicted, deallocated VM keeps billing ----
+
+def refreshed_disks():
+    return {(q.region, q.sku): q.usd_per_month for q in DiskPriceQuote.objects.filter(observed_at__year=2026)}
+
+
+def test_the_disk_meter_of_each_wanted_tier_becomes_a_monthly_quote(azure):
+    azure.add_disk_tier("P10", "eastus", per_month=19.71, effective=NOVEMBER)
+    azure.add_disk_tier("P10", "westeurope", per_month=21.68, effective=NOVEMBER)
+    azure.add_disk_tier("P20", "eastus", per_month=73.22, effective=NOVEMBER)  # no VM of ours has one
+
+    result = refresh("azure")
+
+    assert result.added == 4 + 2  # the VM meters, then one disk meter per region; no mount, ZRS or P20
+    assert refreshed_disks() == {("eastus", "P10 LRS"): Decimal("19.71000"),
+                                 ("westeurope", "P10 LRS"): Decimal("21.68000")}
+    quote = DiskPriceQuote.objects.get(region="eastus", observed_at__year=2026)
+    assert quote.observed_at == dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
+    assert "'P10 LRS Disk'" in quote.source and "Premium SSD Managed Disks" in quote.source
+    [disks] = {c.query["$filter"] for c in azure.requests_to("GET", "/api/retail/prices")
+               if "Storage" in c.query["$filter"]}
+    assert disks == disk_filter({"eastus", "westeurope"}, {"P10 LRS"})
+    assert refresh("azure").added == 0, "every quote is kept once"
+
+
+def test_it_asks_for_the_configured_os_disk_tier_too(azure, settings):
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDER_CONFIG": {"azure": {"os_disk_tier": "E10"}}}
+    azure.add_disk_tier("E10", "eastus", per_month=9.6, effective=NOVEMBER, product="Standard SSD Managed Disks")
+
+    refresh("azure")
+
+    assert refreshed_disks() == {("eastus", "E10 LRS"): Decimal("9.60000")}
+
+
+def test_a_disk_row_not_priced_per_month_is_skipped_with_a_log_line(azure, caplog):
+    hourly = disk_row("P10 LRS", "eastus", "P10 LRS Disk", "Premium SSD Managed Disks", 0.027, NOVEMBER)
+    hourly["unitOfMeasure"] = "1 Hour"
+    azure.items.append(hourly)
+
+    with caplog.at_level(logging.WARNING, logger="jobs.pricing"):
+        refresh("azure")
+
+    assert refreshed_disks() == {}
+    [line] = [r.getMessage() for r in caplog.records if "skipped row" in r.getMessage()]
+    assert "'1 Hour' is not '1/Month'" in line
+
+
+def test_the_disk_filter_names_every_region_and_tier():
+    assert disk_filter({"westeurope", "eastus"}, {"P10 LRS", "E10 LRS"}) == (
+        "serviceName eq 'Storage' and priceType eq 'Consumption' and "
+        "(armRegionName eq 'eastus' or armRegionName eq 'westeurope') and "
+        "(skuName eq 'E10 LRS' or skuName eq 'P10 LRS')")
