@@ -58,6 +58,15 @@ ERROR_CODES = ErrorCodes(
 )
 
 EVICTION_POLICIES = ("Delete", "Deallocate")
+DEFAULT_OS_DISK_TIER = "P10"
+# Managed disk tiers an OS disk may take: tier -> (storage account type, size in GiB).
+# A tier's price is per month whatever of it is used; the Retail Prices API names it
+# "<tier> LRS" (skuName), e.g. "P10 LRS".
+OS_DISK_TIERS = {
+    **{f"P{n}": ("Premium_LRS", gib) for n, gib in ((4, 32), (6, 64), (10, 128), (15, 256), (20, 512), (30, 1024))},
+    **{f"E{n}": ("StandardSSD_LRS", gib) for n, gib in ((4, 32), (6, 64), (10, 128), (15, 256), (20, 512), (30, 1024))},
+    **{f"S{n}": ("Standard_LRS", gib) for n, gib in ((4, 32), (6, 64), (10, 128), (15, 256), (20, 512), (30, 1024))},
+}
 URN = re.compile(r"[^:]+:[^:]+:[^:]+:[^:]+")
 POWER_STATES = {
     "starting": CloudState.PENDING,
@@ -89,6 +98,11 @@ class AzureConfig:
     """Image URN (publisher:offer:sku:version) used when a launch request names none."""
     eviction_policy: str = "Delete"
     """Delete: an evicted VM is gone. Deallocate: it stays stopped and its disk keeps billing."""
+    os_disk_tier: str = DEFAULT_OS_DISK_TIER
+    """The OS disk's managed disk tier (a key of OS_DISK_TIERS): P10 is a 128 GiB Premium SSD,
+    room for the image, CUDA wheels and the pip cache, on the storage every GPU size
+    supports and that boots and installs fastest. With Deallocate it is what a stopped
+    VM bills until deleted, priced from the Retail Prices API's "<tier> LRS" meter."""
     polling_interval_s: float = 15.0
     """Pause between polls of a long-running operation (ARM's Retry-After wins when sent)."""
     retry_total: int = 3
@@ -102,6 +116,9 @@ class AzureConfig:
             raise ValueError(f"AzureConfig.eviction_policy must be one of {EVICTION_POLICIES}, got {self.eviction_policy!r}")
         if not URN.fullmatch(self.image):
             raise ValueError(f"AzureConfig.image must be an image URN 'publisher:offer:sku:version', got {self.image!r}")
+        if self.os_disk_tier not in OS_DISK_TIERS:
+            raise ValueError(f"AzureConfig.os_disk_tier must be one of {', '.join(OS_DISK_TIERS)}, "
+                             f"got {self.os_disk_tier!r}")
         if self.polling_interval_s < 0 or self.retry_total < 0:
             raise ValueError("AzureConfig.polling_interval_s and retry_total must not be negative")
 
@@ -151,6 +168,10 @@ class AzureProvider(Provider):
         # A deallocated VM keeps its managed OS disk, billed by the month until deleted.
         return self.config.eviction_policy == "Deallocate"
 
+    @property
+    def stopped_storage_sku(self) -> str:
+        return os_disk_price_sku(self.config.os_disk_tier) if self.bills_storage_when_stopped else ""
+
     def vm_name(self, instance_id: int) -> str:
         return f"respawn-{instance_id}"
 
@@ -188,7 +209,7 @@ class AzureProvider(Provider):
             hardware_profile=m.HardwareProfile(vm_size=placement.instance_type),
             storage_profile=m.StorageProfile(
                 image_reference=m.ImageReference(publisher=publisher, offer=offer, sku=sku, version=version),
-                os_disk=m.OSDisk(create_option="FromImage", delete_option="Delete"),
+                os_disk=self._os_disk(),
             ),
             os_profile=m.OSProfile(
                 computer_name=name,
@@ -232,6 +253,13 @@ class AzureProvider(Provider):
             properties=properties,
         )
 
+    def _os_disk(self):
+        m = self._models
+        account_type, size_gib = OS_DISK_TIERS[self.config.os_disk_tier]
+        # Deleted with the VM, so terminating an evicted, deallocated VM ends its disk's billing too.
+        return m.OSDisk(create_option="FromImage", delete_option="Delete", disk_size_gb=size_gib,
+                        managed_disk=m.ManagedDiskParameters(storage_account_type=account_type))
+
     def terminate(self, provider_instance_id: str) -> None:
         self._delete(provider_instance_id)
 
@@ -255,6 +283,11 @@ class AzureProvider(Provider):
             tagged = [vm for vm in self._vms.list(self.config.resource_group) if TAG_INSTANCE in (vm.tags or {})]
             # The list carries no power state; a deallocated VM must not read as running.
             return [_cloud_instance(vm, self._vms.instance_view(self.config.resource_group, vm.name).statuses) for vm in tagged]
+
+
+def os_disk_price_sku(tier: str) -> str:
+    """The Retail Prices API's skuName of a locally redundant disk of `tier`."""
+    return f"{tier} LRS"
 
 
 def _max_price(request: LaunchRequest) -> float:

@@ -104,6 +104,9 @@ class Provider(ABC):
     # Whether a VM in CloudState.STOPPED still costs money (e.g. an Azure VM
     # deallocated by eviction keeps its disk): the ledger says so while it lasts.
     bills_storage_when_stopped: bool = False
+    # The price SKU of that storage (a DiskPriceQuote's sku), recorded on each spot
+    # instance at launch; empty when a stopped VM bills nothing.
+    stopped_storage_sku: str = ""
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> str:

@@ -67,7 +67,10 @@ def test_it_creates_a_spot_vm_with_eviction_policy_max_price_custom_data_and_tag
     assert query["api-version"]
     # The create's long-running operation was polled to Succeeded before launch returned.
     assert azure.describe(name).state == CloudState.RUNNING
-    assert not azure.bills_storage_when_stopped
+    assert not azure.bills_storage_when_stopped and azure.stopped_storage_sku == ""
+    # The OS disk is the configured tier (P10: a 128 GiB Premium SSD), deleted with the VM.
+    assert props["storageProfile"]["osDisk"] == {"createOption": "FromImage", "deleteOption": "Delete",
+                                                 "diskSizeGB": 128, "managedDisk": {"storageAccountType": "Premium_LRS"}}
 
 
 def test_it_sends_max_price_minus_one_when_none_is_set(azure, arm):
@@ -117,13 +120,27 @@ def test_it_sees_a_deallocated_vm_as_stopped_and_starts_it_again_instead_of_recr
 
     assert azure.describe(name).state == CloudState.STOPPED
     assert [vm.state for vm in azure.list_ours()] == [CloudState.STOPPED]
-    assert azure.bills_storage_when_stopped
+    assert azure.bills_storage_when_stopped and azure.stopped_storage_sku == "P10 LRS"
 
     assert azure.launch(azure_request()) == name
     assert azure.describe(name).state == CloudState.RUNNING
     assert len(arm.create_bodies()) == 1
     assert arm.requests_to("POST", f"/virtualMachines/{name}/start")
     assert arm.create_bodies()[0][1]["properties"]["evictionPolicy"] == "Deallocate"
+
+
+def test_the_os_disk_tier_is_configurable_and_priced_by_its_lrs_meter(arm):
+    azure = azure_provider(arm, eviction_policy="Deallocate", os_disk_tier="E20")
+    azure.launch(azure_request())
+
+    os_disk = arm.create_bodies()[0][1]["properties"]["storageProfile"]["osDisk"]
+    assert (os_disk["diskSizeGB"], os_disk["managedDisk"]) == (512, {"storageAccountType": "StandardSSD_LRS"})
+    assert azure.stopped_storage_sku == "E20 LRS"
+
+
+def test_an_unknown_os_disk_tier_is_refused_naming_the_field(arm):
+    with pytest.raises(ValueError, match="AzureConfig.os_disk_tier must be one of P4, .* got 'P11'"):
+        azure_provider(arm, os_disk_tier="P11")
 
 
 def test_it_lists_only_tagged_vms(azure, arm):
