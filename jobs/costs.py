@@ -19,6 +19,10 @@ instance's interval and work were, from what the control plane recorded:
   same slot had already reached.
 - Boot/restore: billed time before the instance's first heartbeat (all of it
   when it never sent one). Checkpoint stalls: Σ Checkpoint.stall_s.
+- A stopped disk: an instance that ended preempted with a disk its cloud keeps
+  (`Instance.DISK_KEPT`: an Azure spot VM evicted with policy Deallocate) bills that
+  disk from `ended_at` until `storage_released_at` (the reconciler saw the VM
+  deleted), or up to now while it is not.
 
 A team's month is the sum of its jobs' months (each job's ledger reports its own
 share of the month), so the jobs of a month add up to the team's figure.
@@ -43,7 +47,8 @@ from django.utils import timezone
 
 from jobs import ledger
 from jobs.choices import EndReason, InstanceState, InterruptionKind
-from jobs.models import Checkpoint, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint, PriceQuote
+from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint,
+                         PriceQuote)
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 
@@ -68,6 +73,9 @@ class InstanceWork:
     seconds_per_step: Decimal
     boot_restore_seconds: Decimal
     checkpoint_stall_seconds: Decimal
+    stopped_disk: str = ""
+    """Price SKU of the disk billed after its end ("" when none)."""
+    disk_released: dt.datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -193,11 +201,14 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
         until = m.first_heartbeat if m else (end or now)
         booting = max(Decimal(0), Decimal(str((min(until, end or now) - start).total_seconds())))
         kept, redone = steps[instance.pk]
+        disk = instance.disk_kept and end is not None
         work[instance.pk] = InstanceWork(
             instance_id=instance.pk, job_id=instance.job_id, rank=instance.rank, billed_from=start, billed_to=end,
             resume_step=instance.resume_step, last_step=instance.last_step, steps_kept=kept, recomputed_steps=redone,
             seconds_per_step=rate, boot_restore_seconds=booting,
             checkpoint_stall_seconds=stalls.get(instance.pk, Decimal(0)),
+            stopped_disk=instance.stopped_disk_sku if disk else "",
+            disk_released=instance.storage_released_at if disk else None,
         )
     return work
 
@@ -209,28 +220,36 @@ def _interval(instance: Instance, work: InstanceWork) -> ledger.InstanceInterval
         steps_kept=work.steps_kept, seconds_per_step=work.seconds_per_step,
         boot_restore_seconds=work.boot_restore_seconds, checkpoint_stall_seconds=work.checkpoint_stall_seconds,
         recomputed_steps=work.recomputed_steps,
+        stopped_disk=work.stopped_disk, disk_released=work.disk_released,
     )
 
 
-def price_index(instances, now: dt.datetime) -> ledger.PriceIndex:
-    """Every quote that can be in force for these instances (both markets: the baseline needs on-demand)."""
+def price_index(instances, now: dt.datetime, disks=()) -> ledger.PriceIndex:
+    """Every quote that can be in force for these instances (both markets: the baseline
+    needs on-demand), and those of the stopped disks `disks` ((provider, region, sku) each)."""
     keys = {(i.provider, i.region, i.instance_type) for i in instances}
     if not keys:
         return ledger.PriceIndex([])
     where = reduce(or_, (Q(provider=p, region=r, instance_type=t) for p, r, t in keys))
     rows = PriceQuote.objects.filter(where, observed_at__lte=now).values_list(
         "provider", "region", "zone", "instance_type", "market", "usd_per_hour", "observed_at")
-    return ledger.PriceIndex(
-        ledger.PriceQuote(provider=p, region=r, zone=z, instance_type=t, market=m, usd_per_hour=price,
-                          observed_at=at)
-        for p, r, z, t, m, price, at in rows)
+    quotes = [ledger.PriceQuote(provider=p, region=r, zone=z, instance_type=t, market=m, usd_per_hour=price,
+                                observed_at=at)
+              for p, r, z, t, m, price, at in rows]
+    if disks:
+        where = reduce(or_, (Q(provider=p, region=r, sku=sku) for p, r, sku in disks))
+        quotes += [ledger.DiskQuote(provider=p, region=r, sku=sku, usd_per_month=price, observed_at=at)
+                   for p, r, sku, price, at in DiskPriceQuote.objects.filter(where, observed_at__lte=now)
+                   .values_list("provider", "region", "sku", "usd_per_month", "observed_at")]
+    return ledger.PriceIndex(quotes)
 
 
 def _instances_of_jobs(job_ids) -> list[Instance]:
     return list(Instance.objects.filter(job_id__in=job_ids)
                 .annotate(resume_step=F("resume_checkpoint__step"), resume_from=F("resume_checkpoint__instance_id"))
                 .only("id", "job_id", "rank", "provider", "region", "zone", "instance_type", "market",
-                      "registered_at", "running_at", "ended_at", "last_step", "requested_at"))
+                      "registered_at", "running_at", "ended_at", "last_step", "requested_at", "end_reason",
+                      "stopped_disk_sku", "storage_released_at"))
 
 
 def _prepared(job_ids, now):
@@ -239,7 +258,8 @@ def _prepared(job_ids, now):
         instance.resume_step = instance.resume_step or 0
     work = _work(instances, now)
     billed = [i for i in instances if i.pk in work]
-    return billed, work, price_index(billed, now)
+    disks = {(i.provider, i.region, work[i.pk].stopped_disk) for i in billed if work[i.pk].stopped_disk}
+    return billed, work, price_index(billed, now, disks)
 
 
 # ---- answers ----------------------------------------------------------------------------------
@@ -282,10 +302,14 @@ def job_cost(job: Job | int, now: dt.datetime | None = None) -> JobCost:
 # ---- what a settled figure depends on -----------------------------------------------------------
 
 _SETTLED_MARKS = """(SELECT CAST(COUNT(*) AS TEXT) || ':' || CAST(COUNT(CASE WHEN i.state IN ({live})
-        OR i.ended_at IS NULL THEN 1 END) AS TEXT) || ':' || COALESCE(CAST(MAX(i.ended_at) AS TEXT), '')
+        OR i.ended_at IS NULL OR ({disk_open}) THEN 1 END) AS TEXT)
+        || ':' || COALESCE(CAST(MAX(i.ended_at) AS TEXT), '') || '|' || COALESCE(CAST(MAX(i.storage_released_at) AS TEXT), '')
     FROM {instance} i WHERE i.job_id = {job}.id),
 (SELECT MAX(c.id) FROM {checkpoint} c WHERE c.job_id = {job}.id),
-(SELECT MAX(q.id) FROM {quote} q)"""
+(SELECT CAST(COALESCE(MAX(q.id), 0) AS TEXT) FROM {quote} q) || ':'
+    || (SELECT CAST(COALESCE(MAX(d.id), 0) AS TEXT) FROM {disk_quote} d)"""
+# Instance.DISK_KEPT with no release yet: its disk bills by the second, as a live VM does.
+_DISK_OPEN = "i.end_reason = %s AND i.stopped_disk_sku <> '' AND i.storage_released_at IS NULL"
 _MARKS_BATCH = 500  # ids per query, well under SQLite's limit on bound parameters
 
 
@@ -293,26 +317,29 @@ def settled_mark_columns(job: str) -> tuple[str, list]:
     """What a job's money depends on once no instance of it lives, as three SQL columns
     (and their parameters) of a query over jobs aliased `job`; `settled_key` reads them.
 
-    A job whose every instance has ended is billed for fixed intervals; its figure can
-    then only move with a new instance (the count), an end recorded later (the newest
-    end), a checkpoint reported late by a fenced instance (its stall is waste) or a
-    price quote added or backfilled (the newest quote). In SQL because the dashboard
-    asks it for every row it shows on every poll, where building it with the ORM took
-    several times longer than the database takes to answer."""
+    A job whose every instance has ended, and whose evicted VMs' stopped disks were
+    all released, is billed for fixed intervals; its figure can then only move with a
+    new instance (the count), an end or a disk release recorded later (the newest of
+    each), a checkpoint reported late by a fenced instance (its stall is waste) or a
+    VM or disk price quote added or backfilled (the newest quotes). In SQL because
+    the dashboard asks it for every row it shows on every poll, where building it
+    with the ORM took several times longer than the database takes to answer."""
     live = sorted(InstanceState.LIVE)
-    return _SETTLED_MARKS.format(instance=Instance._meta.db_table, checkpoint=Checkpoint._meta.db_table,
-                                 quote=PriceQuote._meta.db_table, job=job, live=", ".join(["%s"] * len(live))), live
+    sql = _SETTLED_MARKS.format(instance=Instance._meta.db_table, checkpoint=Checkpoint._meta.db_table,
+                                quote=PriceQuote._meta.db_table, disk_quote=DiskPriceQuote._meta.db_table, job=job,
+                                live=", ".join(["%s"] * len(live)), disk_open=_DISK_OPEN)
+    return sql, [*live, EndReason.PREEMPTED]
 
 
 def settled_key(job_id: int, marks) -> str | None:
     """A key that changes whenever the job's money could change once no instance of it
-    lives, from its `settled_mark_columns`; None while an instance lives (its money
-    grows by the second)."""
-    instances, last_checkpoint, newest_quote = marks
-    count, open_, last_end = instances.split(":", 2)  # the newest end is text, in the database's format
+    lives, from its `settled_mark_columns`; None while an instance lives or a stopped
+    disk bills (its money grows by the second)."""
+    instances, last_checkpoint, newest_quotes = marks
+    count, open_, last_ends = instances.split(":", 2)  # the newest end and release, text in the database's format
     if int(open_):
         return None
-    return f"{job_id}:{count}:{last_end.replace(' ', 'T')}:{last_checkpoint}:{newest_quote}"
+    return f"{job_id}:{count}:{last_ends.replace(' ', 'T')}:{last_checkpoint}:{newest_quotes}"
 
 
 def settled_keys(job_ids) -> dict[int, str | None]:
@@ -396,9 +423,11 @@ class TeamMonthCost:
 
 
 def month_jobs(team, start: dt.datetime, end: dt.datetime):
-    """The team's jobs with an instance requested before the month ends and not ended before it began."""
+    """The team's jobs with an instance requested before the month ends and not ended
+    before it began, or whose stopped disk was not released before it began."""
+    disk_in_month = Instance.DISK_KEPT & (Q(storage_released_at__isnull=True) | Q(storage_released_at__gte=start))
     in_month = Instance.objects.filter(job=OuterRef("pk"), requested_at__lt=end).filter(
-        Q(ended_at__isnull=True) | Q(ended_at__gte=start))
+        Q(ended_at__isnull=True) | Q(ended_at__gte=start) | disk_in_month)
     return Job.objects.filter(team=team).filter(Exists(in_month))
 
 

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from agents.protocol import Action, Purpose
@@ -235,16 +235,19 @@ def launch(instance_id: int) -> None:
         max_price_per_hour=float(instance.job.max_price_per_hour) if instance.job.max_price_per_hour else None,
         image=instance.job.image,
     )
+    cloud = provider_for(instance.provider, instance.region)
     try:
-        vm_id = provider_for(instance.provider, instance.region).launch(request)
+        vm_id = cloud.launch(request)
     except CapacityError as exc:
         _capacity_error(instance, placement, str(exc))
         return
     except PrecheckError as exc:
         _precheck_failed(instance, str(exc))
         return
+    # A spot VM the cloud would stop, not delete, on eviction keeps a billed disk: say which.
+    disk = cloud.stopped_storage_sku if instance.market == Market.SPOT else ""
     transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING,
-                        message=f"launched {vm_id}", provider_instance_id=vm_id)
+                        message=f"launched {vm_id}", provider_instance_id=vm_id, stopped_disk_sku=disk)
     log.info("instance %s of job %s launched as %s in %s", instance.pk, instance.job_id, vm_id, instance.zone)
 
 
@@ -297,24 +300,32 @@ def terminate(instance_id: int) -> None:
 
 def confirm_silent(instance: Instance) -> None:
     """The heartbeat deadline passed: ask the cloud before replacing the VM. Gone
-    means preempted; still there means lost, and it is terminated first (fencing)."""
+    means preempted, and so does stopped (an eviction that keeps the VM, e.g. Azure's
+    Deallocate: `release_stopped_disks` deletes it); still there means lost, and it is
+    terminated first (fencing)."""
     from jobs.services import mark_lost
 
     if not instance.provider_instance_id:  # never heard of a VM: nothing to ask or fence
         mark_lost(instance)
         return
     cloud = provider_for(instance.provider, instance.region)
-    if cloud.describe(instance.provider_instance_id).state == CloudState.GONE:
-        _end_gone(instance, "heartbeat deadline passed; the cloud says gone")
+    state = cloud.describe(instance.provider_instance_id).state
+    if state in (CloudState.GONE, CloudState.STOPPED):
+        _end_gone(instance, f"heartbeat deadline passed; the cloud says {state}", deleted=state == CloudState.GONE)
     else:
         cloud.terminate(instance.provider_instance_id)
         mark_lost(instance)
     nudge_schedule()
 
 
-def _end_gone(instance: Instance, message: str) -> None:
+def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None:
+    """End an instance the cloud evicted; `deleted`: its VM is gone, so a disk it kept
+    (a stopped disk) bills no more either."""
     with transaction.atomic():
         if end_instance(instance, EndReason.PREEMPTED, message=message):
+            if deleted:
+                Instance.objects.filter(pk=instance.pk).exclude(stopped_disk_sku="").update(
+                    storage_released_at=F("ended_at"))
             InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
                                              source="provider_api", checkpoint_saved=False)
             after_instance_ended(instance.job_id, EndReason.PREEMPTED)
@@ -322,6 +333,29 @@ def _end_gone(instance: Instance, message: str) -> None:
                 # Gone without a notice: no collective save can succeed without it, so the
                 # rest of its gang stops at once (from their newest committed checkpoint).
                 request_action(instance.job_id, Action.STOP)
+
+
+def release_stopped_disks() -> int:
+    """Delete the VMs that an eviction stopped rather than deleted (their disk bills by
+    the month until then) and record when each was seen gone: the ledger bills the disk
+    up to that moment. A VM still there is deleted now (not waited for) and looked at
+    again next period, so its release is recorded at most one period after Azure
+    finished the delete: the figure errs towards what the cloud charges, never below.
+    Returns how many releases were recorded."""
+    pending = (Instance.objects.filter(Instance.DISK_KEPT, storage_released_at__isnull=True)
+               .order_by("ended_at")[: settings.RESPAWN["RECONCILE_BATCH"]])
+    released = 0
+    for instance in pending:
+        if instance.provider_instance_id:
+            cloud = provider_for(instance.provider, instance.region)
+            if cloud.describe(instance.provider_instance_id).state != CloudState.GONE:
+                cloud.terminate(instance.provider_instance_id)
+                continue
+        # Never before its end (the clocks of two workers may differ): the ledger refuses that.
+        at = max(timezone.now(), instance.ended_at or timezone.now())
+        released += Instance.objects.filter(pk=instance.pk, storage_released_at__isnull=True).update(
+            storage_released_at=at)
+    return released
 
 
 def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:

@@ -82,8 +82,9 @@ def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_i
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)
 def reconcile() -> int:
     """The safety net, in bounded batches: silent instances confirmed with the
-    cloud (gone: preempted; still there: terminated and lost), provisioning stuck
-    past its timeout retried, VMs tagged by us that the database does not know
+    cloud (gone or stopped: preempted; still there: terminated and lost), evicted
+    VMs that kept a billed disk deleted and their release recorded, provisioning
+    stuck past its timeout retried, VMs tagged by us that the database does not know
     terminated, and anything a lost broker message left behind scheduled again.
 
     Silent instances only while the API has served a full heartbeat timeout:
@@ -101,6 +102,7 @@ def reconcile() -> int:
             orchestration.confirm_silent(instance)
             handled += 1
     handled += orchestration.retry_stuck_provisioning()
+    orchestration.release_stopped_disks()
     orchestration.resend_lost_launches()
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():
         budget.warn_over_budget(team)

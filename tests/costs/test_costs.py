@@ -201,3 +201,13 @@ def test_settled_keys_follow_what_settled_money_depends_on(history):
 
     Instance.objects.filter(pk=running.pk).update(state="ended", ended_at=T(3, 3, 2), end_reason="completed")
     assert costs.settled_keys([job.pk])[job.pk] not in (None, before, late, backfilled)
+    ended = costs.settled_keys([job.pk])[job.pk]
+    Instance.objects.filter(pk=a.pk).update(stopped_disk_sku="P10 LRS")  # a's evicted VM kept its disk
+    assert costs.settled_keys([job.pk])[job.pk] is None, "a stopped disk's money grows until it is released"
+    Instance.objects.filter(pk=a.pk).update(storage_released_at=T(3, 1, 4))
+    released = costs.settled_keys([job.pk])[job.pk]
+    from jobs.models import DiskPriceQuote
+
+    DiskPriceQuote.objects.create(provider="aws", region="hand-1", sku="P10 LRS", usd_per_month=D("73"),
+                                  observed_at=T(1, 1))
+    assert len({ended, released, costs.settled_keys([job.pk])[job.pk], None}) == 4
