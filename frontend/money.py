@@ -2,14 +2,16 @@
 (`jobs.api.costs`), kept in the shared cache once they are settled, so a page that
 is polled every few seconds does not price a job's whole history each time.
 
-- A job's money is settled once none of its instances lives. It is stored (with
-  its cost curve) under `costs.settled_key`, which changes with everything the
-  figure depends on, so a stored figure is never stale. A job with a live instance
-  accrues every second and is priced on each request (only those jobs).
+- A job's money is settled once none of its instances lives and no evicted VM's
+  stopped disk still bills. It is stored (with its cost curve) under
+  `costs.settled_key`, which changes with everything the figure depends on (a disk
+  released later among them), so a stored figure is never stale. A job with a live
+  instance or a billing disk accrues every second and is priced on each request
+  (only those jobs).
 - A team's month is the sum of its jobs' months, the sum `costs.team_month_cost`
   answers through the API. The settled jobs' part is stored under a key made of
   the number of the team's live instances and the newest instance, checkpoint,
-  interruption and price quote anywhere: an instance that ends lowers the count, a
+  interruption, price quote and disk price quote anywhere: an instance that ends lowers the count, a
   new one moves the newest id, so the part is summed again (from the stored job
   figures) whenever it could have moved. The jobs with a live instance are priced
   and added on each request.
@@ -56,11 +58,21 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
         "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
         **{f"{figure}_display": display_money(value) for figure, value in (
             ("spent", detail["spent"]), ("savings", detail["savings"]), ("waste", detail["waste"]["total"]))},
+        "waste_parts_display": waste_parts_display(detail["waste"]),
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
                    for month, row in costs.job_months(cost).items()},
     }
     return {"summary": summary, "detail": detail, "curve": cost_curve(detail, cost.now) if with_curve else None}
+
+
+WASTE_PARTS = (("recomputed", "recomputed"), ("boot_restore", "boot/restore"),
+               ("checkpoint_stalls", "checkpoint stalls"), ("stopped_disk", "stopped disk"))
+
+
+def waste_parts_display(waste: dict) -> str:
+    """The waste breakdown in a line, e.g. "recomputed $0.10 · boot/restore $0.15 · …"."""
+    return " · ".join(f"{label} {display_money(waste[part])}" for part, label in WASTE_PARTS)
 
 
 KINDS = ("summary", "detail", "curve")
@@ -110,17 +122,20 @@ def _job_month(summary: dict, label: str) -> costs.JobMonth | None:
 
 
 def cost_curve(detail: dict, now: dt.datetime) -> list[dict]:
-    """Cumulative spend and on-demand baseline over time. Each instance's money
-    accrues evenly over its billed interval: exact at every interval's end and at
+    """Cumulative spend and on-demand baseline over time. Each instance's money (and
+    its stopped disk's, after its end) accrues evenly over its billed interval: exact at every interval's end and at
     now, a straight line in between (drawn in floats; what has ended is summed
     exactly, so the last point is the figure the API gives)."""
     if not detail["instances"]:
         return []
     spans = []
     for i in detail["instances"]:
-        start = dt.datetime.fromisoformat(i["billed_from"])
-        end = dt.datetime.fromisoformat(i["billed_to"]) if i["billed_to"] else now
-        spans.append((start, end, Decimal(i["spent"]), Decimal(i["on_demand_baseline"])))
+        disk = i["stopped_disk"]
+        disk_spent = Decimal(disk["spent"]) if disk else Decimal(0)
+        spans.append((_moment(i["billed_from"], now), _moment(i["billed_to"], now),
+                      Decimal(i["spent"]) - disk_spent, Decimal(i["on_demand_baseline"])))
+        if disk:  # after the VM's end, its stopped disk accrues until released
+            spans.append((_moment(disk["billed_from"], now), _moment(disk["billed_to"], now), disk_spent, Decimal(0)))
     first, last = min(s[0] for s in spans), max(s[1] for s in spans)  # a finished job's curve ends with it
     moments = sorted({first, last, *(s[0] for s in spans), *(s[1] for s in spans)})
     if len(moments) < COST_POINTS:
@@ -144,6 +159,10 @@ def cost_curve(detail: dict, now: dt.datetime) -> list[dict]:
         curve.append({"at": moment.isoformat(), "spent": float(spent) + accruing_spent,
                       "on_demand": float(baseline) + accruing_baseline})
     return curve
+
+
+def _moment(text: str | None, now: dt.datetime) -> dt.datetime:
+    return dt.datetime.fromisoformat(text) if text else now
 
 
 # ---- a team's month ---------------------------------------------------------------------------

@@ -29,13 +29,13 @@ from django.db import connection, models
 
 from jobs import costs
 from jobs.choices import InstanceState
-from jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership, MetricPoint,
-                         PriceQuote, Team)
+from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
+                         MetricPoint, PriceQuote, Team)
 
 JOB, INSTANCE, CHECKPOINT = Job._meta.db_table, Instance._meta.db_table, Checkpoint._meta.db_table
 EVENT, INTERRUPTION, LOG = JobEvent._meta.db_table, InterruptionEvent._meta.db_table, LogChunk._meta.db_table
 METRIC, TEAM, USER = MetricPoint._meta.db_table, Team._meta.db_table, User._meta.db_table
-MEMBERSHIP, QUOTE = Membership._meta.db_table, PriceQuote._meta.db_table
+MEMBERSHIP, QUOTE, DISK_QUOTE = Membership._meta.db_table, PriceQuote._meta.db_table, DiskPriceQuote._meta.db_table
 LIVE_STATES = tuple(sorted(InstanceState.LIVE))
 
 
@@ -298,6 +298,7 @@ def live_instances(team_id: int) -> Read:
 
 
 def newest_ids() -> Read:
-    """The newest instance, checkpoint, interruption and price quote anywhere."""
+    """The newest instance, checkpoint, interruption, price quote and disk price quote anywhere."""
     return Read(f"SELECT (SELECT MAX(id) FROM {INSTANCE}), (SELECT MAX(id) FROM {CHECKPOINT}), "
-                f"(SELECT MAX(id) FROM {INTERRUPTION}), (SELECT MAX(id) FROM {QUOTE})", [], lambda rows: rows[0])
+                f"(SELECT MAX(id) FROM {INTERRUPTION}), (SELECT MAX(id) FROM {QUOTE}), "
+                f"(SELECT MAX(id) FROM {DISK_QUOTE})", [], lambda rows: rows[0])

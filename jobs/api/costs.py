@@ -34,6 +34,7 @@ def job_cost_data(cost: costs.JobCost) -> dict:
             "recomputed": money(result.waste.recomputed),
             "boot_restore": money(result.waste.boot_restore),
             "checkpoint_stalls": money(result.waste.checkpoint_stalls),
+            "stopped_disk": money(result.waste.stopped_disk),
             "total": money(result.waste.total),
         },
         "by_month": {m: {"spent": money(row.spent), "on_demand_baseline": money(row.baseline),
@@ -58,6 +59,21 @@ def _instance_data(work: costs.InstanceWork, row) -> dict:
         "seconds_per_step": str(work.seconds_per_step),
         "boot_restore_seconds": str(work.boot_restore_seconds),
         "checkpoint_stall_seconds": str(work.checkpoint_stall_seconds),
+        "stopped_disk": _stopped_disk_data(work, row),
+    }
+
+
+def _stopped_disk_data(work: costs.InstanceWork, row) -> dict | None:
+    """The disk its evicted, stopped VM kept, billed from its end until the VM was deleted
+    (`billed_to` None: not yet); its money is part of the instance's `spent`."""
+    if not work.stopped_disk:
+        return None
+    return {
+        "sku": work.stopped_disk,
+        "billed_from": work.billed_to.isoformat(),
+        "billed_to": work.disk_released.isoformat() if work.disk_released else None,
+        "billed_seconds": row.stopped_disk_seconds,
+        "spent": money(row.waste.stopped_disk),
     }
 
 
@@ -80,10 +96,17 @@ def _money_field():
     return serializers.CharField(help_text="USD, exact decimal string")
 
 
+WasteAnswer = inline_serializer("Waste", {
+    "recomputed": _money_field(), "boot_restore": _money_field(), "checkpoint_stalls": _money_field(),
+    "stopped_disk": serializers.CharField(
+        help_text="USD, exact decimal string: the disk an evicted VM kept while stopped (Azure, eviction policy "
+                  "Deallocate), billed from the instance's end until the VM was deleted; part of spent too"),
+    "total": _money_field(),
+})
 JobCostAnswer = inline_serializer("JobCost", {
     "job": serializers.IntegerField(), "as_of": serializers.DateTimeField(), "spent": _money_field(),
     "on_demand_baseline": _money_field(), "savings": _money_field(),
-    "waste": serializers.DictField(child=_money_field()),
+    "waste": WasteAnswer,
     "by_month": serializers.DictField(child=serializers.DictField(child=_money_field())),
     "instances": serializers.ListField(child=serializers.DictField()),
 })

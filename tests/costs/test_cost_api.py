@@ -29,9 +29,30 @@ def test_job_cost_answers_the_ledger_figures_as_exact_strings(world):
     body = client_for(setup, "viewer").get(f"/api/v1/jobs/{job.pk}/cost/").json()
     assert (body["spent"], body["on_demand_baseline"], body["savings"]) == ("1.80000000", "2.33333333", "0.53333333")
     assert body["waste"] == {"recomputed": "0.10000000", "boot_restore": "0.15000000",
-                             "checkpoint_stalls": "0.00150000", "total": "0.25150000"}
+                             "checkpoint_stalls": "0.00150000", "stopped_disk": "0.00000000", "total": "0.25150000"}
     assert body["by_month"]["2026-02"]["spent"] == "0.36000000"
     assert [(i["steps_kept"], i["recomputed_steps"]) for i in body["instances"]] == [(900, 0), (600, 100)]
+
+
+def test_job_and_team_cost_include_a_stopped_disk_from_the_end_to_its_release(world):
+    from decimal import Decimal
+
+    from jobs.models import DiskPriceQuote, Instance
+    from tests.costs.history import T
+
+    setup, job = world
+    DiskPriceQuote.objects.create(provider="aws", region="hand-1", sku="P10 LRS", usd_per_month=Decimal("73"),
+                                  observed_at=T(1, 1))  # 0.10 $/h
+    evicted = Instance.objects.filter(job=job).order_by("pk").first()  # A: preempted Mar 1 01:00
+    Instance.objects.filter(pk=evicted.pk).update(stopped_disk_sku="P10 LRS", storage_released_at=T(3, 1, 4))
+    client = client_for(setup, "viewer")
+    body = client.get(f"/api/v1/jobs/{job.pk}/cost/").json()
+    assert (body["spent"], body["savings"]) == ("2.10000000", "0.23333333")  # 1.80 + 3 h of disk at 0.10
+    assert (body["waste"]["stopped_disk"], body["waste"]["total"]) == ("0.30000000", "0.55150000")
+    assert body["by_month"]["2026-03"]["waste"] == "0.50575000"  # half of A's 0.0915, B's 0.16, the disk's 0.30
+    assert [i["stopped_disk"] and i["stopped_disk"]["billed_seconds"] for i in body["instances"]] == [10800, None]
+    team = client.get(f"/api/v1/teams/{setup.team.pk}/cost/?month=2026-03").json()
+    assert (team["spent"], team["gpu_hours"]) == ("1.74000000", "2.00"), "a disk's hours are no GPU-hours"
 
 
 def test_team_cost_answers_one_utc_month(world):

@@ -9,9 +9,9 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from jobs import costs
-from jobs.api.costs import team_month_data
+from jobs.api.costs import job_cost_data, team_month_data
 from jobs.choices import InstanceState
-from jobs.models import Instance, Job, MetricPoint, PriceQuote
+from jobs.models import DiskPriceQuote, Instance, Job, MetricPoint, PriceQuote
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history
 from tests.factories import make_job, make_team_with_members
 
@@ -101,6 +101,45 @@ def test_a_job_priced_live_and_then_settled_shows_the_apis_figure(db):
         assert (row["spent"], row["savings"]) == (figures["spent"], figures["savings"])
         assert status["money"]["detail"]["waste"] == figures["waste"]
         assert status["money"]["detail"]["instances"] == figures["instances"]
+
+
+def test_a_stopped_disk_bills_live_until_released_and_the_stored_figure_follows(db):
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    job, a, b, _ = make_history(setup.team, member.user)
+    DiskPriceQuote.objects.create(provider="aws", region="hand-1", sku="P10 LRS", usd_per_month=Decimal("73"),
+                                  observed_at=T(1, 1))  # 0.10 $/h
+    Instance.objects.filter(pk=a.pk).update(stopped_disk_sku="P10 LRS")  # a was evicted and its VM kept its disk
+    client, viewer = signed_in(member), signed_in(setup.people["viewer"])
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {member.token}")
+
+    for _ in range(2):  # not released: billed up to each poll's now, never stored
+        status = client.get(f"/jobs/{job.pk}/status.json").json()
+        as_of = dt.datetime.fromisoformat(status["money"]["detail"]["as_of"])
+        assert status["money"]["detail"]["waste"] == job_cost_data(costs.job_cost(job, as_of))["waste"]
+        billed = int(as_of.timestamp()) - int(T(3, 1, 1).timestamp())  # from a's end to the poll's now
+        assert status["money"]["detail"]["waste"]["stopped_disk"] == f"{Decimal('0.10') * billed / 3600:.8f}"
+    month = overview(viewer, setup.team)
+    assert month["money"]["spent"] == team_month_data(costs.team_month_cost(
+        setup.team, "2026-03", dt.datetime.fromisoformat(month["money"]["as_of"])))["spent"]
+
+    Instance.objects.filter(pk=a.pk).update(storage_released_at=T(3, 1, 4))  # seen deleted three hours on
+    figures = api.get(f"/api/v1/jobs/{job.pk}/cost/").json()
+    assert figures["waste"]["stopped_disk"] == "0.30000000" and figures["spent"] == "2.10000000"
+    assert figures["instances"][0]["stopped_disk"] == {
+        "sku": "P10 LRS", "billed_from": T(3, 1, 1).isoformat(), "billed_to": T(3, 1, 4).isoformat(),
+        "billed_seconds": 3 * 3600, "spent": "0.30000000"}
+    for _ in range(2):  # priced, then from the store
+        status = client.get(f"/jobs/{job.pk}/status.json").json()
+        assert status["money"]["detail"]["waste"] == figures["waste"]
+        assert status["money"]["spent"] == figures["spent"]
+        assert "stopped disk $0.30" in status["money"]["waste_parts_display"]
+        assert client.get("/jobs.json").json()["rows"][0]["spent"] == figures["spent"]
+        shown = overview(viewer, setup.team)["money"]
+        assert {key: shown[key] for key in MONEY} == {key: value for key, value in api_month(member, setup.team).items()
+                                                      if key in MONEY}
+    assert "stopped disk $0.30" in client.get(f"/jobs/{job.pk}/").content.decode()
 
 
 def test_a_long_list_is_counted_only_past_the_page_shown(db):

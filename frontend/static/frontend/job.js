@@ -119,6 +119,7 @@
     setField(figures, "spent", money.spent_display, money.spent);
     setField(figures, "savings", money.savings_display, money.savings);
     setField(figures, "waste", money.waste_display);
+    setField(figures, "waste-parts", money.waste_parts_display);
     setField(figures, "preemptions", `${job.preemptions}`);
     setField(figures, "artifact", job.artifact_uri ? `${job.artifact_uri} (${job.artifact_digest})` : "–");
     const costError = document.querySelector('[data-field="cost-error"]');
