@@ -9,10 +9,16 @@ Save choices, each a deliberate one:
   beside the next step's forward/backward, and the optimizer's next `step()` waits
   for that copy (a step pre-hook) before it writes them; the rest (buffers, RNG,
   scheduler, sampler) is copied at once. `overlap_snapshot=False` copies it all at once.
+  Some of the optimizer's moments (`write_live_fraction` of the state) are not
+  copied at all: the persist writes them straight from the live tensors before
+  that step, so a save needs less extra host memory than the state's size.
 - At most one persist is in flight. A periodic save that comes due while one is
   still running is DEFERRED: the in-flight persist finishes undisturbed (so an
   older checkpoint always completes) and the save happens at the first step after
-  it, never blocking training.
+  it. The persist's threads run only on cores training leaves idle (SCHED_IDLE),
+  so one still running a whole interval after it began (training left it no CPU)
+  is finished with training paused, and that wait counts as the save's stall:
+  checkpoints never fall further behind than one interval.
 - A notice save (`kind="notice"`, or a SIGTERM/stop seen at a step) jumps the
   queue: an in-flight persist of the same step is unpaced and waited for; one of
   an older step is abandoned (it stops within one chunk). The new state is then
@@ -82,6 +88,13 @@ class CheckpointConfig:
     forward/backward (the TrainState's optimizer waits for it before its next step).
     Turn off if the loop changes weights between a save and the optimizer's next step
     by other means than the optimizer. CUDA tensors are copied at once either way."""
+    write_live_fraction: float = 0.125
+    """With `overlap_snapshot`: up to this share of the state, taken from the optimizer's
+    moments (never the weights, which the reference loss reads later), is written
+    straight from the training state during the next step's forward/backward instead
+    of being copied, so a save's extra host memory is about (1 - this) x the state.
+    That step's `optimizer.step()` waits for those writes: lower it (0 copies all)
+    where the storage is slow; a notice save writes the same tensors in place too."""
     checkpoints_file: str | None = None
     control_file: str | None = None
     notice_file: str | None = None
@@ -99,6 +112,8 @@ class CheckpointConfig:
             raise ConfigError(f"num_files={self.num_files} must be >= 1")
         if not 0 < self.pace_fraction <= 1:
             raise ConfigError(f"pace_fraction={self.pace_fraction} must be in (0, 1]")
+        if not 0 <= self.write_live_fraction <= 1:
+            raise ConfigError(f"write_live_fraction={self.write_live_fraction} must be in [0, 1]")
         if self.notice_budget_s <= 0:
             raise ConfigError(f"notice_budget_s={self.notice_budget_s} must be > 0")
 
@@ -146,9 +161,11 @@ class _Persist:
     started: float
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
-    # The snapshot's deferred part: (the state's tensors, indices still to copy), and
-    # set once copied; the optimizer's next step waits for it.
-    deferred: tuple[list, list[int]] | None = None
+    # The state's own tensors, held until the snapshot is complete: those at `deferred`
+    # are still to be copied, the buffers' live ones still to be written. `snapshotted`
+    # is set then; the optimizer's next step waits for it.
+    tensors: list | None = None
+    deferred: list[int] = field(default_factory=list)
     snapshotted: threading.Event = field(default_factory=threading.Event)
     entries: dict | None = None
     error: BaseException | None = None
@@ -234,6 +251,12 @@ class Checkpointer:
     def interval_s(self) -> float:
         return self._interval_s
 
+    @property
+    def host_buffer_bytes(self) -> int:
+        """Host memory the snapshot buffers hold (allocated at the first save, then
+        reused): the state's size less what is written live."""
+        return self._buffers.nbytes
+
     # --- the per-step entry point ------------------------------------------------------
     def save(self, step: int, kind: str | None = None, deadline: float | datetime | None = None) -> SaveOutcome | None:
         """Called after every step. Saves when due or asked (signal, `kind`) and returns
@@ -246,6 +269,7 @@ class Checkpointer:
         new_interval = self._control.new_interval()
         if new_interval:
             self._interval_s = new_interval
+        self._finish_late_persist()
         table = self.coord.exchange(self._status_row(step))
         self._settle_inflight(table)
         # Alone, a persist that just finished frees the slot at once; in a gang all
@@ -265,6 +289,17 @@ class Checkpointer:
             self._now_seen = False
             return self._start_periodic(step)
         return None
+
+    def _finish_late_persist(self) -> None:
+        job = self._inflight
+        if job is None or job.kind != protocol.CheckpointKind.PERIODIC or job.finished.is_set():
+            return
+        if time.monotonic() < job.started + self._period_s():
+            return
+        started = time.monotonic()
+        job.pace.finish_by = None
+        job.finished.wait()  # training paused: the persist's idle-priority threads get the cores
+        job.outcome.stall_s += time.monotonic() - started
 
     def _track_step_time(self) -> None:
         now = time.monotonic()
@@ -321,13 +356,15 @@ class Checkpointer:
         return time.monotonic() + remaining
 
     # --- saving ------------------------------------------------------------------------
-    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, tuple | None]:
-        """Copy the state into the host buffers, but with `overlap` the tensors only the
-        optimizer writes, returned as (tensors, indices) for the persist thread to copy."""
+    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, list, list[int]]:
+        """Copy the state into the host buffers but for its live tensors and, with
+        `overlap`, the tensors only the optimizer writes: returns the state's tensors
+        and the indices the persist thread still has to copy."""
         started = time.monotonic()
         tensors: list[torch.Tensor] = []
         skeleton = flatten(self.state.state_dict(), tensors)
-        later = self._buffers.copy_in(tensors, self._optimizer_owned(tensors) if overlap else frozenset())
+        owned, live = self._optimizer_owned(tensors)
+        later = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
             "format": layout.FORMAT, "step": step, "kind": kind, "world_size": self.coord.world_size,
             "created_at": datetime.now(timezone.utc).isoformat(),
@@ -336,48 +373,50 @@ class Checkpointer:
         if self._reference is not None:
             self._reference.prepare()
             meta["validation"] = self.config.validation.to_json()
-        return meta, time.monotonic() - started, (tensors, later) if later else None
+        return meta, time.monotonic() - started, tensors, later
 
-    def _optimizer_owned(self, tensors: list[torch.Tensor]) -> frozenset[int]:
-        """Indices of the host tensors that only the optimizer's step writes: the
-        parameters it updates and its per-parameter state."""
+    def _optimizer_owned(self, tensors: list[torch.Tensor]) -> tuple[frozenset[int], frozenset[int]]:
+        """Indices of the host tensors that only the optimizer's step writes (the
+        parameters it updates and its per-parameter state), and those of them to
+        write live: the largest moments, up to `write_live_fraction` of the state."""
         optimizer = self.state.optimizer
         if self._step_hook is None:
-            return frozenset()
-        owned = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
-        for per_param in optimizer.state.values():
-            owned |= {t.data_ptr() for t in per_param.values() if isinstance(t, torch.Tensor)}
-        return frozenset(i for i, t in enumerate(tensors) if not t.is_cuda and t.numel() and t.data_ptr() in owned)
-
-    def _complete_snapshot(self, job: _Persist) -> None:
-        try:
-            if job.deferred is not None:
-                self._buffers.copy_some(*job.deferred)
-        finally:
-            job.deferred = None  # let go of the live tensors
-            job.snapshotted.set()
+            return frozenset(), frozenset()
+        params = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
+        moments = {t.data_ptr() for per_param in optimizer.state.values()
+                   for t in per_param.values() if isinstance(t, torch.Tensor)}
+        owned = [i for i, t in enumerate(tensors) if not t.is_cuda and t.numel() and t.data_ptr() in params | moments]
+        budget = self.config.write_live_fraction * sum(t.numel() * t.element_size() for t in tensors)
+        live = []
+        for i in sorted(owned, key=lambda i: -tensors[i].numel() * tensors[i].element_size()):
+            nbytes = tensors[i].numel() * tensors[i].element_size()
+            if tensors[i].data_ptr() in moments and tensors[i].is_contiguous() and nbytes <= budget:
+                live.append(i)
+                budget -= nbytes
+        return frozenset(owned), frozenset(live)
 
     def _snapshot_weights(self, meta: dict) -> dict[str, torch.Tensor]:
-        """The model's weights as views into the snapshot buffers."""
+        """The model's weights as views into the snapshot buffers (never live ones)."""
         return {name: self._buffers.views[ref["__tensor__"]]
                 for name, ref in meta["skeleton"]["model"].items() if isinstance(ref, dict) and "__tensor__" in ref}
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
-        meta, stall, deferred = self._snapshot(step, kind, overlap)
+        meta, stall, tensors, deferred = self._snapshot(step, kind, overlap)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.last_outcome = outcome
         self._last_save_at = time.monotonic()
         self._last_saved_step = step
-        job = _Persist(step, kind, pace, outcome, meta, started, deferred=deferred)
-        if deferred is None:
-            job.snapshotted.set()
-        return job
+        return _Persist(step, kind, pace, outcome, meta, started, tensors=tensors, deferred=deferred)
+
+    def _period_s(self) -> float:
+        """Seconds between periodic saves, as configured now."""
+        if self.config.every_steps and self._step_time_s:
+            return self.config.every_steps * self._step_time_s
+        return self._interval_s
 
     def _start_periodic(self, step: int) -> SaveOutcome:
-        interval = self._interval_s
-        if self.config.every_steps and self._step_time_s:
-            interval = self.config.every_steps * self._step_time_s
+        interval = self._period_s()
         pace = persist.Pace(low_priority=True)
         job = self._new_job(step, protocol.CheckpointKind.PERIODIC, pace, overlap=True)
         pace.finish_by = time.monotonic() + self.config.pace_fraction * interval
@@ -387,13 +426,13 @@ class Checkpointer:
 
     def _run_persist(self, job: _Persist) -> None:
         try:
-            self._complete_snapshot(job)
             self._write_rank_files(job)
             if self.coord.world_size == 1:
                 self._try_commit(job)
         except BaseException as exc:  # kept on the job: wait() raises it, the outcome says it
             self._record_failure(job, exc)
         finally:
+            job.snapshotted.set()  # whatever happened, the optimizer must not wait forever
             job.finished.set()
 
     @staticmethod
@@ -410,8 +449,19 @@ class Checkpointer:
             for name in (layout.MANIFEST, layout.VALIDATION, layout.STATE):
                 self.storage.delete_prefix(f"{ckpt}/{name}")
         names = [layout.data_file(self.rank, i) for i in range(len(self._buffers.buffers))]
-        reference = self._start_reference_loss(job)
-        written = persist.write_files(self.storage, [f"{ckpt}/{n}" for n in names], self._buffers.buffers, job.pace, job.cancel)
+        reference = None
+
+        def complete_snapshot():
+            nonlocal reference
+            self._buffers.copy_some(job.tensors, job.deferred)
+            reference = self._start_reference_loss(job)  # it reads the copied weights
+
+        def release_live():
+            job.tensors = None
+            job.snapshotted.set()
+
+        written = persist.write_files(self.storage, [f"{ckpt}/{n}" for n in names], self._buffers.sources(job.tensors),
+                                      job.pace, job.cancel, complete_snapshot, release_live)
         if reference is not None:
             reference.join()
             if "reference_loss" not in job.meta:

@@ -1,11 +1,17 @@
-"""Phase one of a save: copy every tensor of the state into reused host buffers.
+"""Phase one of a save: copy the state's tensors into reused host buffers.
 
-The tensors are packed into `num_files` byte buffers (one per data file, balanced
-by size, each tensor 64-byte aligned) so the persist phase writes each buffer
-straight to its file. Buffers are allocated once and reused while the state's
-layout stays the same (pinned on CUDA so device-to-host copies run at full speed).
-The Checkpointer copies the tensors only the optimizer writes (weights, moments)
-beside the next step's forward/backward; the rest is copied at once.
+The tensors are packed into `num_files` data files (balanced by size, each tensor
+64-byte aligned). Most of each file's bytes are copied into a host buffer (pinned
+on CUDA so device-to-host copies run at full speed), allocated once and reused
+while the state's layout stays the same; the persist phase then writes it.
+
+A file may begin with "live" tensors, which are never copied: the persist writes
+them straight from the training state's own memory, before the optimizer's next
+step may change them (the Checkpointer makes that step wait). That is what keeps
+a save's extra host memory below the size of the state.
+
+Each buffer starts on a page boundary both in memory and in its file, so a local
+background writer can hand it to the disk with direct I/O (storage/local.py).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 ALIGN = 64
+PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -34,22 +41,55 @@ class Slot:
         return cls(d["file"], d["offset"], d["nbytes"], getattr(torch, d["dtype"]), tuple(d["shape"]))
 
 
-def _signature(tensors: list[torch.Tensor]) -> tuple:
-    return tuple((t.dtype, tuple(t.shape)) for t in tensors)
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
-def plan_slots(tensors: list[torch.Tensor], num_files: int) -> tuple[list[Slot], list[int]]:
-    """Place each tensor in a file (largest first onto the least-filled file)."""
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_slots(tensors: list[torch.Tensor], num_files: int,
+               live: frozenset[int] = frozenset()) -> tuple[list[Slot], list[int], list[int]]:
+    """Place each tensor in a file (largest first onto the least-filled file), the
+    `live` ones first within their file. Returns the slots, each file's size and
+    each file's live prefix (bytes)."""
     sizes = [0] * num_files
-    slots: list[Slot | None] = [None] * len(tensors)
-    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].numel() * tensors[i].element_size())
-    for i in order:
-        t = tensors[i]
-        nbytes = t.numel() * t.element_size()
+    members: list[list[int]] = [[] for _ in range(num_files)]
+    for i in sorted(range(len(tensors)), key=lambda i: -_nbytes(tensors[i])):
         f = min(range(num_files), key=sizes.__getitem__)
-        slots[i] = Slot(f, sizes[f], nbytes, t.dtype, tuple(t.shape))
-        sizes[f] += -(-nbytes // ALIGN) * ALIGN
-    return slots, sizes
+        members[f].append(i)
+        sizes[f] += _padded(_nbytes(tensors[i]))
+    slots: list[Slot | None] = [None] * len(tensors)
+    live_ends = [0] * num_files
+    for f, indices in enumerate(members):
+        offset = 0
+        for group in ([i for i in indices if i in live], [i for i in indices if i not in live]):
+            offset = live_ends[f] = -(-offset // PAGE) * PAGE  # the buffer starts on a page
+            for i in group:
+                t = tensors[i]
+                slots[i] = Slot(f, offset, _nbytes(t), t.dtype, tuple(t.shape))
+                offset += _padded(_nbytes(t))
+        sizes[f] = offset
+    return slots, sizes, live_ends
+
+
+def raw_bytes(t: torch.Tensor) -> memoryview:
+    """A contiguous CPU tensor's bytes, without a copy."""
+    return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+@dataclass
+class FileSource:
+    """A data file's bytes in order: `live` (views of the training state's own tensors
+    and the zero padding between them), then `buffer` (the copied rest)."""
+
+    live: list[memoryview]
+    buffer: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(v) for v in self.live) + len(self.buffer)
 
 
 class SnapshotBuffers:
@@ -59,39 +99,70 @@ class SnapshotBuffers:
         self.num_files = num_files
         self._signature: tuple | None = None
         self.slots: list[Slot] = []
+        self.live: frozenset[int] = frozenset()
+        self.live_ends: list[int] = []
         self.buffers: list[torch.Tensor] = []
-        self.views: list[torch.Tensor] = []
+        self.views: list[torch.Tensor | None] = []  # None for a live tensor
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers)
 
-    def _allocate(self, tensors: list[torch.Tensor]) -> None:
-        self.slots, sizes = plan_slots(tensors, self.num_files)
-        pin = torch.cuda.is_available()
-        self.buffers = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for size in sizes]
-        self.views = [view_of(self.buffers[s.file], s) for s in self.slots]
-        self._signature = _signature(tensors)
+    def _allocate(self, tensors: list[torch.Tensor], live: frozenset[int], signature: tuple) -> None:
+        self.slots, sizes, self.live_ends = plan_slots(tensors, self.num_files, live)
+        self.live = live
+        self.buffers = [_page_aligned(size - start) for size, start in zip(sizes, self.live_ends)]
+        self.views = [None if i in live else view_of(self.buffers[s.file], s, self.live_ends[s.file])
+                      for i, s in enumerate(self.slots)]
+        self._signature = signature
 
-    def copy_in(self, tensors: list[torch.Tensor], skip: frozenset[int] = frozenset()) -> list[int]:
-        """Copy every tensor but those at the `skip` indices (copied later by
-        `copy_some`); returns the skipped indices that hold bytes."""
-        if _signature(tensors) != self._signature:
-            self._allocate(tensors)
+    def copy_in(self, tensors: list[torch.Tensor], skip: frozenset[int] = frozenset(),
+                live: frozenset[int] = frozenset()) -> list[int]:
+        """Copy every tensor but the `live` ones (written from the state itself) and
+        those at the `skip` indices (copied later by `copy_some`); returns the skipped
+        indices still to copy. A layout or live set unlike the last one re-plans."""
+        signature = (tuple((t.dtype, tuple(t.shape)) for t in tensors), live)
+        if signature != self._signature:
+            self._allocate(tensors, live, signature)
         self.copy_some(tensors, [i for i in range(len(tensors)) if i not in skip])
-        return [i for i in sorted(skip) if self.views[i].numel()]
+        return [i for i in sorted(skip) if self.views[i] is not None and self.views[i].numel()]
 
     def copy_some(self, tensors: list[torch.Tensor], indices: list[int]) -> None:
+        indices = [i for i in indices if self.views[i] is not None and self.views[i].numel()]
         for i in indices:
-            if self.views[i].numel():
-                self.views[i].copy_(tensors[i], non_blocking=tensors[i].is_cuda)
+            self.views[i].copy_(tensors[i], non_blocking=tensors[i].is_cuda)
         if any(tensors[i].is_cuda for i in indices):
             torch.cuda.synchronize()
 
+    def sources(self, tensors: list[torch.Tensor]) -> list[FileSource]:
+        """Each file's bytes: its live tensors (the state's memory) then its buffer."""
+        live: list[list[memoryview]] = [[] for _ in range(self.num_files)]
+        ends = [0] * self.num_files
+        for i in sorted(self.live, key=lambda i: self.slots[i].offset):
+            slot = self.slots[i]
+            live[slot.file] += [_zeros(slot.offset - ends[slot.file]), raw_bytes(tensors[i])]
+            ends[slot.file] = slot.offset + slot.nbytes
+        for f, end in enumerate(ends):
+            live[f].append(_zeros(self.live_ends[f] - end))
+        return [FileSource(views, memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b""))
+                for views, b in zip(live, self.buffers)]
 
-def view_of(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
-    """The tensor `slot` describes, as a view into `buffer` (a flat uint8 tensor)."""
+
+def _zeros(n: int) -> memoryview:
+    return memoryview(bytes(n))
+
+
+def _page_aligned(nbytes: int) -> torch.Tensor:
+    """A host buffer starting on a page boundary (pinned on CUDA machines)."""
+    raw = torch.empty(nbytes + PAGE, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    start = -raw.data_ptr() % PAGE
+    return raw[start : start + nbytes]
+
+
+def view_of(buffer: torch.Tensor, slot: Slot, base: int = 0) -> torch.Tensor:
+    """The tensor `slot` describes, as a view into `buffer` (a flat uint8 tensor that
+    holds its file's bytes from offset `base` on)."""
     if slot.nbytes == 0:
         return torch.empty(slot.shape, dtype=slot.dtype)
-    raw = buffer[slot.offset : slot.offset + slot.nbytes]
+    raw = buffer[slot.offset - base : slot.offset - base + slot.nbytes]
     return raw.view(slot.dtype).view(slot.shape)

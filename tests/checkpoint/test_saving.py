@@ -74,15 +74,29 @@ def test_a_save_due_while_a_persist_is_in_flight_is_deferred_until_it_finishes(r
     assert committed_steps(root) == [1, 3]
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_a_periodic_save_holds_its_steps_weights_though_the_optimizer_steps_at_once(root, overlap):
-    """With overlap the weights and Adam moments are copied beside the next step; the
-    optimizer's step waits for that copy before it writes them."""
+def test_a_persist_still_running_a_whole_interval_later_is_finished_before_training_goes_on(root):
+    """Its threads run only on idle cores; when training never leaves one idle, the
+    next step past the interval waits for the persist rather than letting checkpoints
+    fall behind, and that wait is the save's recorded stall."""
+    ckpt = Checkpointer(big_state(), config(root, num_files=1, every_steps=None, interval_s=3600, validation=None))
+    first = ckpt.save(1, kind="periodic")
+    ckpt.set_interval(1e-6)  # so the in-flight persist is already an interval late
+    ckpt.save(2)
+    assert first.committed is True and committed_steps(root)[0] == 1
+    assert first.stall_s > 0
+    ckpt.close()
+
+
+@pytest.mark.parametrize("overlap,live", [(True, 0.0), (True, 0.7), (False, 0.7)])
+def test_a_periodic_save_holds_its_steps_weights_though_the_optimizer_steps_at_once(root, overlap, live):
+    """With overlap the weights and Adam moments are copied beside the next step, or
+    (`live`) the moments written straight from the optimizer's state; its step waits
+    for both before it writes them."""
     state = big_state()
     saved = {k: v.clone() for k, v in state.model.state_dict().items()}
     moments = [(s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in state.optimizer.state.values()]
-    ckpt = Checkpointer(state, config(root, num_files=1, every_steps=None, interval_s=3600, validation=None,
-                                      overlap_snapshot=overlap))
+    ckpt = Checkpointer(state, config(root, num_files=2, every_steps=None, interval_s=3600, validation=None,
+                                      overlap_snapshot=overlap, write_live_fraction=live))
     assert ckpt.save(1, kind="periodic").committed is None
     state.model(torch.ones(1, 2048)).sum().backward()
     state.optimizer.step()  # at once: with overlap the copy has barely started
@@ -95,6 +109,26 @@ def test_a_periodic_save_holds_its_steps_weights_though_the_optimizer_steps_at_o
         assert torch.equal(tensor, saved[name]), name
     for s, (exp_avg, exp_avg_sq) in zip(resumed.optimizer.state.values(), moments):
         assert torch.equal(s["exp_avg"], exp_avg) and torch.equal(s["exp_avg_sq"], exp_avg_sq)
+
+
+@pytest.mark.parametrize("live,copied", [(0.0, 1.0), (0.7, 1 / 3)])
+def test_the_moments_written_live_are_never_copied_so_a_save_holds_less_than_the_state(root, live, copied):
+    """Host memory a user budgets for: the snapshot buffers hold the state but for what
+    is written live (here both 16 MiB moments of the weight), and the checkpoint still
+    restores it all."""
+    state = big_state()
+    nbytes = sum(t.numel() * t.element_size() for t in (*state.model.parameters(),
+                 *(m for s in state.optimizer.state.values() for m in s.values())))
+    saved = [m.clone() for s in state.optimizer.state.values() for m in s.values()]
+    ckpt = Checkpointer(state, config(root, num_files=2, validation=None, write_live_fraction=live))
+    assert ckpt.save(1, kind="notice").committed
+    assert ckpt.save(2, kind="periodic").committed is None
+    ckpt.close()
+    assert ckpt.host_buffer_bytes == pytest.approx(copied * nbytes, rel=0.01)
+
+    resumed = big_state()
+    assert Checkpointer(resumed, config(root, validation=None)).load_latest() == 2
+    assert all(torch.equal(a, b) for a, b in zip((m for s in resumed.optimizer.state.values() for m in s.values()), saved))
 
 
 def test_a_notice_abandons_an_older_in_flight_persist_and_commits_its_own_step(root):
@@ -193,6 +227,7 @@ def test_without_the_status_variable_report_does_nothing(monkeypatch):
     ("every_steps", 0, "every_steps=0 must be >= 1"),
     ("interval_s", -1, "interval_s=-1 must be > 0"),
     ("pace_fraction", 2, "pace_fraction=2 must be in"),
+    ("write_live_fraction", 1.5, "write_live_fraction=1.5 must be in"),
     ("uri", "", "set RESPAWN_CHECKPOINT_URI"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(root, field, value, message):

@@ -45,6 +45,29 @@ def test_it_makes_a_multipart_object_visible_only_on_close(storage):
     assert storage.read("job-7/step-00000100/__0_0.distcp") == data
 
 
+def test_a_background_writer_takes_page_aligned_and_unaligned_spans_alike(storage):
+    """A paced persist's writer (on local disk: direct I/O for page-aligned spans of a
+    writable buffer, the page cache for the rest) stores exactly the bytes it was given,
+    whatever mix of alignments they came in, and the caller may reuse each span at once."""
+    import torch
+
+    from agents.checkpoint.snapshot import PAGE, _page_aligned
+
+    data = random_bytes(3 * MIB + 5 * PAGE + 17)
+    aligned = _page_aligned(len(data))
+    aligned.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    span = memoryview(aligned.numpy()).cast("B")
+    cuts = [0, 2 * MIB, 2 * MIB + 100, 2 * MIB + 100 + PAGE, 3 * MIB + 4 * PAGE, len(data)]
+    writer = storage.open_writer("bg/data", background=True)
+    for start, end in zip(cuts, cuts[1:]):
+        piece = span[start:end] if start % PAGE == 0 else bytes(span[start:end])
+        writer.write(piece)
+        if start % PAGE == 0:
+            aligned[start:end].zero_()  # written: the persist may change it now
+    writer.close()
+    assert storage.read("bg/data") == data
+
+
 def test_it_streams_and_seeks_through_an_object(storage):
     data = random_bytes(MULTIPART_BYTES, seed=2)
     writer = storage.open_writer("blob")

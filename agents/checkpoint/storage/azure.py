@@ -125,7 +125,7 @@ class AzureBlobStorage:
     def _blob(self, key: str):
         return self._container.get_blob_client(self._root.object_name(key))
 
-    def open_writer(self, key: str) -> AzureBlockWriter:
+    def open_writer(self, key: str, background: bool = False) -> AzureBlockWriter:
         return AzureBlockWriter(self._blob(key), self._root.bucket, self.url_for(key), self._config)
 
     def write_atomic(self, key: str, data: bytes) -> None:

@@ -27,7 +27,10 @@ class UnknownSchemeError(StorageError):
 
 @runtime_checkable
 class Writer(Protocol):
-    def write(self, data: bytes | memoryview) -> int: ...
+    def write(self, data: bytes | memoryview) -> int:
+        """Take all of `data`. The caller may change it once this returns (it may be a
+        training tensor's own memory), so a writer copies what it keeps."""
+        ...
 
     def close(self) -> None: ...
 
@@ -38,7 +41,11 @@ class Writer(Protocol):
 class Storage(Protocol):
     uri: str  # the root this backend was opened with, e.g. "s3://bucket/prefix"
 
-    def open_writer(self, key: str) -> Writer: ...
+    def open_writer(self, key: str, background: bool = False) -> Writer:
+        """A writer whose object appears under `key` only on `close()`. `background`: a
+        paced write beside training, where less CPU matters more than latency (local
+        files then bypass the page cache); object stores upload the same either way."""
+        ...
 
     def write_atomic(self, key: str, data: bytes) -> None: ...
 

@@ -142,7 +142,7 @@ class GCSStorage:
     def _blob(self, key: str) -> storage.Blob:
         return self._bucket.blob(self._root.object_name(key))
 
-    def open_writer(self, key: str) -> GCSWriter:
+    def open_writer(self, key: str, background: bool = False) -> GCSWriter:
         return GCSWriter(self._blob(key), self.url_for(key), self._root.bucket, self._chunk_size)
 
     def write_atomic(self, key: str, data: bytes) -> None:

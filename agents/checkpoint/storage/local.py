@@ -4,10 +4,18 @@ Durability: a data file is written to a temporary name, fsynced, renamed into
 place and its directory fsynced on `close()`; small objects (manifest, LATEST)
 go through the same tmp + fsync + rename + fsync-dir path in `write_atomic`.
 A crash therefore leaves at worst `*.tmp-*` files, which no reader looks at.
+
+A background writer (a paced periodic persist) writes page-aligned spans with
+O_DIRECT: measured on a 2-core VM, buffered writes of 1 GiB spread over 8 s cut a
+training loop to 0.7-0.8 of its speed (page-cache copies, then kernel writeback
+at normal priority), direct ones left it untouched. Unaligned spans, and
+filesystems that refuse O_DIRECT (tmpfs), go through the page cache as before.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
 import uuid
@@ -18,6 +26,7 @@ from urllib.parse import urlparse
 from .base import StorageError
 
 TMP_MARKER = ".tmp-"
+DIRECT_ALIGN = 4096  # covers 512-byte and 4 KiB logical blocks
 
 
 def _fsync_dir(path: Path) -> None:
@@ -44,37 +53,77 @@ def _make_dirs_durable(path: Path) -> None:
         _fsync_dir(directory.parent)
 
 
+def _address(view: memoryview) -> int | None:
+    """Where a writable buffer's bytes start (None for read-only ones, never aligned on purpose)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except TypeError:
+        return None
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
 class LocalWriter:
     """One data file; visible under its final name only after `close()`."""
 
-    def __init__(self, final: Path):
+    def __init__(self, final: Path, direct: bool = False):
         self._final = final
         self._tmp = final.with_name(f"{final.name}{TMP_MARKER}{uuid.uuid4().hex[:8]}")
         self._fd: int | None = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._direct_fd: int | None = None
+        if direct:
+            try:
+                self._direct_fd = os.open(self._tmp, os.O_WRONLY | os.O_DIRECT)
+            except OSError:
+                pass  # the filesystem has no direct I/O: the page cache it is
+        self._offset = 0
 
     def write(self, data: bytes | memoryview) -> int:
         view = memoryview(data).cast("B")
-        written = 0
-        while written < len(view):
-            written += os.write(self._fd, view[written:])
-        return written
+        total = len(view)
+        aligned = total - total % DIRECT_ALIGN
+        address = _address(view) if self._direct_fd is not None and aligned else None
+        if address is not None and address % DIRECT_ALIGN == 0 and self._offset % DIRECT_ALIGN == 0:
+            try:
+                _pwrite_all(self._direct_fd, view[:aligned], self._offset)
+                self._offset += aligned
+                view = view[aligned:]
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._close_direct()  # a device with larger blocks: buffered from here on
+        _pwrite_all(self._fd, view, self._offset)
+        self._offset += len(view)
+        return total
 
     def close(self) -> None:
         if self._fd is None:
             return
         try:
-            os.fsync(self._fd)
+            os.fsync(self._fd)  # the inode's data, whichever descriptor wrote it
         finally:
-            os.close(self._fd)
-            self._fd = None
+            self._close_fds()
         os.replace(self._tmp, self._final)
         _fsync_dir(self._final.parent)
 
     def abort(self) -> None:
+        self._close_fds()
+        self._tmp.unlink(missing_ok=True)
+
+    def _close_direct(self) -> None:
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
+
+    def _close_fds(self) -> None:
+        self._close_direct()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._tmp.unlink(missing_ok=True)
 
 
 class LocalStorage:
@@ -94,10 +143,10 @@ class LocalStorage:
             raise StorageError(f"key {key!r} escapes storage root {self.uri!r}")
         return path
 
-    def open_writer(self, key: str) -> LocalWriter:
+    def open_writer(self, key: str, background: bool = False) -> LocalWriter:
         path = self._path(key)
         _make_dirs_durable(path.parent)
-        return LocalWriter(path)
+        return LocalWriter(path, direct=background)
 
     def write_atomic(self, key: str, data: bytes) -> None:
         writer = self.open_writer(key)

@@ -101,9 +101,13 @@ class S3Storage:
         self._config = config or PartedUploadConfig()
         # Several files upload at once, each with max_concurrency parts in flight.
         pool = max(64, 4 * self._config.max_concurrency)
-        self._client = boto3.session.Session().client(
-            "s3", config=Config(max_pool_connections=pool, retries={"mode": "standard"})
-        )
+        # Every part carries a CRC32 that S3 checks, so a SHA-256 of the body in the
+        # signature adds nothing but a second pass over every byte. botocore already
+        # leaves it out over https; on plain http (MinIO on a LAN, emulators) it would
+        # hash every part, so it is turned off here explicitly.
+        self._client = boto3.session.Session().client("s3", config=Config(
+            max_pool_connections=pool, retries={"mode": "standard"}, s3={"payload_signing_enabled": False},
+        ))
         self._probe()
 
     def _probe(self) -> None:
@@ -114,7 +118,7 @@ class S3Storage:
     def _errors(self, key: str):
         return _s3_errors(self._root.url_for(key), self._root.bucket)
 
-    def open_writer(self, key: str) -> S3Writer:
+    def open_writer(self, key: str, background: bool = False) -> S3Writer:
         return S3Writer(self._client, self._root.bucket, self._root.object_name(key), self.url_for(key), self._config)
 
     def write_atomic(self, key: str, data: bytes) -> None:
