@@ -52,9 +52,11 @@ from .reader import CheckpointRef, committed, list_checkpoints, load, ref_from_u
 from .snapshot import SnapshotBuffers
 from .state import TrainState
 from .storage import Storage, open_storage
+from .storage.local import LocalStorage
 from .validation import ReferenceLoss, ValidationSettings, Verdict, mark, validate_loaded
 
 DEFAULT_INTERVAL_S = 600.0
+LOCAL_LIVE_FRACTION = 0.5
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,13 +90,14 @@ class CheckpointConfig:
     forward/backward (the TrainState's optimizer waits for it before its next step).
     Turn off if the loop changes weights between a save and the optimizer's next step
     by other means than the optimizer. CUDA tensors are copied at once either way."""
-    write_live_fraction: float = 0.125
+    write_live_fraction: float | None = None
     """With `overlap_snapshot`: up to this share of the state, taken from the optimizer's
     moments (never the weights, which the reference loss reads later), is written
     straight from the training state during the next step's forward/backward instead
     of being copied, so a save's extra host memory is about (1 - this) x the state.
-    That step's `optimizer.step()` waits for those writes: lower it (0 copies all)
-    where the storage is slow; a notice save writes the same tensors in place too."""
+    That step's `optimizer.step()` waits for those writes, so the default depends on
+    the storage: 0.5 on a local disk (direct I/O takes them at memory speed), 0 (copy
+    everything) on an object store, where they would wait for the upload."""
     checkpoints_file: str | None = None
     control_file: str | None = None
     notice_file: str | None = None
@@ -112,7 +115,7 @@ class CheckpointConfig:
             raise ConfigError(f"num_files={self.num_files} must be >= 1")
         if not 0 < self.pace_fraction <= 1:
             raise ConfigError(f"pace_fraction={self.pace_fraction} must be in (0, 1]")
-        if not 0 <= self.write_live_fraction <= 1:
+        if self.write_live_fraction is not None and not 0 <= self.write_live_fraction <= 1:
             raise ConfigError(f"write_live_fraction={self.write_live_fraction} must be in [0, 1]")
         if self.notice_budget_s <= 0:
             raise ConfigError(f"notice_budget_s={self.notice_budget_s} must be > 0")
@@ -195,6 +198,9 @@ class Checkpointer:
         self.state = state
         self.config = config
         self.storage: Storage = open_storage(config.uri)
+        self._live_fraction = config.write_live_fraction
+        if self._live_fraction is None:
+            self._live_fraction = LOCAL_LIVE_FRACTION if isinstance(self.storage, LocalStorage) else 0.0
         self.coord = Coordinator()
         self.rank = self.coord.rank
         self._buffers = SnapshotBuffers(config.num_files)
@@ -386,7 +392,7 @@ class Checkpointer:
         moments = {t.data_ptr() for per_param in optimizer.state.values()
                    for t in per_param.values() if isinstance(t, torch.Tensor)}
         owned = [i for i, t in enumerate(tensors) if not t.is_cuda and t.numel() and t.data_ptr() in params | moments]
-        budget = self.config.write_live_fraction * sum(t.numel() * t.element_size() for t in tensors)
+        budget = self._live_fraction * sum(t.numel() * t.element_size() for t in tensors)
         live = []
         for i in sorted(owned, key=lambda i: -tensors[i].numel() * tensors[i].element_size()):
             nbytes = tensors[i].numel() * tensors[i].element_size()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,13 +76,18 @@ def load(ref: CheckpointRef, rank: int = 0) -> LoadedCheckpoint:
     if rank >= meta.get("world_size", 1):
         raise CorruptCheckpointError(f"checkpoint {ref.uri} was saved by {meta.get('world_size', 1)} ranks, rank {rank} has no state in it")
     rank_state = meta if rank == 0 else _read_json(ref, man, layout.rank_state_file(rank))
-    buffers = {}
-    for index in sorted({slot["file"] for slot in rank_state["slots"]}):
-        name = layout.data_file(rank, index)
+    names = {index: layout.data_file(rank, index) for index in sorted({slot["file"] for slot in rank_state["slots"]})}
+    for name in names.values():
         if name not in man.files:
             raise CorruptCheckpointError(f"checkpoint {ref.uri}: its manifest does not list data file {name}")
+
+    def read(name: str) -> torch.Tensor:
         data = manifest.read_verified(ref.storage, ref.name, name, man.files[name])
-        buffers[index] = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+    # The files were written in parallel; read (and verify) them in parallel too.
+    with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="ckpt-read") as pool:
+        buffers = dict(zip(names, pool.map(read, names.values())))
     tensors = [view_of(buffers.get(s.file), s) for s in map(Slot.from_json, rank_state["slots"])]
     state = codec.unflatten(rank_state["skeleton"], tensors)
     meta = {k: v for k, v in meta.items() if k not in ("skeleton", "slots")}

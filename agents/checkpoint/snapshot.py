@@ -10,8 +10,9 @@ them straight from the training state's own memory, before the optimizer's next
 step may change them (the Checkpointer makes that step wait). That is what keeps
 a save's extra host memory below the size of the state.
 
-Each buffer starts on a page boundary both in memory and in its file, so a local
-background writer can hand it to the disk with direct I/O (storage/local.py).
+Each buffer starts on a page boundary both in memory and in its file, and each live
+tensor sits at the same offset within a page in its file as in memory, so a local
+background writer can hand their pages to the disk with direct I/O (storage/local.py).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def plan_slots(tensors: list[torch.Tensor], num_files: int,
             offset = live_ends[f] = -(-offset // PAGE) * PAGE  # the buffer starts on a page
             for i in group:
                 t = tensors[i]
+                if i in live:  # same offset within a page in memory and in the file: direct I/O can take it
+                    offset += (t.data_ptr() - offset) % PAGE
                 slots[i] = Slot(f, offset, _nbytes(t), t.dtype, tuple(t.shape))
                 offset += _padded(_nbytes(t))
         sizes[f] = offset
