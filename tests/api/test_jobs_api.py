@@ -7,18 +7,13 @@ from rest_framework.test import APIClient
 
 from jobs.choices import InstanceState, JobStatus
 from jobs.models import ApiToken, Job, JobEvent
+from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 
 
 @pytest.fixture
 def setup(db):
     return make_team_with_members()
-
-
-def client_for(person):
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {person.token}")
-    return client
 
 
 def test_member_submits_a_job_and_it_waits_in_the_queue(setup):

@@ -3,10 +3,10 @@
 from decimal import Decimal
 
 from django.test import Client
-from rest_framework.test import APIClient
 
 from frontend.selectors import display_money
 from jobs.models import PriceQuote
+from tests.api.clients import client_for
 from tests.costs.history import T, heartbeats, launched, make_history
 from tests.factories import make_team_with_members
 
@@ -18,9 +18,7 @@ def signed_in(person):
 
 
 def api_cost(person, job):
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {person.token}")
-    return client.get(f"/api/v1/jobs/{job.pk}/cost/").json()
+    return client_for(person).get(f"/api/v1/jobs/{job.pk}/cost/").json()
 
 
 def test_the_jobs_list_and_the_job_page_show_the_apis_money(db):

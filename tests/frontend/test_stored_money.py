@@ -6,12 +6,12 @@ import datetime as dt
 from decimal import Decimal
 
 from django.test import Client
-from rest_framework.test import APIClient
 
 from jobs import costs
 from jobs.api.costs import job_cost_data, team_month_data
 from jobs.choices import InstanceState
 from jobs.models import DiskPriceQuote, Instance, Job, MetricPoint, PriceQuote
+from tests.api.clients import client_for
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history
 from tests.factories import make_job, make_team_with_members
 
@@ -29,9 +29,7 @@ def overview(client, team):
 
 
 def api_month(person, team):
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {person.token}")
-    return client.get(f"/api/v1/teams/{team.pk}/cost/?month=2026-03").json()
+    return client_for(person).get(f"/api/v1/teams/{team.pk}/cost/?month=2026-03").json()
 
 
 def test_the_overviews_month_is_the_ledgers_as_instances_start_end_and_report_late(db):
@@ -92,8 +90,7 @@ def test_a_job_priced_live_and_then_settled_shows_the_apis_figure(db):
     assert row["spent"] is not None and row["cost_error"] is None
     Instance.objects.filter(pk=running.pk).update(state=InstanceState.ENDED, ended_at=T(3, 5, 2),
                                                   end_reason="completed")
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {member.token}")
+    api = client_for(member)
     figures = api.get(f"/api/v1/jobs/{job.pk}/cost/").json()
     for _ in range(2):  # priced, then from the store
         row = client.get("/jobs.json").json()["rows"][0]
@@ -111,8 +108,7 @@ def test_a_stopped_disk_bills_live_until_released_and_the_stored_figure_follows(
                                   observed_at=T(1, 1))  # 0.10 $/h
     Instance.objects.filter(pk=a.pk).update(stopped_disk_sku="P10 LRS")  # a was evicted and its VM kept its disk
     client, viewer = signed_in(member), signed_in(setup.people["viewer"])
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Bearer {member.token}")
+    api = client_for(member)
 
     for _ in range(2):  # not released: billed up to each poll's now, never stored
         status = client.get(f"/jobs/{job.pk}/status.json").json()
