@@ -9,6 +9,7 @@ against deliberate tampering: validation is.)
 from __future__ import annotations
 
 import json
+import mmap
 from dataclasses import dataclass
 
 import xxhash
@@ -104,7 +105,7 @@ def _file_name(name: str) -> str:
     return name
 
 
-def read_verified(storage: Storage, ckpt: str, name: str, entry: FileEntry) -> bytearray:
+def read_verified(storage: Storage, ckpt: str, name: str, entry: FileEntry) -> bytearray | mmap.mmap:
     """The whole of one file, after checking it against its manifest entry."""
     where = storage.url_for(f"{ckpt}/{name}")
     key = f"{ckpt}/{name}"
@@ -116,15 +117,36 @@ def read_verified(storage: Storage, ckpt: str, name: str, entry: FileEntry) -> b
         raise CorruptCheckpointError(
             f"checkpoint {storage.url_for(ckpt)}: file {name} is {actual_size} bytes, manifest says {entry.size} (truncated or overwritten)"
         )
-    data = bytearray(entry.size)
+    # A backend that can map files (local disks) hands over the page cache itself:
+    # no copy of the bytes and no fresh pages to fault in, half of a validation's time.
+    map_private = getattr(storage, "map_private", None)
+    if map_private is not None and entry.size:
+        data = map_private(key)
+        if len(data) != entry.size:
+            raise CorruptCheckpointError(f"{where}: {len(data)} bytes, manifest says {entry.size} (truncated or overwritten)")
+        digest = new_digest()
+        digest.update(data)
+        filled = entry.size
+    else:
+        data, filled, digest = _read_whole(storage, key, entry.size)
+    if filled != entry.size:
+        raise CorruptCheckpointError(f"{where}: read {filled} of {entry.size} bytes (truncated)")
+    if digest.hexdigest() != entry.digest:
+        raise CorruptCheckpointError(f"checkpoint {storage.url_for(ckpt)}: file {name} fails its {ALGORITHM} digest (corrupted)")
+    return data
+
+
+def _read_whole(storage: Storage, key: str, size: int):
+    """(bytes, how many arrived, their digest): read in chunks straight into the result."""
+    data = bytearray(size)
     view = memoryview(data)
     digest = new_digest()
     filled = 0
     with storage.open_reader(key) as reader:
         # Straight into the result where the reader can (files): no chunk copied twice.
         readinto = getattr(reader, "readinto", None)
-        while filled < entry.size:
-            window = view[filled : filled + min(READ_CHUNK, entry.size - filled)]
+        while filled < size:
+            window = view[filled : filled + min(READ_CHUNK, size - filled)]
             if readinto is not None:
                 got = readinto(window) or 0
             else:
@@ -135,11 +157,7 @@ def read_verified(storage: Storage, ckpt: str, name: str, entry: FileEntry) -> b
                 break
             digest.update(window[:got])
             filled += got
-    if filled != entry.size:
-        raise CorruptCheckpointError(f"{where}: read {filled} of {entry.size} bytes (truncated)")
-    if digest.hexdigest() != entry.digest:
-        raise CorruptCheckpointError(f"checkpoint {storage.url_for(ckpt)}: file {name} fails its {ALGORITHM} digest (corrupted)")
-    return data
+    return data, filled, digest
 
 
 def verify_all(storage: Storage, ckpt: str) -> Manifest:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
 import os
 import shutil
 import uuid
@@ -169,6 +170,17 @@ class LocalStorage:
     def open_reader(self, key: str) -> BinaryIO:
         try:
             return open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise StorageError(f"{self.url_for(key)} does not exist") from None
+
+    def map_private(self, key: str) -> mmap.mmap:
+        """The file's bytes as a private mapping, pages read in up front: writes to it stay
+        in this process. Checkpoint files are never rewritten in place (a new one is
+        renamed over, or unlinked), so the mapping never sees them change."""
+        try:
+            with open(self._path(key), "rb") as f:
+                return mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+                                 prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except FileNotFoundError:
             raise StorageError(f"{self.url_for(key)} does not exist") from None
 
