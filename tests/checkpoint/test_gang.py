@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from agents.checkpoint import init_process_group
+from agents.checkpoint import init_process_group, leave_process_group
 from agents.checkpoint import layout
 from agents.checkpoint.reader import CheckpointRef, committed, load
 from agents.checkpoint.storage.local import LocalStorage
@@ -46,7 +45,7 @@ def start_gang(root: str) -> list[int]:
                 init_process_group("gloo", timeout_s=30, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
                 ckpt = tiny_gang.train(config(root, every_steps=10, handle_signals=True), STEPS)
                 Path(root, f"exit-rank{rank}.json").write_text(json.dumps({"stopped": ckpt.should_stop, "step": ckpt.last_outcome.step}))
-                dist.destroy_process_group()
+                leave_process_group()
                 code = 0
             except BaseException as exc:
                 print(f"rank {rank} failed: {type(exc).__name__}: {exc}", flush=True)
