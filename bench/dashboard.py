@@ -106,7 +106,7 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
         with cur.copy("COPY jobs_instance (job_id, rank, world_size, purpose, provider, region, zone, instance_type, "
                       "market, client_token, state, end_reason, requested_at, registered_at, running_at, ended_at, "
                       "last_step, provider_instance_id, hostname, agent_version, rendezvous_addr, "
-                      "requested_action) FROM STDIN") as copy:
+                      "requested_action, stopped_disk_sku) FROM STDIN") as copy:
             for n, job_id in enumerate(job_ids):
                 start = now - dt.timedelta(days=60) * (n / jobs) - dt.timedelta(hours=6)
                 for k in range(INSTANCES_PER_JOB):
@@ -116,7 +116,7 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
                                     "on_demand" if k == 3 else "spot", uuid.uuid4(), "ended",
                                     "completed" if last else "preempted", begin - dt.timedelta(seconds=30),
                                     begin + dt.timedelta(seconds=90), begin + dt.timedelta(seconds=90),
-                                    begin + dt.timedelta(minutes=50), (k + 1) * 2_000, "", "", "", "", ""))
+                                    begin + dt.timedelta(minutes=50), (k + 1) * 2_000, "", "", "", "", "", ""))
         cur.execute("INSERT INTO jobs_checkpoint (checkpoint_id, job_id, instance_id, step, uri, bytes, "
                     "manifest_digest, kind, committed_at, stall_s, validation, validation_message, created_at) "
                     "SELECT gen_random_uuid(), job_id, id, last_step - 100, 'file:///ckpt', 1048576, 'xxh3:0', "
