@@ -164,24 +164,34 @@ def steps_per_s(state: TrainState, seconds: float) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def speed_during_persist(state: TrainState, uri: str, interval_s: float, repeats: int) -> tuple[float, float]:
-    """Steps/s over each whole paced periodic persist against steps/s over as long right
-    after it without checkpointing: the median of those per-window ratios (back to back,
-    so drift in the VM's speed hits both), and the longest persist as a fraction of the interval."""
+def speed_during_persist(state: TrainState, uri: str, interval_s: float, repeats: int) -> tuple[float, float, float]:
+    """Steps/s over each whole paced periodic persist against steps/s without checkpointing
+    over as long right before and right after it (so a drift in the VM's speed hits both
+    sides alike; one round's after is the next one's before): the median of those
+    per-window ratios, the median training time lost per save (seconds), and the longest
+    persist as a fraction of the interval. A first save, not counted, allocates the
+    snapshot buffers, as in any run's first minutes."""
     ckpt = Checkpointer(state, CheckpointConfig(uri=uri, interval_s=interval_s, validation=VALIDATION, handle_signals=False))
-    ratios, persist_fraction = [], 0.0
-    for step in range(1, repeats + 1):
+    ckpt.save(1, kind="periodic")
+    ckpt.wait()
+    before = steps_per_s(state, ckpt.config.pace_fraction * interval_s)
+    ratios, lost, persist_fraction = [], [], 0.0
+    for step in range(2, repeats + 2):
         outcome = ckpt.save(step, kind="periodic")
         start, steps = time.perf_counter(), 0
         while outcome.committed is None:
             train_step(state)
             steps += 1
-        persist_s = time.perf_counter() - start
+        window = time.perf_counter() - start
         persist_fraction = max(persist_fraction, (outcome.save_s or 0) / interval_s)
-        ratios.append(steps / persist_s / steps_per_s(state, persist_s))
+        after = steps_per_s(state, window)
+        baseline = (before + after) / 2
+        ratios.append(steps / window / baseline)
+        lost.append(window - steps / baseline)
+        before = after
     ckpt.close()
     drop(uri)
-    return statistics.median(ratios), persist_fraction
+    return statistics.median(ratios), statistics.median(lost), persist_fraction
 
 
 def notice_save(state: TrainState, uri: str, nbytes: int) -> tuple[float, float]:
@@ -308,13 +318,17 @@ def main() -> int:
         stall_s = periodic_stall(state, f"{workdir}/periodic")
         print(f"one step {step_s:.3f} s; torch.save+fsync {sync_s:.2f} s; raw write {raw_bw / (1 << 30):.3f} GiB/s; "
               f"DCP async_save blocking {dcp_s:.3f} s; our stall {stall_s:.3f} s", flush=True)
-        # A realistic interval is minutes; this one is short enough to finish the bench, long
-        # enough that a paced persist uses a fraction of the disk (it must finish in half of it).
-        interval = args.interval or max(20.0, 10 * nbytes / raw_bw)
-        speed_ratio, persist_fraction = speed_during_persist(state, f"{workdir}/paced", interval, args.repeats)
+        # A save costs training about the same time whatever the interval (mostly the disk
+        # writes themselves: on the development VM each GiB written direct slowed a concurrent
+        # training loop by 0.4-1.2 s however it was paced), so this figure is that cost over
+        # the persist's window. The default interval is 600 s; this one is a
+        # tenth of that, or 20 raw writes of the state if longer, to keep the bench minutes long.
+        interval = args.interval or max(60.0, 20 * nbytes / raw_bw)
+        speed_ratio, lost_s, persist_fraction = speed_during_persist(state, f"{workdir}/paced", interval, args.repeats)
         validate_s = validation_seconds(state, f"{workdir}/validate")
-        print(f"periodic interval {interval:.0f} s (the longest "
-              f"persist took {persist_fraction:.2f} of it); validation {validate_s:.2f} s", flush=True)
+        print(f"periodic interval {interval:.0f} s (the longest persist took {persist_fraction:.2f} of it); "
+              f"training time lost per periodic save {lost_s:.2f} s ({lost_s / step_s:.1f} steps); "
+              f"validation {validate_s:.2f} s", flush=True)
         del state
         baseline_rss = peak_rss_bytes("baseline", f"{workdir}/rss")
         save_rss = peak_rss_bytes("save", f"{workdir}/rss")

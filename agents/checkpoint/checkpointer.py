@@ -369,7 +369,7 @@ class Checkpointer:
         started = time.monotonic()
         tensors: list[torch.Tensor] = []
         skeleton = flatten(self.state.state_dict(), tensors)
-        owned, live = self._optimizer_owned(tensors)
+        owned, live = self._overlap_plan(tensors)
         later = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
             "format": layout.FORMAT, "step": step, "kind": kind, "world_size": self.coord.world_size,
@@ -381,7 +381,7 @@ class Checkpointer:
             meta["validation"] = self.config.validation.to_json()
         return meta, time.monotonic() - started, tensors, later
 
-    def _optimizer_owned(self, tensors: list[torch.Tensor]) -> tuple[frozenset[int], frozenset[int]]:
+    def _overlap_plan(self, tensors: list[torch.Tensor]) -> tuple[frozenset[int], frozenset[int]]:
         """Indices of the host tensors that only the optimizer's step writes (the
         parameters it updates and its per-parameter state), and those of them to
         write live: the largest moments, up to `write_live_fraction` of the state."""

@@ -8,7 +8,7 @@ A crash therefore leaves at worst `*.tmp-*` files, which no reader looks at.
 A background writer (a paced periodic persist) writes whole pages with O_DIRECT:
 measured on a 2-core VM, buffered writes of 1 GiB spread over 8 s cut a 2-thread
 training loop to 0.7-0.8 of its speed (page-cache copies, then kernel writeback at
-normal priority); direct ones left it untouched. Ragged ends, and filesystems that
+normal priority); direct ones cost it a few percent. Ragged ends, and filesystems that
 refuse O_DIRECT (tmpfs), go through the page cache.
 """
 
