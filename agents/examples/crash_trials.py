@@ -99,13 +99,22 @@ class TrialResult:
     problem: str = ""
 
 
+def _writing_data_file(uri: str) -> bool:
+    """Whether a persist is writing a data file now. The run's rotation may remove a step
+    directory while it is being listed: Python 3.11's glob lets that FileNotFoundError out."""
+    try:
+        return any(TMP_MARKER in p.name for p in Path(uri).glob("step-*/*"))
+    except FileNotFoundError:
+        return False
+
+
 def _kill_when(pid: int, uri: str, mode: str, rng: random.Random) -> None:
     """Deliver the trial's signal: at a random moment, or while a persist is writing."""
     if mode == "mid-persist":
         time.sleep(rng.uniform(0, 0.8))  # then the next persist that is writing, whichever it is
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            if any(TMP_MARKER in p.name for p in Path(uri).glob("step-*/*")):
+            if _writing_data_file(uri):
                 time.sleep(rng.uniform(0, 0.02))
                 break
             time.sleep(0.001)
