@@ -9,7 +9,6 @@ string (split with shlex)."""
 from __future__ import annotations
 
 import datetime as dt
-import difflib
 import math
 import re
 import shlex
@@ -17,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from respawncli.names import closest_name
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 CLOUDS = ("aws", "gcp", "azure", "local")
@@ -107,8 +108,8 @@ def load_job_spec(path: Path) -> JobSpec:
             continue
         spec.lines[name] = line
         if name not in FIELDS:
-            close = difflib.get_close_matches(name, FIELDS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else "; see docs/job-spec.example.yaml for the fields"
+            close = closest_name(name, FIELDS)
+            hint = f"; did you mean '{close}'?" if close else "; see docs/job-spec.example.yaml for the fields"
             problems.append(f"{path}:{line}: unknown field '{name}'{hint}")
             continue
         unquoted = _env_values_not_text(value_node) if name == "env" else []

@@ -2,7 +2,8 @@
 operation can give, in the one error shape of jobs/api/errors.py, so a client
 (and the schema fuzz tests) can rely on the schema for failures too."""
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import (OpenApiAuthenticationExtension, OpenApiSerializerExtension,
+                                        OpenApiSerializerFieldExtension)
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import permissions, serializers
 from rest_framework.authentication import SessionAuthentication
@@ -36,6 +37,30 @@ class HeartbeatTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return []
+
+
+class RefusesUnknownFieldsScheme(OpenApiSerializerExtension):
+    """Such a request body takes no property beyond those listed (a 400 names any other)."""
+
+    target_class = "jobs.api.serializers.RefusesUnknownFields"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema
+
+
+class TeamFieldScheme(OpenApiSerializerFieldExtension):
+    """Sent as a name or an id; answered as the id."""
+
+    target_class = "jobs.api.serializers.TeamField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        if direction == "request":
+            return {"oneOf": [{"type": "integer"}, {"type": "string"}], "description": "The team's name or id."}
+        return {"type": "integer", "description": "The team's id."}
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from rest_framework import serializers
 
 from jobs.choices import FailureCause
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
+from respawncli.names import closest_name
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
@@ -39,9 +41,52 @@ def _string_list(value, field, *, allow_empty=True):
     return value
 
 
-class JobSerializer(serializers.ModelSerializer):
+class RefusesUnknownFields:
+    """A body key that is no writable field is refused (400 naming it), not dropped:
+    dropped, a misspelt `totl_steps` made a job with no total. The suggestion is the
+    one the CLI's job-file check makes (respawncli.names)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, Mapping):
+            writable = [name for name, field in self.fields.items() if not field.read_only]
+            errors = {key: [self._why_refused(key, writable)] for key in data if key not in writable}
+            if errors:
+                raise serializers.ValidationError(errors)
+        return super().to_internal_value(data)
+
+    def _why_refused(self, key: str, writable: list[str]) -> str:
+        if key in self.fields:
+            return f"'{key}' is set by the server; it cannot be submitted"
+        close = closest_name(key, writable)
+        return f"unknown field '{key}'" + (f"; did you mean '{close}'?" if close else f"; known fields: {', '.join(writable)}")
+
+
+class TeamField(serializers.PrimaryKeyRelatedField):
+    """A team by name or by id, as the CLI takes it. Names are looked up among the
+    requester's own teams only, so an unknown name tells nothing about other teams."""
+
+    default_error_messages = {"no_team_named": "you are in no team '{name}'; your teams: {names}"}
+
+    def __init__(self, **kwargs):
+        super().__init__(queryset=Team.objects.all(), **kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            return super().to_internal_value(data)
+        from jobs.permissions import visible_team_ids
+
+        yours = Team.objects.filter(pk__in=visible_team_ids(self.context["request"].user)).order_by("name")
+        named = next((team for team in yours if team.name == data), None)
+        if named is not None:
+            return named
+        if data.isdigit():
+            return super().to_internal_value(data)
+        self.fail("no_team_named", name=data, names=", ".join(team.name for team in yours) or "none")
+
+
+class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
-    team = serializers.PrimaryKeyRelatedField(queryset=Team.objects.all())
+    team = TeamField()
     command = serializers.JSONField(help_text="argv list, e.g. [\"python\", \"train.py\"]")
     newest_checkpoint_step = serializers.IntegerField(source="newest_checkpoint.step", read_only=True,
                                                       default=None, allow_null=True)

@@ -89,3 +89,36 @@ def test_openapi_schema_describes_both_apis(client):
     paths = response.json()["paths"]
     assert "/api/v1/jobs/" in paths and "/api/agent/v1/heartbeat" in paths
     assert response.json()["openapi"].startswith("3.")
+
+
+def test_an_unknown_field_is_refused_naming_it_and_the_field_meant(setup):
+    response = client_for(setup.people["member"]).post("/api/v1/jobs/", {
+        "team": setup.team.pk, "name": "x", "command": ["python", "train.py"], "totl_steps": 5000,
+        "status": "running",
+    }, format="json")
+    assert response.status_code == 400, response.content
+    errors = response.json()["errors"]
+    assert errors["totl_steps"] == ["unknown field 'totl_steps'; did you mean 'total_steps'?"]
+    assert errors["status"] == ["'status' is set by the server; it cannot be submitted"]
+    assert Job.objects.count() == 0
+
+
+def test_a_team_is_taken_by_name_or_by_id(setup):
+    client = client_for(setup.people["member"])
+    body = {"name": "x", "command": ["python", "train.py"]}
+    by_name = client.post("/api/v1/jobs/", {**body, "team": setup.team.name}, format="json")
+    by_id = client.post("/api/v1/jobs/", {**body, "team": setup.team.pk}, format="json")
+    assert (by_name.status_code, by_id.status_code) == (201, 201), (by_name.content, by_id.content)
+    assert by_name.json()["team"] == by_id.json()["team"] == setup.team.pk
+    # Another team's name reads as no team at all: names of other teams are not disclosed.
+    other = client.post("/api/v1/jobs/", {**body, "team": setup.other_team.name}, format="json")
+    assert other.status_code == 400
+    assert other.json()["errors"]["team"] == [f"you are in no team '{setup.other_team.name}'; your teams: {setup.team.name}"]
+    assert Job.objects.count() == 2
+
+
+def test_the_schema_says_which_fields_a_job_takes_and_how_its_team_is_named(client):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()["components"]["schemas"]
+    assert schema["JobRequest"]["additionalProperties"] is False
+    assert schema["JobRequest"]["properties"]["team"]["oneOf"] == [{"type": "integer"}, {"type": "string"}]
+    assert schema["Job"]["properties"]["team"]["type"] == "integer"
