@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-wait", type=float, metavar="SECONDS",
                    help="with --follow: give up (exit 1) if the job has not ended after this long")
     p.add_argument("--poll", type=float, default=2.0, metavar="SECONDS", help="with --follow: check this often")
+    p.add_argument("--retry-for", type=float, default=120.0, metavar="SECONDS",
+                   help="with --follow: on a dropped connection keep trying this long, then give up (default 120)")
 
     p = command("tokens", commands.tokens, "list, create or revoke your API tokens", "respawn tokens create ci --expires-in 30d")
     p.set_defaults(tokens_command="ls")

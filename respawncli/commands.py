@@ -129,12 +129,19 @@ def cancel(args) -> int:
 
 
 def logs(args) -> int:
-    """Print the job's output; with --follow keep reading until the job has ended."""
+    """Print the job's output; with --follow keep reading until the job has ended,
+    riding out dropped connections (for --retry-for seconds) from the last line printed."""
     client = api(args)
-    gang = client.get(f"jobs/{args.job}/")["nodes"] > 1
+
+    def ask(path: str, **params):
+        if args.follow:
+            return client.patiently(lambda: client.get(path, **params), for_s=args.retry_for)
+        return client.get(path, **params)
+
+    gang = ask(f"jobs/{args.job}/")["nodes"] > 1
     after, started = "", time.monotonic()
     while True:
-        page = client.get(f"jobs/{args.job}/logs/", after=after)
+        page = ask(f"jobs/{args.job}/logs/", after=after)
         for line in page["lines"]:
             if args.json:
                 print_json_line(line)

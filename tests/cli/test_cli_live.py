@@ -18,6 +18,8 @@ from django.utils import timezone
 from jobs.choices import InstanceState, JobStatus
 from jobs.models import ApiToken, Job, LogChunk
 from jobs.transitions import transition_job
+from tests.cli.resetting_proxy import ResettingProxy
+from tests.conftest import wait_until
 from tests.costs.history import make_history
 from tests.factories import make_instance, make_job, make_team_with_members
 
@@ -158,6 +160,39 @@ def test_logs_follow_prints_new_lines_and_stops_when_the_job_ends(cli):
         follower.kill()
     assert follower.returncode == 0, errors
     assert rest == "step 2 loss 1.90\ndone\n" and "succeeded" in errors
+
+
+def test_logs_follow_carries_on_over_dropped_connections_never_repeating_or_skipping_a_line(cli):
+    job = make_job(cli.setup.team, cli.setup.people["member"].user, status=JobStatus.RUNNING)
+    instance = make_instance(job, state=InstanceState.RUNNING, registered=True).instance
+    LogChunk.objects.create(instance=instance, offset=0, lines=["step 1 loss 2.30"])
+    with ResettingProxy(cli.url) as proxy:
+        env = {**cli.base_env, "RESPAWN_URL": proxy.url, "RESPAWN_TOKEN": cli.setup.people["member"].token}
+        follower = subprocess.Popen([str(RESPAWN), "logs", str(job.pk), "--follow", "--poll", "0.1", "--max-wait", "120"],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert follower.stdout.readline() == "step 1 loss 2.30\n"
+            proxy.reset_answers(3)
+            LogChunk.objects.create(instance=instance, offset=1, lines=["step 2 loss 1.90", "step 3 loss 1.70"])
+            wait_until(lambda: proxy.resets_done == 3, timeout=60, what="three answers cut by a reset")
+            LogChunk.objects.create(instance=instance, offset=3, lines=["done"])
+            transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
+            rest, errors = follower.communicate(timeout=60)
+        finally:
+            follower.kill()
+    assert follower.returncode == 0, errors
+    assert rest == "step 2 loss 1.90\nstep 3 loss 1.70\ndone\n"
+    assert errors.count("trying again in") >= 3 and "succeeded" in errors
+
+
+def test_logs_follow_gives_up_with_a_clear_message_when_the_connection_keeps_dropping(cli):
+    job = make_job(cli.setup.team, cli.setup.people["member"].user, status=JobStatus.RUNNING)
+    with ResettingProxy(cli.url) as proxy:
+        proxy.reset_answers(None)
+        result = cli("logs", str(job.pk), "--follow", "--poll", "0.1", "--retry-for", "1",
+                     env={"RESPAWN_URL": proxy.url})
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"respawn: error: gave up after 1s of trying: cannot reach the control plane at {proxy.url}" in result.stderr
 
 
 def test_logs_follow_gives_up_after_max_wait_with_exit_1(cli):
