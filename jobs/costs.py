@@ -8,17 +8,19 @@ instance's interval and work were, from what the control plane recorded:
   (its InstanceEvent), else its registration; an instance that never got a VM
   (still `requested`, or a capacity error before launch) is never billed.
   Billing ends at `ended_at`, or now while it lives.
-- Seconds per step are measured on the instance from its MetricPoints
-  (first to last heartbeat); an instance with too few points borrows the mean
-  of its job's measured instances.
+- Seconds per step are measured on the instance from its MetricPoints past its
+  resume step (an agent heartbeats before its trainer has loaded the checkpoint);
+  an instance with too few such points borrows the mean of its job's measured
+  instances.
 - Kept steps follow the chain of checkpoints resumed from, per node slot: the
   newest instance keeps what it did past its resume step; the instance that wrote
   that checkpoint keeps what it did between its own resume step and the
   checkpoint's step, and so on back. Work past a resumed checkpoint was lost.
 - Recomputed steps: what an instance ran again that an earlier instance of the
   same slot had already reached.
-- Boot/restore: billed time before the instance's first heartbeat (all of it
-  when it never sent one). Checkpoint stalls: Σ Checkpoint.stall_s.
+- Boot/restore: billed time until its trainer was at work: up to the last
+  heartbeat before the first one past its resume step (all of it while there is
+  none). Checkpoint stalls: Σ Checkpoint.stall_s.
 - A stopped disk: an instance that ended preempted with a disk its cloud keeps
   (`Instance.DISK_KEPT`: an Azure spot VM evicted with policy Deallocate) bills that
   disk from `ended_at` until `storage_released_at` (the reconciler saw the VM
@@ -43,6 +45,7 @@ from operator import or_
 
 from django.db import connection
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobs import ledger
@@ -51,6 +54,7 @@ from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, In
                          PriceQuote)
 
 MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
+RECENT_INSTANCES = 4  # looked at for a job's current speed: a gang's ranks, or a replacement and its predecessor
 
 
 class CostError(ValueError):
@@ -118,20 +122,41 @@ def _billing_starts(instances) -> dict[int, dt.datetime]:
 
 @dataclass(frozen=True, slots=True)
 class _Measured:
-    first_heartbeat: dt.datetime
+    restored: dt.datetime | None
+    """The last heartbeat before its trainer reported a step past the resume step (the
+    first heartbeat when there was none); None while it has not reported one."""
     seconds_per_step: Decimal | None
 
 
 def _measurements(instance_ids) -> dict[int, _Measured]:
+    """What each instance's heartbeats say about its restore and its speed. An agent
+    heartbeats before its trainer has loaded the checkpoint (reporting step 0, or the
+    resume step): that wait is restore time, and the speed is measured only over the
+    heartbeats past the resume step, the steps this instance really ran."""
+    training = Q(step__gt=Coalesce(F("instance__resume_checkpoint__step"), 0))
     rows = (MetricPoint.objects.filter(instance_id__in=instance_ids).values("instance_id")
-            .annotate(t0=Min("time"), t1=Max("time"), s0=Min("step"), s1=Max("step")))
+            .annotate(waited=Max("time", filter=~training), t0=Min("time", filter=training),
+                      t1=Max("time", filter=training), s0=Min("step", filter=training),
+                      s1=Max("step", filter=training)))
     measured = {}
     for row in rows:
-        steps = row["s1"] - row["s0"]
-        seconds = Decimal((row["t1"] - row["t0"]).total_seconds())
-        rate = (seconds / steps).quantize(Decimal("0.000001")) if steps > 0 else None
-        measured[row["instance_id"]] = _Measured(row["t0"], rate)
+        rate = None
+        if row["t0"] is not None and row["s1"] > row["s0"]:
+            seconds = Decimal((row["t1"] - row["t0"]).total_seconds())
+            rate = (seconds / (row["s1"] - row["s0"])).quantize(Decimal("0.000001"))
+        restored = (row["waited"] or row["t0"]) if row["t0"] is not None else None
+        measured[row["instance_id"]] = _Measured(restored, rate)
     return measured
+
+
+def seconds_per_step(job_id: int) -> Decimal | None:
+    """The job's speed now: its newest measured instance's (a replacement that has not
+    trained yet is not measured, so the one before it speaks for the job)."""
+    recent = list(Instance.objects.filter(job_id=job_id).order_by("-requested_at", "-pk")
+                  .values_list("pk", flat=True)[:RECENT_INSTANCES])
+    measured = _measurements(recent)
+    return next((m.seconds_per_step for pk in recent
+                 if (m := measured.get(pk)) is not None and m.seconds_per_step is not None), None)
 
 
 def _stalls(instance_ids) -> dict[int, Decimal]:
@@ -198,7 +223,7 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
         rates = job_rates[instance.job_id]
         rate = m.seconds_per_step if m and m.seconds_per_step is not None else (
             (sum(rates) / len(rates)).quantize(Decimal("0.000001")) if rates else Decimal(0))
-        until = m.first_heartbeat if m else (end or now)
+        until = m.restored if m and m.restored else (end or now)
         booting = max(Decimal(0), Decimal(str((min(until, end or now) - start).total_seconds())))
         kept, redone = steps[instance.pk]
         disk = instance.disk_kept and end is not None

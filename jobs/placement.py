@@ -17,8 +17,9 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs import costs
 from jobs.choices import EndReason, InterruptionKind
-from jobs.models import Instance, InterruptionEvent, Job, MetricPoint, PriceQuote
+from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from jobs.policies import market as market_policy
 from jobs.policies.interval import IntervalDecision, IntervalOverride, checkpoint_interval
 from jobs.policies.placement import Option, PlacementDecision, PlacementEvent, choose_placement, spot_overhead_fraction
@@ -104,11 +105,8 @@ def placement_events(now) -> list[PlacementEvent]:
 
 
 def seconds_per_step(job: Job) -> float | None:
-    points = list(MetricPoint.objects.filter(job=job).order_by("-time").values_list("time", "step")[:50])
-    if len(points) < 2:
-        return None
-    (t1, s1), (t0, s0) = points[0], points[-1]
-    return (t1 - t0).total_seconds() / (s1 - s0) if s1 > s0 else None
+    per_step = costs.seconds_per_step(job.pk)
+    return float(per_step) if per_step is not None else None
 
 
 def checkpoint_cost_s(job: Job) -> float:

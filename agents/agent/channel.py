@@ -78,6 +78,9 @@ class StatusReader:
         self.path = path
         self._mtime: int | None = None
         self.latest: dict[str, Any] = {}
+        self.start_step = 0
+        """Where the run stands until its trainer reports a step: the step it resumes from.
+        Reporting 0 there would tell the control plane the run went back to the start."""
 
     def read(self) -> dict[str, Any]:
         try:
@@ -105,7 +108,7 @@ class StatusReader:
         """The status as a heartbeat; checkpoint stats the status lacks come from the last commit."""
         s = self.read()
         beat = protocol.Heartbeat(
-            step=int_or_none(s.get("step")) or 0,
+            step=self.start_step if int_or_none(s.get("step")) is None else s["step"],
             loss=finite_or_none(s.get("loss")),
             samples_per_s=finite_or_none(s.get("samples_per_s")),
             last_checkpoint_step=int_or_none(s.get("last_checkpoint_step")),

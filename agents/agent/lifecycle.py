@@ -195,6 +195,7 @@ class Agent:
         self.job = job
         self.heartbeat_interval_s = self.config.heartbeat_interval_s or job.heartbeat_interval_s
         self.checkpoint_interval_s = job.checkpoint_interval_s
+        self.status.start_step = job.resume_step or 0
 
     # --- the session: register, or resume after a restart -----------------------------
     def _begin_session(self) -> None:
@@ -237,6 +238,7 @@ class Agent:
             if stored.job.resume_step is None or newest.step > stored.job.resume_step:
                 # The spec's resume checkpoint is older than what this instance committed since.
                 stored.job.resume_from, stored.job.resume_step = newest.uri, newest.step
+                self.status.start_step = newest.step
                 self._save_session()
             self._agent_line(f"the trainer resumes from the newest checkpoint it committed: step {newest.step}, {newest.uri}")
         answer = outcome.answer or {}

@@ -7,8 +7,9 @@ Instance A (spot): launched Feb 28 23:00, preempted Mar 1 01:00, 2 h billed:
   Feb 1 h × 0.36 + Mar 1 h × 0.72 = 1.08. Heartbeats 23:10 step 0 … 00:50 step 1000
   = 6000 s / 1000 steps = 6 s/step. Checkpoints at 600 (stall 4 s) and 900 (stall 6 s).
 Instance B (spot): resumed from A's step-900 checkpoint, launched Mar 1 02:00, completed
-  03:00 at step 1500: 1 h × 0.72 = 0.72. Heartbeats 02:05 step 900 … 02:55 step 1500
-  = 3000 s / 600 = 5 s/step.
+  03:00 at step 1500: 1 h × 0.72 = 0.72. Heartbeats 02:05 step 0 (its agent, before the
+  trainer has loaded the checkpoint, as real agents do), 02:10 step 960 … 02:55 step 1500
+  = 2700 s / 540 = 5 s/step.
 Instance C: requested, capacity error, never launched: not billed.
 
 Kept: B 1500−900 = 600, A 900−0 = 900. Recomputed: B redid 900..1000 = 100.
@@ -73,7 +74,7 @@ def make_history(team, owner):
     checkpoint(a, 600, at=T(3, 1, 0, 10), stall_s=4.0)
     resume = checkpoint(a, 900, at=T(3, 1, 0, 40), stall_s=6.0)
     b = launched(job, at=T(3, 1, 2), ended=T(3, 1, 3), end_reason=EndReason.COMPLETED, last_step=1500, resume=resume)
-    heartbeats(b, [(T(3, 1, 2, 5), 900), (T(3, 1, 2, 55), 1500)])
+    heartbeats(b, [(T(3, 1, 2, 5), 0), (T(3, 1, 2, 10), 960), (T(3, 1, 2, 55), 1500)])
     never = make_instance(job, state=InstanceState.ENDED, **WHERE).instance
     Instance.objects.filter(pk=never.pk).update(end_reason=EndReason.CAPACITY_ERROR, ended_at=T(3, 1, 1, 30))
     return job, a, b, never

@@ -75,7 +75,7 @@ def test_a_running_instance_is_billed_up_to_now(db):
     seed_prices()
     job = make_job(setup.team, setup.people["member"].user)
     running = launched(job, at=T(3, 2, 10), state=InstanceState.RUNNING, last_step=50)
-    heartbeats(running, [(T(3, 2, 10, 1), 0), (T(3, 2, 10, 6), 50)])
+    heartbeats(running, [(T(3, 2, 10, 1), 0), (T(3, 2, 10, 2), 10), (T(3, 2, 10, 6), 50)])
     cost = costs.job_cost(job, now=T(3, 2, 10, 30))
     assert cost.ledger.spent == D("0.36")  # half an hour at 0.72
     assert cost.work[running.pk].steps_kept == 50
@@ -93,7 +93,7 @@ def test_a_relaunch_on_another_type_is_priced_machine_by_machine(history):
     from jobs.models import Instance
 
     Instance.objects.filter(pk=c.pk).update(instance_type="hand.gpu4")
-    heartbeats(c, [(T(3, 1, 4, 1), 1500), (T(3, 1, 4, 11), 1600)])
+    heartbeats(c, [(T(3, 1, 4, 1), 1500), (T(3, 1, 4, 2), 1510), (T(3, 1, 4, 11), 1600)])
     from jobs.models import Checkpoint
 
     Instance.objects.filter(pk=c.pk).update(resume_checkpoint=Checkpoint.objects.create(
