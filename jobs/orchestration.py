@@ -298,6 +298,23 @@ def terminate(instance_id: int) -> None:
                 after_instance_ended(instance.job_id, reason)
 
 
+def terminate_local_vms() -> list[str]:
+    """The control plane running the local VMs stops (`make demo` on Ctrl-C): each live
+    local instance ends `cancelled` at this moment, when its VM is terminated, so it is
+    billed up to now and is no interruption (no InterruptionEvent, no preemption, no
+    back-off of its zone); its job resumes from its newest checkpoint on a new VM when
+    the control plane runs again. Call it while the API still serves and with no worker
+    left to relaunch: what the agents commit on their way down (a last checkpoint) is
+    recorded, and no new VM starts. Returns the ids of the VMs terminated."""
+    for instance in Instance.objects.filter(provider="local", state__in=InstanceState.LIVE):
+        with transaction.atomic():
+            if end_instance(instance, EndReason.CANCELLED, message="terminated: the control plane is stopping"):
+                log_job_event(instance.job_id, f"instance {instance.pk} terminated as the control plane stopped; "
+                                               "the job resumes from its newest checkpoint when it runs again")
+                after_instance_ended(instance.job_id, EndReason.CANCELLED)
+    return provider_for("local").terminate_all()
+
+
 def confirm_silent(instance: Instance) -> None:
     """The heartbeat deadline passed: ask the cloud before replacing the VM. Gone
     means preempted, and so does stopped (an eviction that keeps the VM, e.g. Azure's

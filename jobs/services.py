@@ -148,7 +148,11 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="every node registered")
 
 
-def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw: str) -> InterruptionEvent:
+def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw: str) -> InterruptionEvent | None:
+    """None for an instance that has already ended: the control plane terminated or fenced
+    it, so the SIGTERM its agent reports as a notice is that shutdown, no interruption."""
+    if instance.state == InstanceState.ENDED:
+        return None
     event = InterruptionEvent.objects.create(
         instance=instance,
         kind=InterruptionKind.NOTICE,
