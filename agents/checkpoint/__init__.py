@@ -7,8 +7,9 @@ Public API (everything else in this package is internal):
     sampler = ResumableSampler(len(dataset), batch_size=32, seed=0)
     state = TrainState(model, optimizer, scheduler, scaler=None, sampler=sampler)
     ckpt = Checkpointer(state, CheckpointConfig.from_env(uri="/data/ckpt", every_steps=100))
-    start = ckpt.load_latest()            # newest valid checkpoint restored; 0 if none
-    for step in range(start, total):
+    resumed = ckpt.load_latest()          # newest valid checkpoint restored (step 0 if none)
+    print(resumed)                        # which one, and why newer ones were skipped
+    for step in range(resumed.step, total):
         batch = [dataset[i] for i in sampler.next_batch()]
         ...forward, backward, optimizer.step()...
         ckpt.save(step + 1)               # every step: saves when due (every N steps / T seconds)
@@ -19,8 +20,13 @@ Public API (everything else in this package is internal):
     ckpt.close()
 
 - `Checkpointer.save(step, kind=None|"periodic"|"notice"|"final", deadline=None)`,
-  `load_latest()`, `wait()`, `close()`, `finish(step)`, `set_interval(seconds)`,
-  `request_stop()`, `request_checkpoint()`, `should_stop`, `last_outcome`.
+  `load_latest()` -> Resumed(step, uri, skipped=(Skipped(step, uri, reason), ...)),
+  `wait()`, `close()`, `finish(step)`, `set_interval(seconds)`, `request_stop()`,
+  `request_checkpoint()`, `should_stop`, `last_outcome`.
+- Saves every RESPAWN_CHECKPOINT_INTERVAL_S seconds (600 when unset; the agent sets
+  the job's interval), or every `interval_s` / `every_steps` given to CheckpointConfig.
+- Disk: the `keep` newest committed checkpoints stay (plus the newest valid one);
+  directories of saves cut short by a kill go on the next start or commit.
 - Signals: SIGTERM -> notice save at the next `save()` then `should_stop`;
   SIGUSR1 -> a save at the next `save()`. Handlers only set flags.
 - Agent channel (all optional, see agents/protocol.py): RESPAWN_CHECKPOINT_URI,
@@ -53,6 +59,7 @@ _EXPORTS = {
                 "IncompatibleCheckpointError"),
     ".export": ("Artifact", "export_weights"),
     ".reader": ("CheckpointRef", "ref_from_uri"),
+    ".resume": ("Resumed", "Skipped"),
     ".sampler": ("ResumableSampler",),
     ".state": ("TrainState",),
     ".validation": ("ValidationSettings", "Verdict"),

@@ -47,13 +47,15 @@ from agents.envvars import env_float
 from . import channel, layout, manifest, persist
 from .codec import flatten
 from .distributed import Coordinator
-from .errors import CheckpointError, ConfigError, CorruptCheckpointError, IncompatibleCheckpointError
-from .reader import CheckpointRef, committed, list_checkpoints, load, ref_from_uri
+from .errors import CheckpointError, ConfigError, IncompatibleCheckpointError
+from .reader import CheckpointRef, committed, load
+from .resume import Resumed, choose
+from .rotation import remove_torn, rotate
 from .snapshot import SnapshotBuffers
 from .state import TrainState
 from .storage import Storage, open_storage
 from .storage.local import LocalStorage
-from .validation import ReferenceLoss, ValidationSettings, Verdict, mark, validate_loaded
+from .validation import ReferenceLoss, ValidationSettings, mark, validate_loaded
 
 DEFAULT_INTERVAL_S = 600.0
 LOCAL_LIVE_FRACTION = 0.5
@@ -182,16 +184,17 @@ class Checkpointer:
     """Call `load_latest()` once, `save(step)` after every step, `close()` at the end.
 
         ckpt = Checkpointer(TrainState(model, optimizer, scheduler, sampler=sampler), config)
-        start = ckpt.load_latest()
-        for step in range(start, total_steps):
+        for step in range(ckpt.load_latest().step, total_steps):
             train_one_step()
             ckpt.save(step + 1)
             if ckpt.should_stop:
                 break
-        ckpt.finish(total_steps)  # final save, validation, export; or ckpt.close()
+        else:
+            ckpt.finish(total_steps)  # final save, validation, export
+        ckpt.close()
 
     `step` counts completed steps: resuming from a checkpoint saved with
-    `save(1200)` returns 1200 and the loop runs step 1200 next.
+    `save(1200)` gives `load_latest().step == 1200` and the loop runs step 1200 next.
     """
 
     def __init__(self, state: TrainState, config: CheckpointConfig):
@@ -511,6 +514,9 @@ class Checkpointer:
             raw = self.storage.read(f"{ckpt}/{name}")
             files[name] = manifest.FileEntry(len(raw), manifest.digest_bytes(raw))
             files |= {n: manifest.FileEntry(**e) for n, e in json.loads(raw)["files"].items()}
+        # Every rank's writers of this step are closed by now: an unfinished write left
+        # here is an earlier, killed attempt's, and would outlive this commit.
+        self.storage.discard_unfinished(ckpt)
         state_bytes = json.dumps(job.meta).encode()
         self.storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
         files[layout.STATE] = manifest.FileEntry(len(state_bytes), manifest.digest_bytes(state_bytes))
@@ -620,15 +626,21 @@ class Checkpointer:
         return artifact
 
     # --- resuming ------------------------------------------------------------------------
-    def load_latest(self) -> int:
-        """Restore the newest usable checkpoint into the TrainState; return its step
-        (0 when there is none). Rank 0 picks it (validating it first when validation
-        is configured: an invalid one is marked and the previous one tried) and every
-        rank loads the same one."""
-        chosen = self._choose_checkpoint() if self.rank == 0 else None
-        name = self.coord.broadcast_from_zero(chosen.ref.name if chosen else None)
+    def load_latest(self) -> Resumed:
+        """Restore the newest usable checkpoint into the TrainState and say which:
+        `load_latest().step` is where the loop continues (0 when there is none), and
+        `.skipped` the newer checkpoints passed over, with why. Rank 0 picks it
+        (validating it first when validation is configured: an invalid one is marked
+        and the previous one tried) and every rank loads the same one. Torn
+        directories older than the newest committed checkpoint are deleted first."""
+        chosen, skipped = None, ()
+        if self.rank == 0:
+            remove_torn(self.storage)
+            validation = self.config.validation if self.config.validate_on_resume else None
+            chosen, skipped = choose(self.storage, self.config.resume_from, validation)
+        name, skipped = self.coord.broadcast_from_zero((chosen.ref.name if chosen else None, skipped))
         if name is None:
-            return 0
+            return Resumed(0, None, skipped)
         loaded = chosen if self.rank == 0 else load(CheckpointRef(self.storage, name), self.rank)
         try:
             self.state.load_state_dict(loaded.state)
@@ -636,49 +648,4 @@ class Checkpointer:
             raise IncompatibleCheckpointError(f"checkpoint {loaded.ref.uri} does not fit this training state: {exc}") from None
         self._last_saved_step = self._last_committed_step = loaded.ref.step
         self._last_save_at = time.monotonic()
-        return loaded.ref.step
-
-    def _choose_checkpoint(self):
-        candidates = committed(self.storage)
-        if self.config.resume_from:
-            limit = ref_from_uri(self.config.resume_from).step
-            candidates = [r for r in candidates if r.step <= limit]
-        for ref in reversed(candidates):
-            verdict = ref.validation()
-            if verdict and verdict.get("result") == "invalid":
-                continue
-            try:
-                loaded = load(ref, self.rank)
-            except CorruptCheckpointError as exc:
-                print(f"respawn checkpoint: skipping {ref.uri}: {exc}", file=sys.stderr)
-                mark(ref, Verdict(False, None, None, str(exc)))
-                continue
-            if self.config.validation is not None and self.config.validate_on_resume and not verdict:
-                verdict_now = validate_loaded(loaded, self.config.validation)
-                mark(ref, verdict_now)
-                if not verdict_now.valid:
-                    print(f"respawn checkpoint: {ref.uri} failed validation ({verdict_now.message}); trying the previous one", file=sys.stderr)
-                    continue
-            return loaded
-        return None
-
-
-def rotate(storage: Storage, keep: int) -> None:
-    """Keep the `keep` newest committed checkpoints that are not invalid, plus the
-    newest valid one when it is older than those (its successors are still pending).
-    Everything else older than the newest kept goes, manifest first, so a crash in
-    the middle leaves an uncommitted directory, never a torn committed one."""
-    refs = list_checkpoints(storage)
-    usable = [r for r in refs if r.is_committed() and (r.validation() or {}).get("result") != "invalid"]
-    if not usable:
-        return
-    kept = {r.name for r in usable[-keep:]}
-    valid = [r for r in usable if (r.validation() or {}).get("result") == "valid"]
-    if valid:
-        kept.add(valid[-1].name)
-    newest = usable[-1].step
-    for ref in refs:
-        if ref.name in kept or ref.step >= newest:
-            continue
-        storage.delete_prefix(ref.key(layout.MANIFEST))
-        storage.delete_prefix(ref.name)
+        return Resumed(loaded.ref.step, loaded.ref.uri, skipped)

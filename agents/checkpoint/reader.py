@@ -51,8 +51,9 @@ def ref_from_uri(uri: str) -> CheckpointRef:
 
 
 def list_checkpoints(storage: Storage) -> list[CheckpointRef]:
-    """Every step directory under the root (committed or not), oldest first."""
-    names = {key.split("/", 1)[0] for key in storage.list("")}
+    """Every step directory under the root (committed or not), oldest first, including
+    one that holds nothing but unfinished writes (a save killed before any file closed)."""
+    names = {key.split("/", 1)[0] for key in [*storage.list(""), *storage.unfinished("")]}
     refs = [CheckpointRef(storage, n) for n in names if layout.parse_step_dir(n) is not None]
     return sorted(refs, key=lambda r: r.step)
 

@@ -88,9 +88,8 @@ def train(config: CheckpointConfig, steps: int, step_delay_s: float = 0.0, *,
     state, model = setup()
     x, y = dataset()
     ckpt = Checkpointer(state, config)
-    start = ckpt.load_latest()
     state.model.train()
-    for step in range(start, steps):
+    for step in range(ckpt.load_latest().step, steps):
         began = time.monotonic()
         loss = train_step(state, x, y, model)
         if step_delay_s:

@@ -49,7 +49,7 @@ def test_a_committed_checkpoint_has_data_state_and_a_manifest_naming_every_file(
 def test_loading_restores_the_saved_weights_exactly(root, state, data):
     uri = saved_checkpoint(root, state, data)
     fresh = tiny.build()
-    step = Checkpointer(fresh, config(root)).load_latest()
+    step = Checkpointer(fresh, config(root)).load_latest().step
     assert step == 5
     for name, tensor in state.model.state_dict().items():
         assert fresh.model.state_dict()[name].equal(tensor), name
@@ -62,7 +62,7 @@ def test_a_directory_without_manifest_is_never_loaded(root, state, data):
     os.remove(Path(uri, "MANIFEST.json"))
     with pytest.raises(CorruptCheckpointError, match=r"step-00000005.*no MANIFEST.json"):
         load(CheckpointRef(LocalStorage(root), layout.step_dir(5)))
-    assert Checkpointer(tiny.build(), config(root)).load_latest() == 0
+    assert Checkpointer(tiny.build(), config(root)).load_latest().step == 0
 
 
 def test_a_flipped_byte_fails_the_digest(root, state, data):
@@ -97,7 +97,7 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_marks_it(root, state, data
     train(state, data, ckpt, 5, 10)
     ckpt.close()
     Path(root, layout.step_dir(10), "data-r0-0.bin").write_bytes(b"garbage")
-    assert Checkpointer(tiny.build(), config(root)).load_latest() == 5
+    assert Checkpointer(tiny.build(), config(root)).load_latest().step == 5
     marked = json.loads(Path(root, layout.step_dir(10), layout.VALIDATION).read_text())
     assert marked["result"] == "invalid" and "data-r0-0.bin" in marked["message"]
 

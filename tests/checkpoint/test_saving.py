@@ -104,7 +104,7 @@ def test_a_periodic_save_holds_its_steps_weights_though_the_optimizer_steps_at_o
     assert not torch.equal(state.model.weight, saved["weight"])  # the step did change the weights
 
     resumed = big_state()
-    assert Checkpointer(resumed, config(root, validation=None)).load_latest() == 1
+    assert Checkpointer(resumed, config(root, validation=None)).load_latest().step == 1
     for name, tensor in resumed.model.state_dict().items():
         assert torch.equal(tensor, saved[name]), name
     for s, (exp_avg, exp_avg_sq) in zip(resumed.optimizer.state.values(), moments):
@@ -127,7 +127,7 @@ def test_the_moments_written_live_are_never_copied_so_a_save_holds_less_than_the
     assert ckpt.host_buffer_bytes == pytest.approx(copied * nbytes, rel=0.01)
 
     resumed = big_state()
-    assert Checkpointer(resumed, config(root, validation=None)).load_latest() == 2
+    assert Checkpointer(resumed, config(root, validation=None)).load_latest().step == 2
     assert all(torch.equal(a, b) for a, b in zip((m for s in resumed.optimizer.state.values() for m in s.values()), saved))
 
 

@@ -76,7 +76,7 @@ def test_resume_validates_the_newest_and_falls_back_when_it_is_invalid(root, sta
     tamper_and_reseal(root, 10)
     resumed = tiny.build()
     again = Checkpointer(resumed, config(root))
-    assert again.load_latest() == 5
+    assert again.load_latest().step == 5
     ref = CheckpointRef(LocalStorage(root), layout.step_dir(10))
     assert ref.validation()["result"] == "invalid"
     assert CheckpointRef(LocalStorage(root), layout.step_dir(5)).validation()["result"] == "valid"

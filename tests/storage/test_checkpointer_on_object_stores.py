@@ -45,7 +45,7 @@ def test_the_checkpointer_saves_rotates_and_resumes_bitwise_on_an_object_store(b
     assert [ref.step for ref in committed(storage)] == [10, 15]
     resumed = tiny.build()  # freshly initialised: differs from the trained state until loaded
     assert not torch.equal(resumed.model[0].weight, state.model[0].weight)
-    assert Checkpointer(resumed, config(cloud_uri)).load_latest() == 15
+    assert Checkpointer(resumed, config(cloud_uri)).load_latest().step == 15
     for name, tensor in state.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[name], tensor), name
     saved_moments = [s["exp_avg"] for s in state.optimizer.state_dict()["state"].values()]

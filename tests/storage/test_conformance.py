@@ -4,6 +4,7 @@ The Checkpointer relies on exactly these semantics on every backend."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 
@@ -125,6 +126,31 @@ def test_a_writer_dropped_without_close_never_commits(storage):
     gc.collect()
 
     assert not storage.exists("job/step-1/data")
+
+
+def test_a_killed_writers_unfinished_upload_is_listed_and_goes_with_its_directory(storage, backend):
+    # Parts uploaded and never completed nor aborted: what a writer killed by SIGKILL leaves.
+    killed = storage.open_writer("job/step-1/data")
+    write_in_uneven_chunks(killed, random_bytes(MULTIPART_BYTES))
+    storage.write_atomic("job/step-2/data", b"committed")
+    earlier_attempt = storage.open_writer("job/step-2/data")
+    write_in_uneven_chunks(earlier_attempt, random_bytes(MULTIPART_BYTES))
+    # GCS keeps no bytes for an unfinished resumable upload; Azure drops uncommitted blocks after a week.
+    keeps_them = backend in ("local", "s3")
+
+    assert storage.unfinished("job") == (["job/step-1/data", "job/step-2/data"] if keeps_them else [])
+    assert storage.list("job") == ["job/step-2/data"]
+
+    storage.discard_unfinished("job/step-2")
+    assert storage.unfinished("job") == (["job/step-1/data"] if keeps_them else [])
+    assert storage.read("job/step-2/data") == b"committed"
+
+    storage.delete_prefix("job/step-1")
+    assert storage.unfinished("") == []
+    assert storage.list("") == ["job/step-2/data"]
+    for writer in (killed, earlier_attempt):
+        with contextlib.suppress(StorageError):  # its upload is gone already
+            writer.abort()
 
 
 def test_write_atomic_replaces_the_whole_object(storage):

@@ -177,5 +177,13 @@ class AzureBlobStorage:
             with self._errors(prefix):
                 self._container.delete_blobs(*names)
 
+    def unfinished(self, prefix: str) -> list[str]:
+        """Always empty: a killed writer's uncommitted blocks are not swept here; Azure
+        discards them a week after their last upload (they take space until then)."""
+        return []
+
+    def discard_unfinished(self, prefix: str) -> None:
+        pass  # see `unfinished`
+
     def url_for(self, key: str) -> str:
         return self._root.url_for(key)

@@ -10,6 +10,9 @@ remote URIs survive. Commit semantics are the same on every backend:
 - `write_atomic(key, data)`: a small object (manifest, LATEST) that readers see
   either whole or not at all, durable on return (local: tmp, fsync, rename,
   fsync dir; object stores: one PUT).
+- A writer killed before `close()` leaves no object, but it may leave an
+  unfinished write taking space: `unfinished` lists those, `discard_unfinished`
+  and `delete_prefix` remove them.
 """
 
 from __future__ import annotations
@@ -61,7 +64,21 @@ class Storage(Protocol):
         """Every key under `prefix` (recursively), sorted."""
         ...
 
-    def delete_prefix(self, prefix: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None:
+        """Every object under `prefix`, and every unfinished write there (see `unfinished`)."""
+        ...
+
+    def unfinished(self, prefix: str) -> list[str]:
+        """Keys under `prefix` of writes that were started and never closed or aborted:
+        a writer still at work, or the leftovers of a process killed mid-write, which
+        `list` never shows but which still take space (local: temp files; S3: multipart
+        uploads). Backends whose unfinished uploads take no space return []."""
+        ...
+
+    def discard_unfinished(self, prefix: str) -> None:
+        """Drop the unfinished writes under `prefix`, leaving finished objects alone.
+        Only for a prefix no live writer can be using."""
+        ...
 
     def url_for(self, key: str) -> str:
         """The full URI of `key` (root URI + key), for reports and logs."""

@@ -195,5 +195,13 @@ class GCSStorage:
                 for key in keys[start : start + DELETE_BATCH]:
                     self._blob(key).delete()
 
+    def unfinished(self, prefix: str) -> list[str]:
+        """Always empty: an unfinished resumable upload holds no object and no billed
+        bytes, and the service drops its session after a week."""
+        return []
+
+    def discard_unfinished(self, prefix: str) -> None:
+        pass  # see `unfinished`
+
     def url_for(self, key: str) -> str:
         return self._root.url_for(key)

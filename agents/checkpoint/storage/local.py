@@ -197,19 +197,28 @@ class LocalStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list(self, prefix: str) -> list[str]:
+    def _files(self, prefix: str) -> list[Path]:
+        """Every file under `prefix`, temp files included."""
         base = self._path(prefix) if prefix else self.root
         if base.is_file():
-            return [prefix]
-        if not base.is_dir():
-            return []
-        keys = []
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if TMP_MARKER in name:
-                    continue
-                keys.append(str(Path(dirpath, name).relative_to(self.root)))
-        return sorted(keys)
+            return [base]
+        # A missing `base` walks as empty; a directory removed mid-walk (rotation) is skipped.
+        return [Path(dirpath, name) for dirpath, _dirs, files in os.walk(base) for name in files]
+
+    def _key(self, path: Path) -> str:
+        return str(path.relative_to(self.root))
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(self._key(p) for p in self._files(prefix) if TMP_MARKER not in p.name)
+
+    def unfinished(self, prefix: str) -> list[str]:
+        """Keys whose writer has a temp file here (before `close()`, or killed)."""
+        return sorted({self._key(p).partition(TMP_MARKER)[0] for p in self._files(prefix) if TMP_MARKER in p.name})
+
+    def discard_unfinished(self, prefix: str) -> None:
+        for path in self._files(prefix):
+            if TMP_MARKER in path.name:
+                path.unlink(missing_ok=True)
 
     def delete_prefix(self, prefix: str) -> None:
         path = self._path(prefix)

@@ -168,7 +168,29 @@ class S3Storage:
     def list(self, prefix: str) -> list[str]:
         return self._root.keys_under(prefix, self._names_under(prefix))
 
+    def _uploads_under(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, upload id) of the multipart uploads under `prefix` never completed or aborted."""
+        uploads = []
+        paginator = self._client.get_paginator("list_multipart_uploads")
+        with self._errors(prefix):
+            for page in paginator.paginate(Bucket=self._root.bucket, Prefix=self._root.list_prefix(prefix)):
+                uploads.extend((item["Key"], item["UploadId"]) for item in page.get("Uploads", []))
+        wanted = set(self._root.keys_under(prefix, [name for name, _ in uploads]))
+        return sorted((name[len(self._root.prefix) :], upload_id) for name, upload_id in uploads
+                      if name[len(self._root.prefix) :] in wanted)
+
+    def unfinished(self, prefix: str) -> list[str]:
+        """Keys of multipart uploads never completed: S3 keeps (and bills) their parts
+        until they are aborted, and a killed writer never aborts its own."""
+        return [key for key, _ in self._uploads_under(prefix)]
+
+    def discard_unfinished(self, prefix: str) -> None:
+        for key, upload_id in self._uploads_under(prefix):
+            with self._errors(key):
+                self._client.abort_multipart_upload(Bucket=self._root.bucket, Key=self._root.object_name(key), UploadId=upload_id)
+
     def delete_prefix(self, prefix: str) -> None:
+        self.discard_unfinished(prefix)
         keys = self.list(prefix)
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": self._root.object_name(key)} for key in keys[start : start + DELETE_BATCH]]
