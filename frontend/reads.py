@@ -175,8 +175,8 @@ def team_usernames(team_id: int) -> Read:
 
 # ---- one job ----------------------------------------------------------------------------------
 
-JOB_COLUMNS = ("id", "team_id", "name", "status", "status_reason", "failure_cause", "last_step", "total_steps",
-               "preemptions", "failure_restarts", "artifact_uri", "artifact_digest")
+JOB_COLUMNS = ("id", "team_id", "name", "status", "status_reason", "failure_cause", "failure_message", "last_step",
+               "total_steps", "preemptions", "failure_restarts", "artifact_uri", "artifact_digest")
 
 
 def _job_row(rows: list[tuple]) -> dict | None:

@@ -17,8 +17,8 @@ from frontend import money as store
 from frontend import reads
 from frontend.money import display_money
 from jobs import costs
-from jobs.choices import JobStatus
-from jobs.models import PriceQuote, Team
+from jobs.choices import FailureCause, JobStatus
+from jobs.models import PriceQuote, Team, failure_headline
 
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history
@@ -143,12 +143,23 @@ def job_money(job: dict, now: dt.datetime, *, detail: bool = False) -> dict | st
     return store.job_money({job["id"]: job["money_key"]}, now, detail=detail)[job["id"]]
 
 
+def _failure(job: dict) -> str:
+    """Why a failed job failed, in one line: its cause, then the failure's headline
+    (for the user's code, its exit code and last exception line)."""
+    if job["status"] != JobStatus.FAILED:
+        return ""
+    cause = FailureCause.LABELS.get(job["failure_cause"], "Failed")
+    detail = failure_headline(job["failure_message"]) or job["status_reason"]
+    return f"{cause}: {detail}" if detail else cause
+
+
 def job_summary(job: dict, money, *, may_cancel: bool, now: dt.datetime) -> dict:
     """What the job page shows as it loads, before its script fetches `job_status`."""
     return {
         "job": {
             "id": job["id"], "name": job["name"], "status": job["status"], "status_reason": job["status_reason"],
-            "failure_cause": job["failure_cause"], "last_step": job["last_step"], "total_steps": job["total_steps"],
+            "failure_cause": job["failure_cause"], "failure": _failure(job),
+            "last_step": job["last_step"], "total_steps": job["total_steps"],
             "eta_s": (eta := _eta_seconds(job, money)), "eta_display": display_duration(eta),
             "preemptions": job["preemptions"], "failure_restarts": job["failure_restarts"],
             "artifact_uri": job["artifact_uri"], "artifact_digest": job["artifact_digest"],

@@ -50,6 +50,15 @@ class FailureCause:
     CONTROLLER = "controller"
     ALL = (USER_CODE, SETUP, NO_CAPACITY, PRECHECKS, DEADLINE, CONTROLLER)
     CHOICES = [(c, c) for c in ALL]
+    # What a person reads, so they see at once whether to fix code, quota or settings.
+    LABELS = {
+        USER_CODE: "The training code failed",
+        SETUP: "Setup failed (prepare step, environment or rendezvous)",
+        NO_CAPACITY: "No capacity",
+        PRECHECKS: "Refused before it ran (credentials, quota or job spec)",
+        DEADLINE: "The deadline passed",
+        CONTROLLER: "The control plane failed",
+    }
 
 
 class InstanceState:

@@ -115,14 +115,15 @@ class Job(models.Model):
 
     # State.
     status = models.CharField(max_length=20, choices=JobStatus.CHOICES, default=JobStatus.QUEUED, db_index=True)
-    status_reason = models.CharField(max_length=300, blank=True, help_text="Why it waits, or what happened last.")
+    # Text, not a bounded string: a reason quoting an exception line must not be cut mid-message.
+    status_reason = models.TextField(blank=True, help_text="Why it waits, or what happened last.")
     failure_cause = models.CharField(max_length=20, choices=FailureCause.CHOICES, blank=True)
     failure_message = models.TextField(blank=True)
     preemptions = models.PositiveIntegerField(default=0)
     max_preemptions = models.PositiveIntegerField(null=True, blank=True)
     failure_restarts = models.PositiveIntegerField(default=0)
     max_restarts = models.PositiveIntegerField(default=2)
-    last_failure_signature = models.CharField(max_length=500, blank=True)
+    last_failure_signature = models.TextField(blank=True)  # "exit N: <last exception line>", whole
     last_step = models.PositiveBigIntegerField(default=0)
     newest_checkpoint = models.ForeignKey(
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -144,6 +145,26 @@ class Job(models.Model):
     def __str__(self):
         return f"job {self.pk} {self.name}"
 
+    @property
+    def failure_headline(self) -> str:
+        return failure_headline(self.failure_message)
+
+
+FAILURE_MESSAGE_CHARS = 8000
+
+
+def failure_message(headline: str, output_tail: str = "") -> str:
+    """A failed job's message: its one-line headline (for the user's code, the exit
+    code and last exception line), then as much of the output's end as fits. The
+    headline is what the job page and the API show first, so it is never the part cut."""
+    kept = output_tail[max(0, len(output_tail) - (FAILURE_MESSAGE_CHARS - len(headline) - 1)):]
+    return f"{headline}\n{kept}" if kept else headline
+
+
+def failure_headline(message: str) -> str:
+    """The headline `failure_message` wrote first."""
+    return message.partition("\n")[0]
+
 
 class JobEvent(models.Model):
     """One row per status change (and other notable happenings) of a job."""
@@ -152,7 +173,7 @@ class JobEvent(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     from_status = models.CharField(max_length=20, blank=True)
     to_status = models.CharField(max_length=20, blank=True)
-    message = models.CharField(max_length=500, blank=True)
+    message = models.TextField(blank=True)  # whole: its sources bound their own parts (e.g. an exception line)
 
     class Meta:
         ordering = ["created_at", "id"]

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
 from jobs.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, failure_message
 from jobs.transitions import end_instance, log_job_event, transition_instance, transition_job
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str
         if job.newest_valid_checkpoint is None or checkpoint.step >= job.newest_valid_checkpoint.step:
             Job.objects.filter(pk=job.pk).update(newest_valid_checkpoint=checkpoint)
     elif result == ValidationResult.INVALID:
-        log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}"[:500])
+        log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}")
 
 
 def record_prepare(instance: Instance, *, outcome: str, key: str, uri: str, seconds, message: str) -> None:
@@ -248,7 +248,7 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
         # job has moved on, maybe to a new gang, which an old report must not stop,
         # and its steps are not the job's progress.
         return
-    signature = f"exit {exit_code}: {last_exception}".strip()[:500]
+    signature = f"exit {exit_code}: {last_exception}".strip()
     after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
                          setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)
     if instance.purpose != Purpose.TRAIN:
@@ -326,7 +326,7 @@ def _after_post_instance(job: Job, signature: str, output_tail: str, setup_failu
     elif post.end_reason == EndReason.FAILED:
         transition_job(job.pk, JobStatus.FINISHING, JobStatus.FAILED, message=f"post step failed ({signature})",
                        failure_cause=FailureCause.SETUP if setup_failure else FailureCause.USER_CODE,
-                       failure_message=f"post step: {signature}\n{output_tail}"[-8000:])
+                       failure_message=failure_message(f"post step: {signature}", output_tail))
     else:
         log_job_event(job.pk, f"post step instance {post.pk} ended {post.end_reason}; launching another")
         nudge_schedule()
@@ -364,7 +364,7 @@ def judge_failure(job: Job, signature: str, output_tail: str, setup_failure: boo
         cause = FailureCause.SETUP if setup_failure else FailureCause.USER_CODE
         why = "failed the same way twice" if same_again else ("setup failed" if setup_failure else "too many restarts")
         transition_job(job.pk, job.status, JobStatus.FAILED, message=why, failure_cause=cause,
-                       failure_message=f"{signature}\n{output_tail}"[-8000:])
+                       failure_message=failure_message(signature, output_tail))
     else:
         if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"user code failed ({signature})",
                           failure_restarts=F("failure_restarts") + 1, last_failure_signature=signature):

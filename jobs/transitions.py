@@ -29,11 +29,11 @@ def transition_job(job_id: int, old: str, new: str, *, message: str = "", **fiel
     if new in JobStatus.TERMINAL:
         fields.setdefault("finished_at", timezone.now())
     if message and "status_reason" not in fields:
-        fields["status_reason"] = message[:300]
+        fields["status_reason"] = message
     with transaction.atomic():
         updated = Job.objects.filter(pk=job_id, status=old).update(status=new, updated_at=timezone.now(), **fields)
         if updated:
-            JobEvent.objects.create(job_id=job_id, from_status=old, to_status=new, message=message[:500])
+            JobEvent.objects.create(job_id=job_id, from_status=old, to_status=new, message=message)
     return bool(updated)
 
 
@@ -86,4 +86,4 @@ def end_instance(instance: Instance, end_reason: str, *, message: str = "") -> b
 
 def log_job_event(job_id: int, message: str) -> None:
     """A notable happening that is not a status change (a notice, a relaunch)."""
-    JobEvent.objects.create(job_id=job_id, message=message[:500])
+    JobEvent.objects.create(job_id=job_id, message=message)

@@ -95,6 +95,9 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     )
     # Declared so the schema lists "" (not failed); a read-only model field loses allow_blank.
     failure_cause = serializers.ChoiceField(choices=FailureCause.CHOICES, allow_blank=True, read_only=True)
+    failure_headline = serializers.CharField(
+        read_only=True, help_text="The failure in one line, never cut: for the user's code its exit code and last "
+                                  "exception line; the rest of failure_message is the end of the output.")
 
     class Meta:
         model = Job
@@ -105,8 +108,8 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
             "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_tolerance",
             "max_preemptions", "max_restarts",
-            "status", "status_reason", "failure_cause", "failure_message", "preemptions", "failure_restarts",
-            "last_step", "newest_checkpoint_step", "newest_valid_checkpoint_step", "artifact_uri",
+            "status", "status_reason", "failure_cause", "failure_headline", "failure_message", "preemptions",
+            "failure_restarts", "last_step", "newest_checkpoint_step", "newest_valid_checkpoint_step", "artifact_uri",
             "artifact_digest", "created_at", "updated_at", "finished_at",
         ]
         read_only_fields = [

@@ -113,6 +113,9 @@
     summary.querySelector('[data-field="status"]').className = `status s-${job.status}`;
     setField(summary, "status", job.status);
     setField(summary, "reason", job.status_reason);
+    const failure = document.querySelector('[data-field="failure"]');
+    failure.hidden = !job.failure;
+    failure.textContent = job.failure;
     const figures = document.querySelector(".figures");
     setField(figures, "progress", job.total_steps ? `${job.last_step} / ${job.total_steps}` : `${job.last_step}`);
     setField(figures, "eta", job.eta_display);
