@@ -20,6 +20,7 @@ is polled every few seconds does not price a job's whole history each time.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -35,6 +36,7 @@ PRICING_BATCH = 500  # jobs priced in one go when many are missing (a team's mon
 # Placement's interruption-rate estimates read every instance of the last 30 days;
 # they are estimates that move slowly, so the overview recomputes them at most this often.
 RATES_TTL_S = 60
+RATES_KEY = "respawn:interruption-rates:2"  # "2": rows with their credible interval
 COST_POINTS = 120
 
 
@@ -232,17 +234,26 @@ def _priced_part(team, label: str, now: dt.datetime, job_ids: set[int]) -> tuple
     return costs.month_sum(answers, accelerators, label), None
 
 
-def _fixed(value: float, places: int) -> str:
-    """As the floatformat filter writes it: the float's shortest repr, rounded half up."""
-    return str(Decimal(repr(value)).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
+def display_rate(per_hour: float) -> str:
+    """A rate to two significant digits, whatever its size ("36", "0.00018"); below
+    once a century, "0"."""
+    if per_hour < 1e-6:
+        return "0"
+    places = max(0, 1 - math.floor(math.log10(per_hour)))
+    return f"{Decimal(repr(per_hour)).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):f}"
 
 
 def placement_rates() -> list[dict]:
-    """Placement's interruption-rate estimates with some exposure, ready to show
-    (per hour to 4 places, instance-hours to 1), recomputed at most every RATES_TTL_S."""
-    rates = cache.get("respawn:interruption-rates")
+    """Placement's interruption-rate estimates with some exposure, ready to show (the
+    rate with its 90 % credible interval, the exposure as a duration), recomputed at
+    most every RATES_TTL_S."""
+    from frontend.selectors import display_duration  # selectors reads this module's money
+
+    rates = cache.get(RATES_KEY)
     if rates is None:
-        rates = [r | {"per_hour_display": _fixed(r["per_hour"], 4), "exposure_display": _fixed(r["exposure_hours"], 1)}
+        rates = [r | {"per_hour_display": display_rate(r["per_hour"]),
+                      "credible_display": f"{display_rate(r['per_hour_low'])}–{display_rate(r['per_hour_high'])}",
+                      "exposure_display": display_duration(round(r["exposure_hours"] * 3600))}
                  for r in interruption_rates() if r["exposure_hours"] > 0]
-        cache.set("respawn:interruption-rates", rates, RATES_TTL_S)
+        cache.set(RATES_KEY, rates, RATES_TTL_S)
     return rates

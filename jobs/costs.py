@@ -484,7 +484,9 @@ def interruptions_by_placement(team, month: str | None = None, now: dt.datetime 
 
     Preemptions and losses are counted once per instance from how it ended (an
     agent's own "preempted" exit leaves no interruption row, a confirmed one does);
-    notices and capacity errors from their interruption rows."""
+    capacity errors from their interruption rows, and notices only while they are
+    not yet a preemption: a notice and the preemption it announced are one
+    interruption."""
     _, start, end = parse_month(month, now or timezone.now())
     where = dict(cloud=F("provider"), zone_name=F("zone"), type_name=F("instance_type"))
     ended = (Instance.objects.filter(job__team=team, end_reason__in=(EndReason.PREEMPTED, EndReason.LOST),
@@ -493,6 +495,7 @@ def interruptions_by_placement(team, month: str | None = None, now: dt.datetime 
     events = (InterruptionEvent.objects.filter(
         instance__job__team=team, kind__in=(InterruptionKind.NOTICE, InterruptionKind.CAPACITY_ERROR),
         received_at__gte=start, received_at__lt=end)
+        .exclude(kind=InterruptionKind.NOTICE, instance__end_reason__in=(EndReason.PREEMPTED, EndReason.LOST))
         .values(kind_name=F("kind"), **{k: F(f"instance__{v.name}") for k, v in where.items()})
         .annotate(count=Count("id")))
     rows = [{"cloud": r["cloud"], "zone": r["zone_name"], "instance_type": r["type_name"], "kind_name": r["kind_name"],

@@ -211,6 +211,7 @@ def interruption_rates(now=None) -> list[dict]:
         rate = rate_for(key, found)
         rows.append(dict(zip(("provider", "region", "zone", "instance_type", "market"), key),
                          per_hour=rate.per_hour, mtbi_hours=None if math.isinf(rate.mtbi_hours) else rate.mtbi_hours,
+                         per_hour_low=rate.credible_per_hour[0], per_hour_high=rate.credible_per_hour[1],
                          usable_notice_fraction=rate.usable_notice_fraction, events=rate.events,
                          exposure_hours=rate.exposure_hours, prior_per_hour=rate.prior_per_hour))
     return rows

@@ -271,6 +271,8 @@ class InterruptionRateSerializer(serializers.Serializer):
     instance_type = serializers.CharField()
     market = serializers.CharField()
     per_hour = serializers.FloatField(help_text="Posterior mean interruptions per hour.")
+    per_hour_low = serializers.FloatField(help_text="Lower end of the rate's 90 % credible interval, per hour.")
+    per_hour_high = serializers.FloatField(help_text="Upper end of the rate's 90 % credible interval, per hour.")
     mtbi_hours = serializers.FloatField(allow_null=True)
     usable_notice_fraction = serializers.FloatField()
     events = serializers.IntegerField(help_text="Interruptions observed in the window.")

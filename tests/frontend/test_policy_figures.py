@@ -7,7 +7,8 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Instance
+from jobs.models import Instance, InterruptionEvent
+from jobs.placement import interval_for
 from jobs.transitions import end_instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -27,3 +28,33 @@ def test_job_page_shows_the_interval_and_team_page_the_rates(db):
     assert "Every <strong>1200 s</strong> (maximum)" in page and "Young/Daly" in page
     team = browser.get(f"/teams/{setup.team.pk}/").content.decode()
     assert "Estimated interruption rates" in team and "local-b" in team
+
+
+def test_three_preemptions_in_two_minutes_show_as_three_and_set_the_interval(db):
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING, checkpoint_interval_s=None)
+    start = timezone.now() - timedelta(minutes=2)
+    for n in range(3):  # three 40 s VMs in local-b, each preempted after a notice it saved a checkpoint for
+        vm = make_instance(job, zone="local-b", state=InstanceState.RUNNING).instance
+        Instance.objects.filter(pk=vm.pk).update(running_at=start + timedelta(seconds=40 * n))
+        InterruptionEvent.objects.create(instance=vm, kind="notice", source="local", checkpoint_saved=True)
+        vm.refresh_from_db()
+        end_instance(vm, EndReason.PREEMPTED)
+        Instance.objects.filter(pk=vm.pk).update(ended_at=start + timedelta(seconds=40 * (n + 1)))
+    browser = Client()
+    browser.force_login(setup.people["viewer"].user)
+    page = browser.get(f"/teams/{setup.team.pk}/").content.decode()
+    interruptions = page[page.index('id="interruptions-table"'):page.index('id="h-rates"')]
+    assert interruptions.count("<tr>") == 2 and "preempted" in interruptions and "notice" not in interruptions
+    assert '<td class="num">3</td>' in interruptions  # one preemption, one interruption
+    rates = page[page.index('id="rates-table"'):]
+    row = rates[rates.index("local-b"):]
+    per_hour = float(row[row.index('data-field="per-hour">') + 22:].split("<")[0])
+    assert per_hour > 10  # three an instance-minute or so, not the bucket's one a month
+    assert "2 min 0 s" in row  # the exposure, not "0.0 instance-hours"
+    assert "–" in row[row.index('data-field="credible">'):].split("</td>")[0]
+    # The checkpoint interval of the next VM there works from that rate: minutes between
+    # interruptions, not months.
+    nxt = make_instance(job, zone="local-b", state=InstanceState.RUNNING).instance
+    decision = interval_for(nxt)
+    assert decision.unnoticed_mtbi_s < 3600 and decision.seconds < 120  # was 1200, the maximum, from M = 227 days

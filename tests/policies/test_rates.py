@@ -41,10 +41,31 @@ def test_a_new_zone_gets_its_bucket_rate_not_zero():
     assert est.usable_notice_fraction == 0  # notices must be seen before they count
 
 
-def test_a_little_data_moves_the_estimate_only_a_little():
+def test_three_preemptions_in_two_minutes_move_the_estimate_to_their_rate():
+    # Three 40-second lifetimes, each ended by a preemption: about 90 an hour.
+    est = estimate_rate([Lifetime(hours=40 / 3600, interrupted=True)] * 3, RatePrior.from_bucket())
+    assert 30 < est.per_hour < 150
+    low, high = est.credible_per_hour
+    assert low < est.per_hour < high and low > 5  # certainly not one a month any more
+    assert est.mtbi_hours * 3600 < 120
+
+
+def test_events_in_line_with_the_bucket_move_it_only_a_little():
     prior = RatePrior.from_bucket("<5%")
-    one_bad_hour = estimate_rate([Lifetime(hours=1, interrupted=True)], prior)
-    assert prior.per_hour < one_bad_hour.per_hour < 0.01
+    calm = estimate_rate([Lifetime(hours=500, interrupted=False), Lifetime(hours=300, interrupted=True)], prior)
+    assert prior.per_hour < calm.per_hour < 0.01
+
+
+def test_the_credible_interval_narrows_as_evidence_comes_in():
+    prior = RatePrior.from_bucket()
+    widths = []
+    for n in (3, 30, 300):
+        est = estimate_rate([Lifetime(hours=10, interrupted=True)] * n, prior)
+        low, high = est.credible_per_hour
+        assert low < est.per_hour < high
+        widths.append((high - low) / est.per_hour)
+    assert widths[0] > widths[1] > widths[2]
+    assert estimate_rate([Lifetime(hours=10, interrupted=True)] * 300, prior).per_hour == pytest.approx(0.1, rel=0.05)
 
 
 def test_it_refuses_unknown_buckets_and_impossible_lifetimes():
