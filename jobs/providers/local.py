@@ -41,7 +41,8 @@ class LocalConfig:
     root: str
     """Directory holding one sub-directory per VM (e.g. var/local-vms); created if missing."""
     python: str = sys.executable
-    """Interpreter that runs the VM supervisor (and, by default, the agent)."""
+    """Interpreter that runs the VM supervisor (and, by default, the agent); its directory comes first
+    on the VM's PATH, so `python` in a job's command is this one."""
     agent_command: tuple[str, ...] = ()
     """The agent's program; `run` and its flags are appended. Empty: (python, "-m", "agents")."""
     agent_env: Mapping[str, str] = field(default_factory=dict)
@@ -245,12 +246,19 @@ class LocalProvider(Provider):
             control_plane_url=request.control_plane_url,
             bootstrap_token=request.bootstrap_token,
             agent_command=list(config.agent_command or (config.python, "-m", "agents")),
-            agent_env=dict(config.agent_env),
+            agent_env={"PATH": self._vm_path(), **config.agent_env},
             preempt_after_s=delay,
             notice_lead_s=config.notice_lead_s,
             sigterm_after_notice_s=config.notice_lead_s / 2 if config.sigterm_after_notice_s is None else config.sigterm_after_notice_s,
             terminate_grace_s=config.terminate_grace_s,
         )
+
+    def _vm_path(self) -> str:
+        """PATH on the VM: the checkout is the VM's image and the control plane's
+        interpreter its Python, so a job's `python` is that one (with torch and the
+        project installed), not the first `python` of the launching shell's PATH.
+        Not resolved: a virtual environment's python is a link out of it."""
+        return os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", os.defpath)])
 
     def _boot(self, vm: VmDir) -> None:
         """Start the supervisor detached (it forks into a session of its own) and wait
