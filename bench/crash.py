@@ -6,9 +6,10 @@ training run, each resumed to the end.
 
 Target: 100 % of restarts load a checkpoint that passes validation (resume
 validates before training continues) and end bitwise identical to an
-uninterrupted run; every committed checkpoint left by a kill verifies. Trials
-fork from this process, which has already imported torch. Exit status 1 on any
-failed trial.
+uninterrupted run; every committed checkpoint left by a kill verifies; nothing
+a kill left (torn directories, temp files) is still on disk once the resumed run
+ended. Trials fork from this process, which has already imported torch. Exit
+status 1 on any failed trial.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def main() -> int:
         tally["trials"] += 1
         tally["ok"] += result.identical
         tally["torn dirs left"] += result.torn_after_kill
-        if not result.identical:
+        tally["left after resume"] += result.left_after_resume
+        if result.problem:
             failures.append(f"trial {i} ({result.mode}): {result.problem}")
             print(failures[-1], flush=True)
         if (i + 1) % 50 == 0:
@@ -51,10 +53,12 @@ def main() -> int:
     ok = sum(r.identical for r in results)
     for mode, tally in sorted(by_mode.items()):
         print(f"{mode:<12} {tally['ok']}/{tally['trials']} restarts valid and bitwise identical; "
-              f"{tally['torn dirs left']} torn directories left by kills (never loaded)")
+              f"{tally['torn dirs left']} torn directories left by kills (never loaded), "
+              f"{tally['left after resume']} still on disk after the resumed run (target 0)")
+    left = sum(r.left_after_resume for r in results)
     print(f"crash consistency: {ok}/{len(results)} = {100 * ok / max(1, len(results)):.1f} %   target 100 %   "
-          f"({time.monotonic() - started:.0f} s)")
-    return 0 if ok == len(results) else 1
+          f"leftovers after cleanup: {left}   target 0   ({time.monotonic() - started:.0f} s)")
+    return 0 if ok == len(results) and left == 0 else 1
 
 
 if __name__ == "__main__":

@@ -524,6 +524,7 @@ class Checkpointer:
         raw = manifest.encode(job.step, files, created)
         self.storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
         self.storage.write_atomic(layout.LATEST, ckpt.encode())
+        self.storage.discard_unfinished(layout.LATEST)  # a killed earlier commit's, if any
         job.outcome.committed = True
         self._last_committed_step = job.step
         job.outcome.save_s = time.monotonic() - job.started

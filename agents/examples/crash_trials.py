@@ -6,7 +6,9 @@ Each trial proves two things:
   directory that has a manifest passes full verification, and the resumed run
   starts from a checkpoint that passes validation;
 - exact resume: the resumed run ends with model and optimizer state bitwise equal
-  to an uninterrupted run's.
+  to an uninterrupted run's;
+and counts what the kill left on disk that the resumed run did not clean up (torn
+directories, temp files): it should be nothing.
 
 Trials fork from a process that has already imported torch, so one costs about
 a training run, not an interpreter start. Used by bench/crash.py (hundreds of
@@ -97,6 +99,15 @@ class TrialResult:
     torn_after_kill: int  # directories without a manifest (a persist was cut)
     identical: bool
     problem: str = ""
+    left_after_resume: int = 0  # leftovers (see `leftovers`) once the resumed run ended
+
+
+def leftovers(uri: str) -> list[str]:
+    """What the disk keeps besides committed checkpoints: step directories without a
+    manifest, and temp files of writes that never finished."""
+    root = Path(uri)
+    torn = [d.name for d in root.glob("step-*") if not (d / layout.MANIFEST).exists()]
+    return sorted(torn + [str(p.relative_to(root)) for p in root.rglob(f"*{TMP_MARKER}*")])
 
 
 def _writing_data_file(uri: str) -> bool:
@@ -147,7 +158,11 @@ def run_trial(workdir: str, mode: str, reference: dict[str, bytes], rng: random.
     if run_to_end(workdir) != 0:
         return TrialResult(mode, good, torn, False, "resumed run failed")
     identical = final_state(workdir) == reference
-    return TrialResult(mode, good, torn, identical, "" if identical else "final state differs from the uninterrupted run")
+    left = leftovers(workdir)
+    problem = "" if identical else "final state differs from the uninterrupted run"
+    if left:
+        problem = "; ".join(filter(None, [problem, f"left on disk after the resumed run: {', '.join(left)}"]))
+    return TrialResult(mode, good, torn, identical, problem, len(left))
 
 
 def reference_state(workdir: str) -> dict[str, bytes]:

@@ -97,7 +97,12 @@ def test_resume_skips_a_corrupt_newest_checkpoint_and_marks_it(root, state, data
     train(state, data, ckpt, 5, 10)
     ckpt.close()
     Path(root, layout.step_dir(10), "data-r0-0.bin").write_bytes(b"garbage")
-    assert Checkpointer(tiny.build(), config(root)).load_latest().step == 5
+    resumed = Checkpointer(tiny.build(), config(root)).load_latest()
+    assert (resumed.step, resumed.uri) == (5, f"{root}/{layout.step_dir(5)}")
+    [skipped] = resumed.skipped
+    assert (skipped.step, skipped.uri) == (10, f"{root}/{layout.step_dir(10)}")
+    assert skipped.reason.startswith("corrupt: ") and "data-r0-0.bin" in skipped.reason
+    assert str(resumed).startswith(f"resumed at step 5 from {root}/{layout.step_dir(5)}; skipped {root}/{layout.step_dir(10)}: corrupt")
     marked = json.loads(Path(root, layout.step_dir(10), layout.VALIDATION).read_text())
     assert marked["result"] == "invalid" and "data-r0-0.bin" in marked["message"]
 

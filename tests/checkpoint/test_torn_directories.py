@@ -17,6 +17,7 @@ from agents.checkpoint import Checkpointer, layout, manifest
 from agents.checkpoint.reader import committed
 from agents.checkpoint.storage.local import TMP_MARKER, LocalStorage
 from agents.examples import tiny
+from agents.examples.crash_trials import leftovers
 
 from .conftest import ROOT_DIR, config
 
@@ -59,13 +60,6 @@ def temp_only_dir_after_a_commit(root: Path, process: subprocess.Popen) -> Path:
     pytest.fail(f"no persist was seen writing after a commit (exit {process.wait()}): {process.stderr.read()[-2000:]}")
 
 
-def leftovers(root: Path) -> list[str]:
-    """What a user's disk keeps besides committed checkpoints: directories without a
-    manifest, and temp files of writes that never finished."""
-    torn = [d.name for d in root.glob("step-*") if not (d / layout.MANIFEST).exists()]
-    return sorted(torn + [str(p.relative_to(root)) for p in root.rglob(f"*{TMP_MARKER}*")])
-
-
 def test_a_save_killed_while_its_files_are_temporary_is_deleted_once_a_newer_checkpoint_commits(tmp_path):
     root = tmp_path / "ckpt"
     run = tiny_run(root, 100_000, every_steps=10, step_delay=0.02)
@@ -83,7 +77,7 @@ def test_a_save_killed_while_its_files_are_temporary_is_deleted_once_a_newer_che
     assert f"skipping {root}/{torn.name}: not committed" in err
     # ...and once a newer checkpoint committed, it went, with its bytes.
     assert not torn.exists()
-    assert leftovers(root) == []
+    assert leftovers(str(root)) == []
     assert [ref.step for ref in committed(LocalStorage(str(root)))][-1] == torn_step + 1
 
 
@@ -115,7 +109,7 @@ def test_a_directory_half_deleted_by_a_kill_in_the_last_commits_rotation_is_dele
     finish(tiny_run(root, 30, every_steps=10))
 
     assert not half_deleted.exists()
-    assert leftovers(root) == []
+    assert leftovers(str(root)) == []
 
 
 def test_a_live_writers_directory_survives_another_process_starting_and_its_save_commits(tmp_path, monkeypatch):

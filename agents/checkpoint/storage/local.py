@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import mmap
 import os
 import shutil
@@ -197,27 +198,46 @@ class LocalStorage:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def _files(self, prefix: str) -> list[Path]:
-        """Every file under `prefix`, temp files included."""
+    def _walk(self, prefix: str) -> tuple[list[Path], list[Path]]:
+        """The files under `prefix` (temp files included) and its directories holding nothing."""
         base = self._path(prefix) if prefix else self.root
         if base.is_file():
-            return [base]
+            return [base], []
+        files, empty = [], []
         # A missing `base` walks as empty; a directory removed mid-walk (rotation) is skipped.
-        return [Path(dirpath, name) for dirpath, _dirs, files in os.walk(base) for name in files]
+        for dirpath, dirs, names in os.walk(base):
+            files.extend(Path(dirpath, name) for name in names)
+            if not dirs and not names and Path(dirpath) != self.root:
+                empty.append(Path(dirpath))
+        return files, empty
+
+    def _unfinished_paths(self, prefix: str) -> list[Path]:
+        """Temp files of writes to keys under `prefix` (inside it, or beside it when it names
+        one key, e.g. LATEST), and empty directories: a writer killed between creating its
+        directory and its temp file leaves one."""
+        base = self._path(prefix) if prefix else self.root
+        beside = list(base.parent.glob(f"{glob.escape(base.name)}{TMP_MARKER}*")) if prefix else []
+        files, empty = self._walk(prefix)
+        return beside + [p for p in files if TMP_MARKER in p.name] + empty
 
     def _key(self, path: Path) -> str:
         return str(path.relative_to(self.root))
 
     def list(self, prefix: str) -> list[str]:
-        return sorted(self._key(p) for p in self._files(prefix) if TMP_MARKER not in p.name)
+        return sorted(self._key(p) for p in self._walk(prefix)[0] if TMP_MARKER not in p.name)
 
     def unfinished(self, prefix: str) -> list[str]:
-        """Keys whose writer has a temp file here (before `close()`, or killed)."""
-        return sorted({self._key(p).partition(TMP_MARKER)[0] for p in self._files(prefix) if TMP_MARKER in p.name})
+        return sorted({self._key(p).partition(TMP_MARKER)[0] for p in self._unfinished_paths(prefix)})
 
     def discard_unfinished(self, prefix: str) -> None:
-        for path in self._files(prefix):
-            if TMP_MARKER in path.name:
+        for path in self._unfinished_paths(prefix):
+            if path.is_dir():
+                try:
+                    path.rmdir()
+                except OSError as exc:  # a writer has put its file there since: not empty any more
+                    if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT):
+                        raise
+            else:
                 path.unlink(missing_ok=True)
 
     def delete_prefix(self, prefix: str) -> None:
