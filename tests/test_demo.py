@@ -111,7 +111,7 @@ def demo_run(tmp_path_factory) -> DemoRun:
 @pytest.mark.e2e
 def test_ctrl_c_leaves_no_process_no_vm_and_no_listener_and_ends_the_vm_cancelled(demo_run):
     assert demo_run.exit_code == 0, demo_run.stopped_output
-    assert "demo stopped (1 local VM(s) terminated" in demo_run.stopped_output
+    assert "demo stopped: 1 local VM(s) terminated" in demo_run.stopped_output
     assert len(demo_run.processes) >= 7, "web (master, 2 workers), worker, beat, the VM's supervisor and agent"
     left = [s.pid for s in demo_run.processes if is_running(s.pid, s.start_time)]
     assert not left, f"still running after demo exited: {left}"

@@ -170,5 +170,5 @@ class Demo:
         finally:
             if "web" in self.children:
                 self.children["web"].stop(timeout_s=GRACE_S)
-        self.out.write(f"demo stopped ({len(vms)} local VM(s) terminated; their jobs resume from their newest "
-                       "checkpoint at the next start)")
+        resume = f": {len(vms)} local VM(s) terminated, their jobs resume from their newest checkpoint next time"
+        self.out.write("demo stopped" + (resume if vms else ""))
