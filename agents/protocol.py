@@ -54,7 +54,8 @@ class ValidationResult:
     PENDING = "pending"
     VALID = "valid"
     INVALID = "invalid"
-    ALL = (PENDING, VALID, INVALID)
+    SKIPPED = "skipped"  # nothing to check with (the job names no validation factories); the message says why
+    ALL = (PENDING, VALID, INVALID, SKIPPED)
 
 
 class NoticeSource:
@@ -280,6 +281,9 @@ ENV_CHECKPOINT_INTERVAL_S = "RESPAWN_CHECKPOINT_INTERVAL_S"
 ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # trainer -> agent: JSON {step, loss, samples_per_s, ...}, replaced atomically;
 # "stopped": true once the trainer stopped on a stop request (in a gang, possibly another rank's)
 ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, one CheckpointReport-shaped record per commit
+# trainer -> agent: JSONL, one ValidationReport-shaped record (with its checkpoint_id) per verdict the trainer
+# reached itself: the checkpoint it resumes from, the final one before exporting it
+ENV_VALIDATIONS_FILE = "RESPAWN_VALIDATIONS_FILE"
 ENV_CONTROL_FILE = "RESPAWN_CONTROL_FILE"  # agent -> trainer: JSON {checkpoint_interval_s}, replaced atomically
 ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline}, written before the stop signal
 ENV_VALIDATION_MODEL_FACTORY = "RESPAWN_MODEL_FACTORY"

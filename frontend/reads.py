@@ -220,8 +220,8 @@ def checkpoint_interval(job_id: int) -> Read:
                 lambda rows: json.loads(rows[0][0]) if rows else None)
 
 
-CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "validation", "reference_loss", "validation_loss", "bytes",
-                      "stall_s", "instance_id")
+CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "validation", "validation_message", "reference_loss",
+                      "validation_loss", "bytes", "stall_s", "instance_id")
 
 
 def newest_checkpoints(job_id: int, limit: int) -> Read:

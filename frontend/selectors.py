@@ -132,7 +132,8 @@ def _log_tail(chunks: list[tuple[int, list[str]]]) -> list[str]:
 def _checkpoints(newest_first: list[dict]) -> list[dict]:
     """Oldest first, as the timeline marks them."""
     return [{"step": c["step"], "kind": c["kind"], "committed_at": _iso(c["committed_at"]),
-             "validation": c["validation"], "reference_loss": c["reference_loss"],
+             "validation": c["validation"], "validation_message": c["validation_message"],
+             "reference_loss": c["reference_loss"],
              "validation_loss": c["validation_loss"], "bytes": c["bytes"], "stall_s": c["stall_s"],
              "instance": c["instance_id"]} for c in reversed(newest_first)]
 

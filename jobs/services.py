@@ -175,9 +175,22 @@ def request_action(job_id: int, action: str, *, exclude: int | None = None) -> N
     )
 
 
+def unvalidated_reason(job: Job) -> str:
+    """Why no checkpoint of `job` can be validated (DESIGN §11 `skipped`), or "" when they can."""
+    if not job.validation_enabled:
+        return "not validated: validation is off for this job"
+    if not (job.validation_model_factory and job.validation_batch_factory):
+        return "not validated: the job names no validation model and batch factories to check it with"
+    return ""
+
+
 def record_checkpoint(instance: Instance, **fields) -> Checkpoint:
+    # Recorded `skipped` at once when nothing will ever validate it, rather than `pending` forever.
+    skipped = unvalidated_reason(instance.job)
+    verdict = {"validation": ValidationResult.SKIPPED, "validation_message": skipped} if skipped else {}
     checkpoint, created = Checkpoint.objects.get_or_create(
-        checkpoint_id=fields.pop("checkpoint_id"), defaults={"job_id": instance.job_id, "instance": instance, **fields}
+        checkpoint_id=fields.pop("checkpoint_id"),
+        defaults={"job_id": instance.job_id, "instance": instance, **verdict, **fields},
     )
     if not created:
         return checkpoint

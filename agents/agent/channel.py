@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 STATUS_NAME = "status.json"
 CHECKPOINTS_NAME = "checkpoints.jsonl"
+VALIDATIONS_NAME = "validations.jsonl"
 CONTROL_NAME = "control.json"
 NOTICE_NAME = "notice.json"
 CHECKPOINT_EVENTS = uuid.UUID("6f1d0b6e-5a55-4c1e-9a43-0c5e3c1f2b7d")  # namespace of checkpoint reports' event_ids
@@ -32,6 +33,7 @@ CHECKPOINT_EVENTS = uuid.UUID("6f1d0b6e-5a55-4c1e-9a43-0c5e3c1f2b7d")  # namespa
 class ChannelPaths:
     status: str
     checkpoints: str
+    validations: str
     control: str
     notice: str
 
@@ -39,12 +41,14 @@ class ChannelPaths:
     def in_dir(cls, directory: str) -> "ChannelPaths":
         os.makedirs(directory, mode=0o700, exist_ok=True)
         d = Path(directory)
-        return cls(str(d / STATUS_NAME), str(d / CHECKPOINTS_NAME), str(d / CONTROL_NAME), str(d / NOTICE_NAME))
+        return cls(str(d / STATUS_NAME), str(d / CHECKPOINTS_NAME), str(d / VALIDATIONS_NAME), str(d / CONTROL_NAME),
+                   str(d / NOTICE_NAME))
 
     def env(self) -> dict[str, str]:
         return {
             protocol.ENV_STATUS_FILE: self.status,
             protocol.ENV_CHECKPOINTS_FILE: self.checkpoints,
+            protocol.ENV_VALIDATIONS_FILE: self.validations,
             protocol.ENV_CONTROL_FILE: self.control,
             protocol.ENV_NOTICE_FILE: self.notice,
         }
@@ -150,14 +154,31 @@ def parse_checkpoint_line(line: str) -> protocol.CheckpointReport:
     return protocol.from_dict(protocol.CheckpointReport, doc)
 
 
-class CheckpointsTail:
-    """New complete lines of the checkpoints JSONL since the last call."""
+MAX_VALIDATION_MESSAGE_CHARS = 500  # what the control plane stores
 
-    def __init__(self, path: str):
+
+def parse_validation_line(line: str) -> tuple[str, protocol.ValidationReport]:
+    """One line of the validations JSONL: the checkpoint's id and the trainer's verdict on it."""
+    doc = json.loads(line)
+    if not isinstance(doc, dict) or not isinstance(doc.get("checkpoint_id"), str):
+        raise ValueError("expected a JSON object with a checkpoint_id")
+    if doc.get("result") not in (protocol.ValidationResult.VALID, protocol.ValidationResult.INVALID):
+        raise ValueError(f"result {doc.get('result')!r} is neither valid nor invalid")
+    report = protocol.ValidationReport(
+        result=doc["result"], loss=finite_or_none(doc.get("loss")), reference_loss=finite_or_none(doc.get("reference_loss")),
+        message=str(doc.get("message") or "")[:MAX_VALIDATION_MESSAGE_CHARS])
+    return doc["checkpoint_id"], report
+
+
+class JsonlTail:
+    """New complete lines of a JSONL file the trainer appends to, parsed by `parse`, since the last call."""
+
+    def __init__(self, path: str, parse):
         self.path = path
+        self.parse = parse
         self._offset = 0
 
-    def new_reports(self) -> list[protocol.CheckpointReport]:
+    def new_reports(self) -> list:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -171,10 +192,24 @@ class CheckpointsTail:
             if not raw.strip():
                 continue
             try:
-                reports.append(parse_checkpoint_line(raw.decode("utf-8", errors="replace")))
+                reports.append(self.parse(raw.decode("utf-8", errors="replace")))
             except (ValueError, TypeError) as exc:
                 log.warning("skipping an unreadable line of %s (%s): %r", self.path, exc, raw[:500])
         return reports
+
+
+class CheckpointsTail(JsonlTail):
+    """The checkpoints JSONL: one CheckpointReport per commit."""
+
+    def __init__(self, path: str):
+        super().__init__(path, parse_checkpoint_line)
+
+
+class ValidationsTail(JsonlTail):
+    """The validations JSONL: (checkpoint_id, ValidationReport) per verdict the trainer reached."""
+
+    def __init__(self, path: str):
+        super().__init__(path, parse_validation_line)
 
 
 MAX_READ_BYTES = 4 << 20  # per call, so a trainer printing gigabytes cannot balloon the agent

@@ -43,6 +43,7 @@ from agents.agent.channel import (
     CheckpointsTail,
     LogTail,
     StatusReader,
+    ValidationsTail,
     finite_or_none,
     int_or_none,
     last_exception_line,
@@ -124,6 +125,7 @@ class Agent:
         self.watcher = make_watcher(config.provider, config.metadata_url, config.notice_poll_s)
         self.status = StatusReader(self.paths.status)
         self.checkpoints = CheckpointsTail(self.paths.checkpoints)
+        self.validations = ValidationsTail(self.paths.validations)
         self.logs: LogTail | None = None  # made once it is known whether this run resumes a session
         self.session: session.Session | None = None
         self.events: queue.Queue = queue.Queue()
@@ -147,7 +149,7 @@ class Agent:
 
     def _clear_channel(self) -> None:
         """Channel files of an earlier run on this work dir must not be read again."""
-        for path in (self.paths.status, self.paths.checkpoints, self.paths.control, self.paths.notice):
+        for path in (self.paths.status, self.paths.checkpoints, self.paths.validations, self.paths.control, self.paths.notice):
             if os.path.exists(path):
                 os.remove(path)
 
@@ -593,8 +595,11 @@ class Agent:
             self.checkpoint_requested = False
             if self.notice is not None and self.notice_commit is None and report.kind in NOTICE_COMMIT_KINDS:
                 self._on_notice_commit(report)
-            elif self.validator is not None:
+            elif self.validator is not None and report.kind != protocol.CheckpointKind.FINAL:
+                # The trainer validates its final checkpoint itself, before exporting it.
                 self.validator.submit(report)
+        for checkpoint_id, verdict in self.validations.new_reports():  # on resume, before export
+            self._report_validation(checkpoint_id, verdict)
         if self.validator is not None:
             self.validator.poll()
 

@@ -4,7 +4,7 @@ Every piece is optional: without the environment variables the library runs
 standalone. Files the agent writes (control, notice) are read cheaply: one stat
 per step (microseconds), a read only when the file was replaced. Files the
 trainer writes are replaced atomically (status) or appended one whole JSON line
-at a time (checkpoints).
+at a time (checkpoints, validations).
 """
 
 from __future__ import annotations
@@ -67,9 +67,17 @@ def notice_deadline(path: str | None) -> float | None:
 
 
 def append_checkpoint_report(path: str | None, report: protocol.CheckpointReport) -> None:
+    _append_line(path, protocol.to_dict(report))
+
+
+def append_validation_report(path: str | None, checkpoint_id: str, report: protocol.ValidationReport) -> None:
+    _append_line(path, {"checkpoint_id": checkpoint_id, **protocol.to_dict(report)})
+
+
+def _append_line(path: str | None, body: dict) -> None:
     if not path:
         return
-    line = (json.dumps(protocol.to_dict(report)) + "\n").encode()
+    line = (json.dumps(body) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)  # one write with O_APPEND: the agent never sees half a line interleaved

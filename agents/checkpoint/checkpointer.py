@@ -48,14 +48,14 @@ from . import channel, layout, manifest, persist
 from .codec import flatten
 from .distributed import Coordinator
 from .errors import CheckpointError, ConfigError, IncompatibleCheckpointError
-from .reader import CheckpointRef, committed, load
+from .reader import CheckpointRef, LoadedCheckpoint, committed, load
 from .resume import Resumed, choose
 from .rotation import remove_torn, rotate
 from .snapshot import SnapshotBuffers
 from .state import TrainState
 from .storage import Storage, open_storage
 from .storage.local import LocalStorage
-from .validation import ReferenceLoss, ValidationSettings, mark, validate_loaded
+from .validation import ReferenceLoss, ValidationSettings, Verdict, mark, validate_loaded
 
 DEFAULT_INTERVAL_S = 600.0
 LOCAL_LIVE_FRACTION = 0.5
@@ -101,6 +101,7 @@ class CheckpointConfig:
     the storage: 0.5 on a local disk (direct I/O takes them at memory speed), 0 (copy
     everything) on an object store, where they would wait for the upload."""
     checkpoints_file: str | None = None
+    validations_file: str | None = None
     control_file: str | None = None
     notice_file: str | None = None
 
@@ -130,6 +131,7 @@ class CheckpointConfig:
             "interval_s": env_float(protocol.ENV_CHECKPOINT_INTERVAL_S),
             "resume_from": env.get(protocol.ENV_RESUME_FROM) or None,
             "checkpoints_file": env.get(protocol.ENV_CHECKPOINTS_FILE) or None,
+            "validations_file": env.get(protocol.ENV_VALIDATIONS_FILE) or None,
             "control_file": env.get(protocol.ENV_CONTROL_FILE) or None,
             "notice_file": env.get(protocol.ENV_NOTICE_FILE) or None,
         }
@@ -517,6 +519,9 @@ class Checkpointer:
         # Every rank's writers of this step are closed by now: an unfinished write left
         # here is an earlier, killed attempt's, and would outlive this commit.
         self.storage.discard_unfinished(ckpt)
+        # The checkpoint names its own report id, so a verdict reached on it later (on
+        # resume, before export) reaches the control plane's record of it.
+        job.meta["checkpoint_id"] = job.outcome.checkpoint_id = str(uuid.uuid4())
         state_bytes = json.dumps(job.meta).encode()
         self.storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
         files[layout.STATE] = manifest.FileEntry(len(state_bytes), manifest.digest_bytes(state_bytes))
@@ -528,7 +533,6 @@ class Checkpointer:
         job.outcome.committed = True
         self._last_committed_step = job.step
         job.outcome.save_s = time.monotonic() - job.started
-        job.outcome.checkpoint_id = str(uuid.uuid4())
         man = manifest.Manifest(job.step, files, raw)
         channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
             checkpoint_id=job.outcome.checkpoint_id, step=job.step, uri=job.outcome.uri,
@@ -619,12 +623,20 @@ class Checkpointer:
         if self.rank != 0 or self.config.validation is None:
             return None
         ref = CheckpointRef(self.storage, layout.step_dir(step))
-        verdict = validate_loaded(load(ref), self.config.validation)
-        mark(ref, verdict)
+        loaded = load(ref)
+        self._record_verdict(loaded, validate_loaded(loaded, self.config.validation))
         artifact = export_weights(ref)
         # The agent ships the artifact with its exit report (agents/protocol.py channel).
         trainer.report(step, force=True, artifact_uri=artifact.uri, artifact_digest=artifact.digest)
         return artifact
+
+    def _record_verdict(self, loaded: LoadedCheckpoint, verdict: Verdict) -> None:
+        """Beside the checkpoint, and to the agent, which reports it: the checkpoint a
+        run resumes from or exports was validated here, not by the agent's validator."""
+        mark(loaded.ref, verdict)
+        if loaded.meta.get("checkpoint_id"):
+            channel.append_validation_report(self.config.validations_file, loaded.meta["checkpoint_id"],
+                                             protocol.ValidationReport(**verdict.to_json()))
 
     # --- resuming ------------------------------------------------------------------------
     def load_latest(self) -> Resumed:
@@ -638,7 +650,7 @@ class Checkpointer:
         if self.rank == 0:
             remove_torn(self.storage)
             validation = self.config.validation if self.config.validate_on_resume else None
-            chosen, skipped = choose(self.storage, self.config.resume_from, validation)
+            chosen, skipped = choose(self.storage, self.config.resume_from, validation, self._record_verdict)
         name, skipped = self.coord.broadcast_from_zero((chosen.ref.name if chosen else None, skipped))
         if name is None:
             return Resumed(0, None, skipped)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import CorruptCheckpointError
@@ -35,18 +36,19 @@ class Resumed:
         return "; ".join([head, *(f"skipped {s.uri}: {s.reason}" for s in self.skipped)])
 
 
-def choose(storage: Storage, resume_from: str | None,
-           validation: ValidationSettings | None) -> tuple[LoadedCheckpoint | None, tuple[Skipped, ...]]:
+def choose(storage: Storage, resume_from: str | None, validation: ValidationSettings | None,
+           record: Callable[[LoadedCheckpoint, Verdict], None]) -> tuple[LoadedCheckpoint | None, tuple[Skipped, ...]]:
     """The newest usable checkpoint (not after `resume_from`), loaded and verified, and
     validated first with `validation` unless a verdict is recorded (an invalid one is
-    marked and the previous one tried); and the newer ones skipped on the way."""
+    marked and the previous one tried); and the newer ones skipped on the way. A verdict
+    reached here goes to `record`, which marks it beside the checkpoint."""
     limit = ref_from_uri(resume_from).step if resume_from else None
     skipped: list[Skipped] = []
     for ref in reversed(list_checkpoints(storage)):
         if limit is not None and ref.step > limit:
             loaded, reason = None, f"newer than resume_from {resume_from}"
         else:
-            loaded, reason = _load_usable(ref, validation)
+            loaded, reason = _load_usable(ref, validation, record)
         if loaded is not None:
             return loaded, tuple(skipped)
         skipped.append(Skipped(ref.step, ref.uri, reason))
@@ -54,7 +56,8 @@ def choose(storage: Storage, resume_from: str | None,
     return None, tuple(skipped)
 
 
-def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None) -> tuple[LoadedCheckpoint | None, str]:
+def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
+                 record: Callable[[LoadedCheckpoint, Verdict], None]) -> tuple[LoadedCheckpoint | None, str]:
     """The checkpoint loaded, or None and why it cannot be used."""
     if not ref.is_committed():
         return None, "not committed (no MANIFEST.json): its save was cut short or is still running"
@@ -68,7 +71,7 @@ def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None) -> t
         return None, f"corrupt: {exc}"
     if validation is not None and not verdict:
         verdict_now = validate_loaded(loaded, validation)
-        mark(ref, verdict_now)
+        record(loaded, verdict_now)
         if not verdict_now.valid:
             return None, f"failed validation: {verdict_now.message}"
     return loaded, ""
