@@ -26,7 +26,8 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.cache import cache
 
-from jobs import costs
+from jobs import costs, money_text
+from jobs.money_text import usd as display_money
 from jobs.api.costs import job_cost_data, team_month_data
 from jobs.placement import interruption_rates
 
@@ -40,13 +41,6 @@ RATES_KEY = "respawn:interruption-rates:2"  # "2": rows with their credible inte
 COST_POINTS = 120
 
 
-def display_money(exact: str | Decimal) -> str:
-    value = Decimal(exact).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-    if value == 0:
-        value = abs(value)  # a few hundredths of a cent either way reads as $0.00, never $-0.00
-    return f"-${-value:,.2f}" if value < 0 else f"${value:,.2f}"
-
-
 # ---- a job ------------------------------------------------------------------------------------
 
 def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | list]:
@@ -58,8 +52,8 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
     newest = max(cost.work.values(), key=lambda w: w.billed_from, default=None)
     summary = {
         "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
-        **{f"{figure}_display": display_money(value) for figure, value in (
-            ("spent", detail["spent"]), ("savings", detail["savings"]), ("waste", detail["waste"]["total"]))},
+        "spent_display": display_money(detail["spent"]), "waste_display": display_money(detail["waste"]["total"]),
+        "savings_display": money_text.savings_text(detail["savings"], detail["on_demand_baseline"]),
         "waste_parts_display": waste_parts_display(detail["waste"]),
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
@@ -78,10 +72,11 @@ def waste_parts_display(waste: dict) -> str:
 
 
 KINDS = ("summary", "detail", "curve")
+DOCUMENTS_VERSION = 2  # in the keys: documents stored by an older release are not read (2: savings with their share)
 
 
 def _stored_as(kind: str, settled_key: str) -> str:
-    return f"respawn:job{kind}:{settled_key}"
+    return f"respawn:job{kind}:{DOCUMENTS_VERSION}:{settled_key}"
 
 
 def job_money(keys: dict[int, str | None], now: dt.datetime, *, detail: bool = False) -> dict[int, dict | str]:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from frontend import money as store
 from frontend import reads
 from frontend.money import display_money
+from jobs.money_text import savings_text
 from jobs import costs
 from jobs.choices import FailureCause, JobStatus
 from jobs.models import PriceQuote, Team, failure_headline
@@ -218,6 +219,7 @@ def team_status(team_id: int, month: str | None, *also: reads.Read,
         money = dict(money)
         for key in ("spent", "savings", "waste", "on_demand_baseline"):
             money[f"{key}_display"] = display_money(money[key])
+        money["savings_display"] = savings_text(money["savings"], money["on_demand_baseline"])
         money["budget_display"] = display_money(money["budget"]) if money["budget"] else "no budget"
         money["budget_used_pct"] = (min(999, round(100 * Decimal(money["spent"]) / Decimal(money["budget"])))
                                     if money["budget"] and Decimal(money["budget"]) > 0 else None)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from jobs.money_text import savings_text, usd
 from respawncli.api import Api, FieldErrors
 from respawncli.config import Credentials, load_credentials, save_credentials, server_url
 from respawncli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
@@ -167,13 +168,17 @@ def cost(args) -> int:
     if args.json:
         print_json(answer)
         return EXIT_OK
-    print(f"job {job['id']} '{job['name']}' ({job['status']}), as of {answer['as_of'][:19].replace('T', ' ')} UTC")
-    print_fields({"spent": answer["spent"], "on-demand would cost": answer["on_demand_baseline"],
-                  "savings": answer["savings"], "waste": answer["waste"]["total"]})
+    print(f"job {job['id']} '{job['name']}' ({job['status']}), as of {answer['as_of'][:19].replace('T', ' ')} UTC, "
+          f"in US dollars (--json: exact)")
+    print_fields({"spent": usd(answer["spent"]), "on-demand would cost": usd(answer["on_demand_baseline"]),
+                  "savings": savings_text(answer["savings"], answer["on_demand_baseline"]),
+                  "waste": usd(answer["waste"]["total"])})
     print()
     print_table(answer["instances"], [
         ("INSTANCE", "instance"), ("RANK", "rank"), ("FROM", "billed_from"), ("TO", "billed_to"),
-        ("SECONDS", "billed_seconds"), ("SPENT", "spent"), ("ON-DEMAND", "on_demand_baseline"),
+        ("SECONDS", "billed_seconds"), ("SPENT", lambda i: usd(i["spent"])),
+        ("ON-DEMAND", lambda i: usd(i["on_demand_baseline"])),
+        ("SAVED", lambda i: savings_text(i["savings"], i["on_demand_baseline"])),
         ("STEPS KEPT", "steps_kept"), ("RECOMPUTED", "recomputed_steps"),
     ], empty="no billed instances yet")
     return EXIT_OK

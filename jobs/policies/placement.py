@@ -16,6 +16,7 @@ unless that zone is clearly best, i.e. cheaper than every other zone by the marg
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass
 
@@ -109,6 +110,12 @@ def backoff_until(events, key, now: float) -> float | None:
     return until if until is not None and until > now else None
 
 
+def backoff_text(until: float, now: float) -> str:
+    """'on back-off for 28 min more (until 2026-12-01 17:40 UTC)': how long, and when in UTC."""
+    left = max(1, math.ceil((until - now) / 60))
+    return f"on back-off for {left} min more (until {dt.datetime.fromtimestamp(until, dt.UTC):%Y-%m-%d %H:%M} UTC)"
+
+
 def choose_placement(options, *, work_s: float, now: float, nodes: int = 1, restart_s: float,
                      checkpoint_cost_s: float, events=(), just_preempted: tuple[str, str] | None = None,
                      max_price_per_hour: float | None = None) -> PlacementDecision:
@@ -119,7 +126,7 @@ def choose_placement(options, *, work_s: float, now: float, nodes: int = 1, rest
                        checkpoint_cost_s=checkpoint_cost_s)
         until = backoff_until(events, option.key, now)
         if until is not None:
-            est = _excluded(est, f"on back-off until {until:.0f}")
+            est = _excluded(est, backoff_text(until, now))
         elif max_price_per_hour is not None and option.price_per_hour > max_price_per_hour:
             est = _excluded(est, f"price {option.price_per_hour} above the job's maximum {max_price_per_hour}")
         elif math.isinf(est.wall_s):

@@ -219,8 +219,9 @@ def test_cost_shows_spent_savings_and_each_instance(cli):
     job, *_ = make_history(cli.setup.team, cli.setup.people["member"].user)
     table = cli("cost", str(job.pk))
     assert table.returncode == 0, table.stderr
-    assert re.search(r"(?m)^spent\s+1\.80000000$", table.stdout)
-    assert re.search(r"(?m)^savings\s+0\.53333333$", table.stdout)
+    assert "in US dollars" in table.stdout.splitlines()[0]
+    assert re.search(r"(?m)^spent\s+\$1\.80$", table.stdout)
+    assert re.search(r"(?m)^savings\s+\$0\.53 \(23%\)$", table.stdout)  # of the $2.33 on-demand would cost
     assert "STEPS KEPT" in table.stdout and len(re.findall(r"(?m)^\d+\s+0\s", table.stdout)) >= 1
     as_json = json.loads(cli("cost", str(job.pk), "--json").stdout)
     assert [i["steps_kept"] for i in as_json["instances"]] == [900, 600]

@@ -28,7 +28,7 @@ def test_the_jobs_list_and_the_job_page_show_the_apis_money(db):
     api = api_cost(member, job)
     row = signed_in(member).get("/jobs.json").json()["rows"][0]
     assert (row["spent"], row["savings"]) == (api["spent"], api["savings"])
-    assert (row["spent_display"], row["savings_display"]) == ("$1.80", "$0.53")
+    assert (row["spent_display"], row["savings_display"]) == ("$1.80", "$0.53 (23%)")  # of $2.33 on-demand
     status = signed_in(member).get(f"/jobs/{job.pk}/status.json").json()
     assert status["money"]["savings"] == api["savings"]
     assert status["cost_curve"][-1]["spent"] == float(Decimal(api["spent"]))
@@ -55,14 +55,17 @@ def test_the_team_overview_shows_the_months_figures(db):
     make_history(setup.team, setup.people["member"].user)
     data = signed_in(setup.people["viewer"]).get(f"/teams/{setup.team.pk}/status.json?month=2026-03").json()
     assert (data["money"]["spent"], data["money"]["savings_display"], data["money"]["gpu_hours"]) == \
-        ("1.44000000", "$0.14", "2.00")
+        ("1.44000000", "$0.14 (9%)", "2.00")  # of March's $1.58 on-demand
     assert [(r["kind_name"], r["count"]) for r in data["interruptions"]] == [("preempted", 1)]
 
 
-def test_money_is_shown_to_the_cent_without_a_negative_zero():
-    assert display_money("-0.00041") == "$0.00"
+def test_money_is_shown_to_the_cent_and_a_fraction_of_a_cent_as_such():
     assert display_money("-1.005") == "-$1.01"
     assert display_money("1234.5") == "$1,234.50"
+    assert display_money("0.00432") == "$0.004"  # seconds of a cheap VM: not "$0.00"
+    assert display_money("-0.00041") == "-$0.0004"
+    assert display_money("0.00963") == "$0.01"
+    assert display_money("0") == display_money("-0.00000000") == "$0.00"
 
 
 def test_a_late_checkpoint_of_an_ended_instance_moves_the_settled_figure(db):

@@ -1,3 +1,5 @@
+import datetime as dt
+
 import pytest
 
 from jobs.policies.placement import (Option, PlacementEvent, backoff_until, choose_placement,
@@ -58,7 +60,9 @@ def test_a_capacity_error_puts_a_placement_on_back_off_that_doubles_and_expires(
     assert backoff_until(first, key, now) == now - 60 + 300
     decision = choose_placement(TABLE, events=first, **PLAN)
     assert decision.chosen.zone == "us-east-1c"
-    assert decision.ranked[-1].excluded.startswith("on back-off until")
+    # Said for people: how long, and when in UTC, never a raw Unix time.
+    until = dt.datetime.fromtimestamp(now - 60 + 300, dt.UTC)
+    assert decision.ranked[-1].excluded == f"on back-off for 4 min more (until {until:%Y-%m-%d %H:%M} UTC)"
     second = first + [PlacementEvent(key=key, kind="capacity_error", at=now - 30)]
     assert backoff_until(second, key, now) == now - 30 + 600
     assert backoff_until(first, key, now + 400) is None
