@@ -146,11 +146,13 @@ def test_interruptions_are_counted_once_per_instance_and_kind(history):
     setup, job, a, b, never = history
     from jobs.models import InterruptionEvent
 
-    InterruptionEvent.objects.create(instance=a, kind="notice", source="aws_imds")
-    InterruptionEvent.objects.filter(instance=a).update(received_at=T(3, 1, 0, 59))
+    InterruptionEvent.objects.create(instance=a, kind="notice", source="aws_imds")  # announced a's preemption
+    InterruptionEvent.objects.create(instance=b, kind="notice", source="aws_imds")  # a notice b outlived
+    InterruptionEvent.objects.filter(kind="notice").update(received_at=T(3, 1, 0, 59))
     InterruptionEvent.objects.create(instance=never, kind="capacity_error", source="provider_api")
     InterruptionEvent.objects.filter(instance=never).update(received_at=T(3, 1, 1, 30))
     rows = costs.interruptions_by_placement(setup.team, "2026-03", NOW)
+    # A notice and the preemption it announced are one interruption.
     assert [(r["zone"], r["kind_name"], r["count"]) for r in rows] == [
         ("hand-1a", "capacity_error", 1), ("hand-1a", "notice", 1), ("hand-1a", "preempted", 1)]
     assert costs.interruptions_by_placement(setup.team, "2026-04", NOW) == []
