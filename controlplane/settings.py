@@ -193,7 +193,9 @@ SPECTACULAR_SETTINGS = {
 # --- Celery ---
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    _broker_dir = VAR_DIR / "broker"
+    # Its own variable so that processes with different var dirs (a test and the worker
+    # it starts) can still share one queue.
+    _broker_dir = Path(os.environ.get("RESPAWN_BROKER_DIR", VAR_DIR / "broker"))
     for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {

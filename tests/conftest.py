@@ -106,7 +106,13 @@ def child_env(transactional_db, tmp_path):
         PYTHONUNBUFFERED="1",
     )
     if not env.get("CELERY_BROKER_URL", "").startswith("redis"):
+        # The children's var dir is this test's, but their queue is the one this process
+        # enqueues into.
+        from django.conf import settings
+
         env["CELERY_BROKER_URL"] = "filesystem://"
+        env["RESPAWN_BROKER_DIR"] = str(Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"]).parent)
+    purge_queued_tasks()
     yield env
     # Local "VMs" are detached on purpose (they outlive workers): end them here.
     vm_root = tmp_path / "var" / "local-vms"
@@ -114,6 +120,13 @@ def child_env(transactional_db, tmp_path):
         from jobs.providers.local import LocalConfig, LocalProvider
 
         LocalProvider(LocalConfig(root=str(vm_root))).terminate_all()
+
+
+def purge_queued_tasks() -> None:
+    """Drop what earlier tests left queued: a task about their rows must not run in this test's workers."""
+    from controlplane.celery import app
+
+    app.control.purge()
 
 
 class ChildProcess:

@@ -80,3 +80,15 @@ def test_demo_seed_prints_a_token_that_lists_the_demo_job(tmp_path):
     assert jobs.status_code == 200
     assert [j["name"] for j in jobs.json()["results"]] == ["demo: tiny classifier"]
     assert Path(tmp_path / "respawn.sqlite3").exists()
+
+
+def test_a_test_run_keeps_out_of_the_repositorys_var_dir():
+    # `make demo` keeps its database and queue in the repository's var/: a test's queued
+    # `schedule` there would be run by the next demo's worker.
+    from django.conf import settings
+
+    repository_var = ROOT / "var"
+    assert not settings.VAR_DIR.resolve().is_relative_to(repository_var.resolve())
+    written = (settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", ""),
+               settings.RESPAWN["DEFAULT_CHECKPOINT_URI"], settings.PROVIDER_CONFIG["local"]["root"])
+    assert not [folder for folder in written if str(folder).startswith(str(repository_var))]
