@@ -54,8 +54,9 @@ def parse_args(argv=None):
 
 
 def recreate_database(url: str) -> None:
-    import psycopg
     from urllib.parse import urlparse
+
+    import psycopg
 
     name = urlparse(url).path.lstrip("/")
     admin = url.rsplit("/", 1)[0] + "/postgres"
@@ -80,7 +81,7 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from jobs.choices import Purpose
+    from jobs.core.choices import Purpose
     from jobs.models import Job, Membership, PriceQuote, Team
 
     call_command("migrate", verbosity=0)  # seeds the price book

@@ -74,9 +74,9 @@ def make_agents(n: int) -> tuple[list[str], int]:
     from django.core.management import call_command
     from django.utils import timezone
 
-    from jobs.choices import InstanceState, JobStatus
+    from jobs.core.choices import InstanceState, JobStatus
     from jobs.models import Instance, Job, Membership, Team
-    from jobs.tokens import AGENT_PREFIX, new_token
+    from jobs.people.tokens import AGENT_PREFIX, new_token
 
     call_command("migrate", verbosity=0)
     team = Team.objects.create(name="bench", monthly_budget_usd=1_000_000, max_concurrent_gpus=n)

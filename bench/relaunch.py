@@ -35,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_P95_S = 2.0
-AGE_BY = timedelta(hours=3)  # beyond the placement policy's look-back (jobs/policies/placement.py)
+AGE_BY = timedelta(hours=3)  # beyond the placement policy's look-back (jobs/fleet/policies/expected_cost.py)
 
 
 def unused_port() -> int:
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         worker.terminate()
         worker.wait(30)
         from django.conf import settings
-        from jobs.providers.local import LocalConfig, LocalProvider
+
+        from jobs.fleet.providers.local import LocalConfig, LocalProvider
 
         LocalProvider(LocalConfig(root=settings.PROVIDER_CONFIG["local"]["root"])).terminate_all()
     print(f"relaunches: {len(to_launched)} (embedded default: SQLite + filesystem broker, 1 worker; {var_dir})")
@@ -110,9 +111,10 @@ def run(args, worker: subprocess.Popen, var_dir: Path) -> tuple[list[float], lis
     from django.db import transaction
 
     from agents.protocol import ExitReason
-    from jobs import services
-    from jobs.choices import InstanceState
-    from jobs.models import Instance, InstanceEvent, Job, Team
+    from jobs.core import services
+    from jobs.core.choices import InstanceState
+    from jobs.fleet.placement import refresh_interval
+    from jobs.models import Instance, InstanceEvent, Team
 
     team = Team.objects.create(name="bench")
     owner = User.objects.create_user(username="bench")
@@ -139,6 +141,7 @@ def run(args, worker: subprocess.Popen, var_dir: Path) -> tuple[list[float], lis
     while len(to_launched) < args.relaunches and time.monotonic() < stop_at:
         services.register_instance(instance, hostname="bench", agent_version="bench",
                                    provider_instance_id=instance.provider_instance_id)
+        refresh_interval(instance)
         instance.refresh_from_db()
         with transaction.atomic():
             services.record_exit(instance, reason=ExitReason.PREEMPTED, exit_code=0, final_step=None, output_tail="",
@@ -174,7 +177,7 @@ def _age(instance) -> None:
 
 def _terminate_vm(instance) -> None:
     """The preempted VM's agent would have exited; end it so VMs do not pile up."""
-    from jobs.cloud import provider_for
+    from jobs.fleet.registry import provider_for
 
     provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
 

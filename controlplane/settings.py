@@ -149,7 +149,7 @@ X_FRAME_OPTIONS = "DENY"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "jobs.auth.HashedTokenAuthentication",
+        "jobs.people.auth.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -186,7 +186,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "CheckpointKindEnum": "agents.protocol.CheckpointKind.ALL",
-        "InterruptionKindEnum": "jobs.choices.InterruptionKind.CHOICES",
+        "InterruptionKindEnum": "jobs.core.choices.InterruptionKind.CHOICES",
     },
 }
 
@@ -238,7 +238,7 @@ CELERY_BEAT_SCHEDULE = {
 PROVIDER_CONFIG = json.loads(os.environ.get("RESPAWN_PROVIDER_CONFIG", "{}"))
 PROVIDER_CONFIG["local"] = {
     "root": str(VAR_DIR / "local-vms"),
-    # The simulated spot market: none | every | rate | trace (jobs/providers/local_market.py).
+    # The simulated spot market: none | every | rate | trace (jobs/fleet/providers/local_market.py).
     "market_mode": os.environ.get("RESPAWN_LOCAL_MARKET", "rate"),
     "market_every_s": env_float("RESPAWN_LOCAL_PREEMPT_EVERY_S", 60.0),
     "market_rate_per_hour": env_float("RESPAWN_LOCAL_PREEMPTIONS_PER_HOUR", 20.0),
@@ -269,7 +269,7 @@ RESPAWN = {
     # An instance that has not registered this long after its launch request is replaced.
     "PROVISION_TIMEOUT_S": env_float("RESPAWN_PROVISION_TIMEOUT_S", 900.0),
     "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),
-    # The price refreshers (jobs/pricing/config.py: RefreshConfig's fields).
+    # The price refreshers (jobs/money/refreshers/config.py: RefreshConfig's fields).
     "PRICE_REFRESH": {
         "azure_prices_url": os.environ.get("RESPAWN_AZURE_PRICES_URL", "https://prices.azure.com/api/retail/prices"),
         "gcp_billing_url": os.environ.get("RESPAWN_GCP_BILLING_URL", "https://cloudbilling.googleapis.com"),

@@ -1,12 +1,12 @@
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path
-from django.views.defaults import page_not_found
 from django.views.decorators.cache import never_cache
+from django.views.defaults import page_not_found
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from jobs.api.metrics import metrics_view
 from jobs.api.urls import agent_urlpatterns, people_urlpatterns
-from jobs.metrics import metrics_view
 
 
 @never_cache

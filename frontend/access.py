@@ -1,5 +1,5 @@
 """Who may see what on the dashboard: every answer comes from the ONE permission
-table (`jobs.permissions`). Another team's object is a 404, as in the API; a role
+table (`jobs.people.permissions`). Another team's object is a 404, as in the API; a role
 too small for the action is a 403."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.http import Http404
 
 from frontend import reads
 from jobs.models import Job, Team
-from jobs.permissions import can, roles_of, visible_team_ids
+from jobs.people.permissions import can, roles_of, visible_team_ids
 
 SESSION_TEAM = "respawn_team_id"
 

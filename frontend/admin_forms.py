@@ -12,7 +12,7 @@ from django.utils import timezone
 from frontend.forms import DashboardForm
 from jobs.api.teamadmin import AddMemberSerializer, TeamLimitsSerializer
 from jobs.api.tokens import ApiTokenSerializer
-from jobs.choices import Role
+from jobs.core.choices import Role
 
 MAX_TOKEN_DAYS = 3650
 

@@ -9,7 +9,7 @@ import shlex
 from django import forms
 
 from jobs.api.serializers import KNOWN_CLOUDS, JobSerializer
-from jobs.choices import JobStatus
+from jobs.core.choices import JobStatus
 
 
 class JobFilterForm(forms.Form):

@@ -1,4 +1,4 @@
-"""The dashboard's money: the ledger's figures (`jobs.costs`) in the API's format
+"""The dashboard's money: the ledger's figures (`jobs.money.costs`) in the API's format
 (`jobs.api.costs`), kept in the shared cache once they are settled, so a page that
 is polled every few seconds does not price a job's whole history each time.
 
@@ -26,10 +26,11 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.cache import cache
 
-from jobs import costs, money_text
-from jobs.money_text import usd as display_money
 from jobs.api.costs import job_cost_data, team_month_data
-from jobs.placement import interruption_rates
+from jobs.fleet.placement import interruption_rates
+from jobs.money import costs
+from jobs.money.text import savings_text
+from jobs.money.text import usd as display_money
 
 JOB_TTL_S = 3600
 TEAM_TTL_S = 3600
@@ -53,7 +54,7 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
     summary = {
         "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
         "spent_display": display_money(detail["spent"]), "waste_display": display_money(detail["waste"]["total"]),
-        "savings_display": money_text.savings_text(detail["savings"], detail["on_demand_baseline"]),
+        "savings_display": savings_text(detail["savings"], detail["on_demand_baseline"]),
         "waste_parts_display": waste_parts_display(detail["waste"]),
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)

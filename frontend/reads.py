@@ -20,17 +20,16 @@ import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
 from decimal import Decimal
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import connection, models
 
-from jobs import costs
-from jobs.choices import InstanceState
+from jobs.core.choices import InstanceState
 from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
                          MetricPoint, PriceQuote, Team)
+from jobs.money import costs
 
 JOB, INSTANCE, CHECKPOINT = Job._meta.db_table, Instance._meta.db_table, Checkpoint._meta.db_table
 EVENT, INTERRUPTION, LOG = JobEvent._meta.db_table, InterruptionEvent._meta.db_table, LogChunk._meta.db_table

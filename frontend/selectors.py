@@ -16,10 +16,10 @@ from django.utils import timezone
 from frontend import money as store
 from frontend import reads
 from frontend.money import display_money
-from jobs.money_text import savings_text
-from jobs import costs
-from jobs.choices import FailureCause, JobStatus
+from jobs.core.choices import FailureCause, JobStatus
 from jobs.models import PriceQuote, Team, failure_headline
+from jobs.money import costs
+from jobs.money.text import savings_text
 
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history

@@ -1,7 +1,7 @@
 """The team settings page: anyone in the team reads members and limits; admins
 ("team.manage") add, re-role and remove members and change limits, and see the
 team's recent audit events ("audit.view"). Every change goes through
-`jobs.administration`, which writes its audit row, exactly as the API does."""
+`jobs.people.team_admin`, which writes its audit row, exactly as the API does."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from django.views.decorators.http import require_POST
 from frontend import access
 from frontend.admin_forms import AddMemberForm, LimitsForm, RoleForm
 from frontend.views import page
-from jobs.administration import LastAdminError, add_member, change_limits, change_role, remove_member
-from jobs.choices import Role
+from jobs.core.choices import Role
 from jobs.models import AuditEvent, Membership
-from jobs.permissions import can
+from jobs.people.permissions import can
+from jobs.people.team_admin import LastAdminError, add_member, change_limits, change_role, remove_member
 
 AUDIT_EVENTS_SHOWN = 50
 

@@ -13,8 +13,8 @@ from rest_framework.throttling import ScopedRateThrottle
 
 from frontend.admin_forms import NewTokenForm
 from frontend.views import page
-from jobs.administration import issue_token, revoke_token
 from jobs.models import ApiToken
+from jobs.people.team_admin import issue_token, revoke_token
 
 
 class _Minting:

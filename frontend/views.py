@@ -20,11 +20,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from frontend import access, money, reads, selectors
 from frontend.forms import JobFilterForm, SubmitJobForm
-from jobs.costs import CostError, parse_month
+from jobs.core.services import cancel_job
 from jobs.models import PriceQuote
-from jobs.permissions import can
-from jobs.services import cancel_job
-
+from jobs.money.costs import CostError, parse_month
+from jobs.people.permissions import can
 
 SUBMIT_FIELDS = "frontend/_submit_fields.html"
 

@@ -3,7 +3,7 @@ from django.db.models.signals import post_migrate
 
 
 def _seed_prices(sender, **kwargs):
-    from jobs.prices import seed_price_book
+    from jobs.money.seed_prices import seed_price_book
 
     seed_price_book()
 
@@ -16,5 +16,6 @@ class JobsConfig(AppConfig):
         # Money and placement work with no cloud account: the shipped price book
         # is in the database from the first migrate on.
         post_migrate.connect(_seed_prices, sender=self)
-        from jobs.api import schema  # noqa: F401  (registers the OpenAPI auth schemes)
-        from jobs import metrics  # noqa: F401  (workers count task failures for /metrics)
+        # Imported for what importing them registers: the OpenAPI auth schemes, and the
+        # signal by which workers count task failures for /metrics.
+        from jobs.api import metrics, schema  # noqa: F401

@@ -1,5 +1,5 @@
 """The domain's tables (DESIGN §3). Status fields change only through
-`jobs.transitions`, which guards every update with the expected old state."""
+`jobs.core.transitions`, which guards every update with the expected old state."""
 
 import uuid
 
@@ -8,13 +8,13 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from jobs.choices import (
+from jobs.core.choices import (
     CHECKPOINT_KIND_CHOICES,
-    AuditAction,
     MARKET_CHOICES,
     NOTICE_SOURCE_CHOICES,
     PURPOSE_CHOICES,
     VALIDATION_CHOICES,
+    AuditAction,
     CheckpointKind,
     EndReason,
     FailureCause,
@@ -255,7 +255,7 @@ class Instance(models.Model):
         ]
 
     # The instances whose stopped disk bills after their end: evicted (ended preempted)
-    # with a disk the cloud keeps. jobs.costs prices them; reconcile deletes their VM.
+    # with a disk the cloud keeps. jobs.money.costs prices them; reconcile deletes their VM.
     DISK_KEPT = Q(end_reason=EndReason.PREEMPTED) & ~Q(stopped_disk_sku="")
 
     def __str__(self):

@@ -11,11 +11,12 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import budget, orchestration, pricing
-from jobs.choices import InstanceState, JobStatus
+from jobs.core.choices import InstanceState, JobStatus
+from jobs.core.services import heartbeat_timeout
+from jobs.fleet import orchestration
+from jobs.fleet.providers.base import TransientError
 from jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
-from jobs.providers.base import TransientError
-from jobs.services import heartbeat_timeout
+from jobs.money import budget, refreshers
 
 log = logging.getLogger(__name__)
 
@@ -116,4 +117,4 @@ def reconcile() -> int:
 def refresh_prices(provider: str) -> int:
     """Fetch one cloud's current prices; returns how many quotes were new. Safe to
     run twice: a quote already stored is not stored again."""
-    return pricing.refresh(provider).added
+    return refreshers.refresh(provider).added

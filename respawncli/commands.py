@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.money_text import savings_text, usd
+from jobs.money.text import savings_text, usd
 from respawncli.api import Api, FieldErrors
 from respawncli.config import Credentials, load_credentials, save_credentials, server_url
 from respawncli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError

@@ -117,7 +117,7 @@ def child_env(transactional_db, tmp_path):
     # Local "VMs" are detached on purpose (they outlive workers): end them here.
     vm_root = tmp_path / "var" / "local-vms"
     if vm_root.exists():
-        from jobs.providers.local import LocalConfig, LocalProvider
+        from jobs.fleet.providers.local import LocalConfig, LocalProvider
 
         LocalProvider(LocalConfig(root=str(vm_root))).terminate_all()
 

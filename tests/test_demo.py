@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobs.providers.local_vm import ProcStat, VmDir, all_processes, is_running, vm_processes
+from jobs.fleet.providers.local_vm import ProcStat, VmDir, all_processes, is_running, vm_processes
 from tests.conftest import ROOT, free_port
 
 SERVER_ENV = ("DATABASE_URL", "CELERY_", "DJANGO_", "RESPAWN_")  # the README's default has none of them

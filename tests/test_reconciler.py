@@ -10,7 +10,7 @@ import redis
 from django.utils import timezone
 
 from agents import protocol
-from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
 from jobs.tasks import reconcile
 from tests.agent_api.helpers import AgentClient

@@ -31,5 +31,5 @@ What the agent adds to the trainer channel of agents/protocol.py:
 # `respawn-agent run` exits with this when the control plane refused the agent
 # token of a resumed session (the instance ended or was fenced while the agent was
 # down) or the bootstrap token at register: restarting cannot help, so the systemd
-# unit's RestartPreventExitStatus names it (jobs/providers/base.py).
+# unit's RestartPreventExitStatus names it (jobs/fleet/providers/base.py).
 EXIT_INSTANCE_ENDED = 3

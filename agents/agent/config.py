@@ -1,7 +1,7 @@
 """The agent's configuration: command-line flags, each with an environment fallback.
 
 The provider's user data renders `respawn-agent run --control-plane-url ...
---bootstrap-token-file ... --provider ... --work-dir ...` (jobs/providers/base.py);
+--bootstrap-token-file ... --provider ... --work-dir ...` (jobs/fleet/providers/base.py);
 tests and the local provider add `--metadata-url` and shorter intervals.
 """
 

@@ -20,12 +20,14 @@ from rest_framework.utils import json
 from rest_framework.views import APIView
 
 from agents import protocol
-from jobs import heartbeats, services
 from jobs.api.errors import Unauthorized
-from jobs.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
-from jobs.choices import InstanceState
+from jobs.core import services
+from jobs.core.choices import InstanceState
+from jobs.fleet import heartbeats
+from jobs.fleet.placement import refresh_interval
 from jobs.models import Checkpoint, Instance, Job, LogChunk, ProcessedEvent
-from jobs.tokens import AGENT_PREFIX, hash_token, new_token
+from jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
+from jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
 
 AGENT_MAX_BODY_BYTES = 256 * 1024
 # No checkpoint save or stall takes a day; a bigger figure is garbage, and as a
@@ -183,7 +185,7 @@ class FirstRendererNegotiation(negotiation.BaseContentNegotiation):
 
 
 class HeartbeatView(AgentView):
-    """The hot path (jobs.heartbeats): one statement finds the token's instance and
+    """The hot path (jobs.fleet.heartbeats): one statement finds the token's instance and
     applies the heartbeat, so the token is judged after it and not by DRF beforehand.
     The schema and error messages are HeartbeatSerializer's, but its fields are built
     once: a serializer deep-copies its fields for every request.
@@ -295,9 +297,13 @@ class CheckpointsView(AgentView):
         other = Checkpoint.objects.filter(checkpoint_id=data["checkpoint_id"]).exclude(job_id=self.instance.job_id)
         if other.exists():
             raise exceptions.ValidationError({"checkpoint_id": ["already used by another job"]})
-        applied = apply_once(self.instance, event_id, "checkpoint",
-                             lambda: services.record_checkpoint(self.instance, **data))
+        applied = apply_once(self.instance, event_id, "checkpoint", lambda: self.record(data))
         return ack(duplicate=not applied)
+
+    def record(self, data: dict) -> None:
+        new = services.record_checkpoint(self.instance, **data)
+        if new is not None and self.instance.state in InstanceState.LIVE:
+            refresh_interval(self.instance)  # the measured checkpoint cost just changed
 
 
 class ValidationView(AgentView):
@@ -407,6 +413,7 @@ class RegisterView(APIView):
             if first_use:
                 services.register_instance(instance, hostname=data["hostname"], agent_version=data["agent_version"],
                                            provider_instance_id=data["provider_instance_id"])
+                refresh_interval(instance)
             instance.refresh_from_db()
         answer = protocol.RegisterAnswer(agent_token=token, job=job_spec(instance))
         return Response(protocol.to_dict(answer))

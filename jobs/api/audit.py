@@ -10,9 +10,9 @@ from django.db.models import Q
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import PermissionDenied
 
-from jobs.choices import AuditAction
+from jobs.core.choices import AuditAction
 from jobs.models import AuditEvent, Membership
-from jobs.permissions import can, roles_of
+from jobs.people.permissions import can, roles_of
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

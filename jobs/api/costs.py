@@ -6,16 +6,16 @@ Another team's job or team answers 404, like every other object of the API."""
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import costs
 from jobs.models import Job, Team
-from jobs.permissions import can, visible_team_ids
+from jobs.money import costs
+from jobs.people.permissions import can, visible_team_ids
 
 
 def money(value) -> str:

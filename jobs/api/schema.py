@@ -10,7 +10,7 @@ from rest_framework.authentication import SessionAuthentication
 
 
 class PersonalTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.auth.HashedTokenAuthentication"
+    target_class = "jobs.people.auth.HashedTokenAuthentication"
     name = "personalToken"
 
     def get_security_definition(self, auto_schema):
@@ -18,7 +18,7 @@ class PersonalTokenScheme(OpenApiAuthenticationExtension):
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.auth.AgentTokenAuthentication"
+    target_class = "jobs.people.auth.AgentTokenAuthentication"
     name = "agentToken"
 
     def get_security_definition(self, auto_schema):
@@ -29,7 +29,7 @@ class HeartbeatTokenScheme(OpenApiAuthenticationExtension):
     """The heartbeat's narrower lookup of the same agent token: it names the scheme
     AgentTokenScheme defines and defines none of its own (one component, one class)."""
 
-    target_class = "jobs.auth.HeartbeatTokenAuthentication"
+    target_class = "jobs.people.auth.HeartbeatTokenAuthentication"
     name: list[str] = []
 
     def get_security_requirement(self, auto_schema):

@@ -11,8 +11,10 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
-from jobs.choices import FailureCause
+from jobs.core.choices import FailureCause
+from jobs.core.services import create_job
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
+from jobs.people.permissions import roles_of, visible_team_ids
 from respawncli.names import closest_name
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -28,8 +30,6 @@ class TeamSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "monthly_budget_usd", "max_concurrent_gpus", "budget_warning", "role", "created_at"]
 
     def get_role(self, team) -> str | None:
-        from jobs.permissions import roles_of
-
         return roles_of(self.context["request"].user).get(team.pk)
 
 
@@ -73,8 +73,6 @@ class TeamField(serializers.PrimaryKeyRelatedField):
     def to_internal_value(self, data):
         if not isinstance(data, str):
             return super().to_internal_value(data)
-        from jobs.permissions import visible_team_ids
-
         yours = Team.objects.filter(pk__in=visible_team_ids(self.context["request"].user)).order_by("name")
         named = next((team for team in yours if team.name == data), None)
         if named is not None:
@@ -182,8 +180,6 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         return self._validate_factory(value, "validation_batch_factory")
 
     def create(self, validated_data):
-        from jobs.services import create_job
-
         if not validated_data.get("checkpoint_uri"):
             validated_data["checkpoint_uri"] = settings.RESPAWN["DEFAULT_CHECKPOINT_URI"]
         return create_job(**validated_data)

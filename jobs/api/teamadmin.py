@@ -10,10 +10,10 @@ from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from jobs.administration import LIMIT_FIELDS, LastAdminError, add_member, change_limits, change_role, remove_member
-from jobs.choices import Role
+from jobs.core.choices import Role
 from jobs.models import Membership, Team
-from jobs.permissions import can, visible_team_ids
+from jobs.people.permissions import can, visible_team_ids
+from jobs.people.team_admin import LIMIT_FIELDS, LastAdminError, add_member, change_limits, change_role, remove_member
 
 
 class TeamFromUrl:

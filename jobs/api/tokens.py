@@ -12,8 +12,8 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 
-from jobs.administration import issue_token, revoke_token
 from jobs.models import ApiToken
+from jobs.people.team_admin import issue_token, revoke_token
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):

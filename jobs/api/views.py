@@ -14,13 +14,14 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from jobs.api import serializers as s
-from jobs.administration import issue_token
 from jobs.api.errors import Unauthorized
-from jobs.choices import JobStatus
-from jobs.joblogs import BadCursor, read_job_logs
+from jobs.core.choices import JobStatus
+from jobs.core.joblogs import BadCursor, read_job_logs
+from jobs.core.services import cancel_job
+from jobs.fleet.placement import interruption_rates
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
-from jobs.permissions import can, visible_team_ids
-from jobs.services import cancel_job
+from jobs.people.permissions import can, visible_team_ids
+from jobs.people.team_admin import issue_token
 
 
 class TeamRolePermission(permissions.BasePermission):
@@ -178,6 +179,4 @@ class InterruptionRateView(APIView):
 
     @extend_schema(responses=s.InterruptionRateSerializer(many=True))
     def get(self, request):
-        from jobs.placement import interruption_rates
-
         return Response(s.InterruptionRateSerializer(interruption_rates(), many=True).data)

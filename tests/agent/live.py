@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from jobs.choices import JobStatus
+from jobs.core.choices import JobStatus
 from tests.conftest import ChildProcess
 from tests.factories import make_instance, make_job
 

@@ -9,8 +9,8 @@ import pytest
 
 from agents.metadata_server import MetadataServer
 from agents.protocol import Action
-from jobs import services
-from jobs.choices import EndReason, InstanceState
+from jobs.core import services
+from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, Job
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until

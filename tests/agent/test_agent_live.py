@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from agents.metadata_server import MetadataServer
-from jobs.choices import EndReason, InstanceState
+from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until

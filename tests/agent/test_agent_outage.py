@@ -8,7 +8,7 @@ import pytest
 
 from agents.journal import JOURNAL_NAME, _decode
 from agents.metadata_server import MetadataServer
-from jobs.choices import EndReason, InstanceState
+from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, InterruptionEvent, LogChunk, MetricPoint, ProcessedEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import WebServer, wait_until

@@ -12,7 +12,7 @@ import pytest
 
 from agents import protocol
 from agents.metadata_server import MetadataServer
-from jobs.choices import JobStatus
+from jobs.core.choices import JobStatus
 from jobs.models import Checkpoint, Instance, Job
 from tests.agent.live import AgentProcess, make_running_job
 from tests.agent_api.helpers import AgentClient, checkpoint_report

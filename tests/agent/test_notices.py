@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
-import os
 import threading
 from datetime import timedelta
 
@@ -12,10 +12,9 @@ import pytest
 import requests
 
 from agents.metadata_server import CannedAnswer, MetadataServer
-from agents.notices import AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, PREEMPT, REBALANCE
-from agents.notices import sigterm
+from agents.notices import PREEMPT, REBALANCE, AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, sigterm
 from agents.protocol import NoticeSource
-from jobs.providers.gcp import vm_id  # how GcpProvider names a VM (no SDK import)
+from jobs.fleet.providers.gcp import vm_id  # how GcpProvider names a VM (no SDK import)
 
 POLL = 0.05
 

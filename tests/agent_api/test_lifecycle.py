@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents import protocol
-from jobs.choices import EndReason, FailureCause, InstanceState, JobStatus
+from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -115,7 +115,7 @@ def test_heartbeat_costs_a_fixed_number_of_queries(agent):
         agent.post("checkpoints", checkpoint_report(step))
         agent.post("logs", protocol.LogBatch(offset=step * 10, lines=["x"] * 10))
     assert count() == baseline
-    # PostgreSQL: one statement looks the token up and writes everything (jobs.heartbeats.record_heartbeat).
+    # PostgreSQL: one statement looks the token up and writes everything (jobs.fleet.heartbeats.record_heartbeat).
     # Elsewhere the lookup, then the ORM's savepoint around the event row and one query per write.
     assert baseline <= (1 if connection.vendor == "postgresql" else 9)
 

@@ -4,11 +4,10 @@ with the expected status derived from the ONE permission table."""
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.choices import Role
-from jobs.audit import record_audit
-from jobs.choices import AuditAction
+from jobs.core.audit import record_audit
+from jobs.core.choices import AuditAction, Role
 from jobs.models import ApiToken, Checkpoint, InterruptionEvent
-from jobs.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
+from jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
 from tests.factories import make_instance, make_job, make_person, make_team_with_members
 
 # (name, method, url template, action, success status); request bodies in BODIES

@@ -3,8 +3,8 @@ a cursor, with a signal that the job has ended and nothing is left."""
 
 import pytest
 
-from jobs import joblogs
-from jobs.choices import InstanceState, JobStatus
+from jobs.core import joblogs
+from jobs.core.choices import InstanceState, JobStatus
 from jobs.models import Job, LogChunk
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members

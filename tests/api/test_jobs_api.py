@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from jobs.choices import InstanceState, JobStatus
+from jobs.core.choices import InstanceState, JobStatus
 from jobs.models import ApiToken, Job, JobEvent
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members

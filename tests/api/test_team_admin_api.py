@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 
-from jobs.choices import AuditAction, Role
+from jobs.core.choices import AuditAction, Role
 from jobs.models import AuditEvent, Membership, Team
 from tests.api.clients import client_for
 from tests.factories import make_person, make_team_with_members

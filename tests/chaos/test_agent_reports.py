@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agents import protocol
 from jobs import tasks
-from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent, ServiceBeat
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job, make_team_with_members

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, Job
 from tests.chaos import stack
 from tests.conftest import celery_worker, start_worker_and_beat, wait_until

@@ -27,8 +27,8 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
-from jobs.choices import EndReason, InstanceState
-from jobs.models import Checkpoint, InstanceEvent, Instance, MetricPoint, PriceQuote
+from jobs.core.choices import EndReason, InstanceState
+from jobs.models import Checkpoint, Instance, InstanceEvent, MetricPoint, PriceQuote
 from tests.factories import make_instance, make_job
 
 UTC = dt.UTC

@@ -87,9 +87,9 @@ def record(out: Path) -> dict:
     django.setup()
     from django.core.management import call_command
 
-    from jobs.choices import JobStatus
+    from jobs.core.choices import JobStatus
+    from jobs.fleet.providers.local import LocalConfig, LocalProvider
     from jobs.models import Job
-    from jobs.providers.local import LocalConfig, LocalProvider
     from tests.conftest import WebServer, start_worker_and_beat, wait_until
     from tests.factories import make_job, make_team_with_members
 

@@ -10,7 +10,7 @@ import json
 import uuid
 from pathlib import Path
 
-from jobs.choices import InstanceState, JobStatus
+from jobs.core.choices import InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InstanceEvent, InterruptionEvent, MetricPoint, PriceQuote
 from tests.factories import make_instance, make_job
 

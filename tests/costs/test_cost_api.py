@@ -3,7 +3,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.permissions import role_allows
+from jobs.people.permissions import role_allows
 from tests.costs.history import make_history
 from tests.factories import make_team_with_members
 

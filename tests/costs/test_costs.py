@@ -1,12 +1,12 @@
-"""jobs.costs against the hand-computed history in tests/costs/history.py."""
+"""jobs.money.costs against the hand-computed history in tests/costs/history.py."""
 
 import datetime as dt
 from decimal import Decimal
 
 import pytest
 
-from jobs import costs
-from jobs.choices import InstanceState
+from jobs.core.choices import InstanceState
+from jobs.money import costs
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history, seed_prices
 from tests.factories import make_job, make_team_with_members
 

@@ -14,7 +14,7 @@ from statistics import median
 import pytest
 from django.test import Client
 
-from jobs import costs
+from jobs.money import costs
 from tests.costs import recorded
 from tests.factories import make_team_with_members
 

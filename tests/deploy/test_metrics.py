@@ -8,7 +8,7 @@ from celery import current_app
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.choices import InstanceState, InterruptionKind, JobStatus
+from jobs.core.choices import InstanceState, InterruptionKind, JobStatus
 from jobs.models import Checkpoint, InterruptionEvent
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -14,7 +14,7 @@ import pytest
 
 import agents
 from agents.agent import EXIT_INSTANCE_ENDED
-from jobs.providers.base import AGENT_BIN, render_user_data
+from jobs.fleet.providers.base import AGENT_BIN, render_user_data
 
 URL = "https://cp.example.org/base%20path$HOME"
 VENV_AGENT = Path(sys.executable).with_name("respawn-agent")

@@ -15,7 +15,7 @@ A played VM is
   does at shutdown with KillMode=mixed), SIGKILL to the rest after a grace.
 
 What a test machine must not do, the script itself switches off through variables
-no cloud sets (jobs/providers/base.py render_user_data): RESPAWN_ROOT puts the
+no cloud sets (jobs/fleet/providers/base.py render_user_data): RESPAWN_ROOT puts the
 files it writes (token, unit, /usr/local/bin link) under the VM's scratch root,
 and RESPAWN_NO_SYSTEMD execs the unit's command line instead of `systemctl enable
 --now` (so no Restart=on-failure here). `python3` on the VM's PATH is this

@@ -14,11 +14,11 @@ import requests
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from agents import protocol
-from jobs.choices import JobStatus, Role
+from jobs.core.choices import JobStatus, Role
+from jobs.core.transitions import transition_job
 from jobs.models import Job
-from jobs.money_text import savings_text, usd
-from jobs.prices import seed_price_book
-from jobs.transitions import transition_job
+from jobs.money.seed_prices import seed_price_book
+from jobs.money.text import savings_text, usd
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
 from tests.factories import make_instance, make_team_with_members
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
-from jobs.providers.local import LocalConfig, LocalProvider
 from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
@@ -149,7 +149,8 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
 
 def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db, django_capture_on_commit_callbacks):
     from agents.protocol import ExitReason
-    from jobs import orchestration, services
+    from jobs.core import services
+    from jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -172,7 +173,7 @@ def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db,
 
 def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
     from agents.protocol import ExitReason
-    from jobs import services
+    from jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -186,7 +187,7 @@ def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
 
 
 def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db, django_capture_on_commit_callbacks):
-    from jobs import orchestration
+    from jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -202,8 +203,8 @@ def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db,
 
 
 def test_a_late_judgement_about_a_replaced_gang_leaves_the_new_gang_alone(db, django_capture_on_commit_callbacks):
-    from jobs import orchestration
-    from jobs.transitions import end_instance
+    from jobs.core.transitions import end_instance
+    from jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -224,7 +225,8 @@ def test_a_rank_failing_after_its_peer_was_found_gone_is_not_judged(db):
     as the code's failure, an illegal recovering -> recovering move: a 500, resent
     until the survivor was marked lost."""
     from agents.protocol import ExitReason
-    from jobs import orchestration, services
+    from jobs.core import services
+    from jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -245,7 +247,7 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
     lost and the gang relaunched, asked the new gang to stop; the new gang stopped and
     the job stayed `running` with nothing running it."""
     from agents.protocol import ExitReason
-    from jobs import services
+    from jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -261,7 +263,7 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
 
 def test_a_running_job_whose_last_node_stops_unasked_is_recovered(db):
     from agents.protocol import ExitReason
-    from jobs import services
+    from jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -283,7 +285,7 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     from django.db import connection, transaction
 
     from agents.protocol import ExitReason
-    from jobs import services
+    from jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()

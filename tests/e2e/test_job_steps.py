@@ -13,12 +13,12 @@ import pytest
 import requests
 
 from agents.metadata_server import CONTROL_PREFIX, MetadataServer
-from jobs.choices import EndReason, JobStatus, Market, Purpose
+from jobs.core.choices import EndReason, JobStatus, Market, Purpose
+from jobs.core.services import create_job
+from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from jobs.models import Instance, Job
-from jobs.providers.local import LocalConfig, LocalProvider
-from jobs.services import create_job
-from tests.conftest import celery_worker, wait_until
 from tests.agent.live import AgentProcess
+from tests.conftest import celery_worker, wait_until
 from tests.factories import make_instance, make_job, make_team_with_members
 from tests.local_provider.helpers import FAST_AGENT_ENV
 

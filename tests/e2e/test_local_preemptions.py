@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.choices import EndReason, JobStatus
+from jobs.core.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
 from tests.conftest import ROOT, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members

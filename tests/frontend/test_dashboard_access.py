@@ -4,9 +4,9 @@ anonymous, with the expected answer derived from the ONE permission table."""
 import pytest
 from django.test import Client
 
-from jobs.choices import Role
+from jobs.core.choices import Role
 from jobs.models import Job
-from jobs.permissions import role_allows
+from jobs.people.permissions import role_allows
 from tests.factories import make_job, make_team_with_members
 
 # (name, method, url template, action, success status, kind) — kind: page | json | list
@@ -54,7 +54,7 @@ def test_dashboard_authorization_matrix(db, name, method, url, action, success, 
 
 
 def test_every_dashboard_action_is_in_the_permission_table():
-    from jobs.permissions import OPEN_ACTIONS, PERMISSIONS
+    from jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS
 
     assert {p[3] for p in PAGES} <= set(PERMISSIONS) | OPEN_ACTIONS
 

@@ -14,7 +14,7 @@ from django.utils.html import escape
 from agents import protocol
 from agents.agent.channel import last_exception_line, output_tail
 from agents.agent.lifecycle import MAX_EXCEPTION_CHARS
-from jobs.choices import JobStatus
+from jobs.core.choices import JobStatus
 from jobs.models import Job
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for

@@ -7,10 +7,10 @@ from decimal import Decimal
 
 from django.test import Client
 
-from jobs import costs
 from jobs.api.costs import job_cost_data, team_month_data
-from jobs.choices import InstanceState
+from jobs.core.choices import InstanceState
 from jobs.models import DiskPriceQuote, Instance, Job, MetricPoint, PriceQuote
+from jobs.money import costs
 from tests.api.clients import client_for
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history
 from tests.factories import make_job, make_team_with_members

@@ -21,9 +21,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from jobs.choices import InstanceState
-from jobs.administration import issue_token
+from jobs.core.choices import InstanceState
 from jobs.models import Checkpoint, PriceQuote
+from jobs.people.team_admin import issue_token
 from tests.factories import make_instance, make_job, make_team_with_members
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.ledger import HOURS_PER_MONTH, MONEY_QUANTUM, DiskQuote, InstanceInterval, LedgerError, PriceQuote, \
-    build_ledger
+from jobs.money.ledger import (HOURS_PER_MONTH, MONEY_QUANTUM, DiskQuote, InstanceInterval, LedgerError, PriceQuote,
+                               build_ledger)
 
 UTC = dt.UTC
 KEY = dict(provider="aws", region="us-east-1", instance_type="p3.2xlarge")

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from jobs.providers.local import LocalConfig, LocalProvider
+from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from tests.local_provider.helpers import STANDIN_AGENT
 
 

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from jobs.choices import InstanceState, JobStatus
+from jobs.core.choices import InstanceState, JobStatus
+from jobs.fleet.providers.base import CloudState
 from jobs.models import Instance, InterruptionEvent
-from jobs.providers.base import CloudState
 from tests.conftest import ROOT, wait_until
 from tests.factories import make_instance, make_job
 from tests.local_provider.helpers import FAST_AGENT_ENV, alive, launch_request

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jobs.providers.base import CloudState
+from jobs.fleet.providers.base import CloudState
 from respawncli.jobspec import load_job_spec
 from tests.conftest import ROOT, wait_until
 from tests.local_provider.helpers import launch_request

@@ -10,12 +10,14 @@ import pytest
 from django.db.models import F
 
 from agents.protocol import ExitReason
-from jobs import costs, orchestration, services
-from jobs.choices import EndReason, InstanceState
-from jobs.cloud import provider_for
-from jobs.ledger import HOURS_PER_MONTH, MONEY_QUANTUM
+from jobs.core import services
+from jobs.core.choices import EndReason, InstanceState
+from jobs.fleet import orchestration
+from jobs.fleet.providers.base import CloudState
+from jobs.fleet.registry import provider_for
 from jobs.models import DiskPriceQuote, Instance, InstanceEvent
-from jobs.providers.base import CloudState
+from jobs.money import costs
+from jobs.money.ledger import HOURS_PER_MONTH, MONEY_QUANTUM
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.factories import make_job, make_team_with_members
 from tests.providers.test_azure import SUBNET, StaticToken

@@ -5,10 +5,10 @@ from decimal import Decimal
 
 import pytest
 
-from jobs import orchestration
-from jobs.budget import warn_over_budget
-from jobs.choices import InstanceState, JobStatus
+from jobs.core.choices import InstanceState, JobStatus
+from jobs.fleet import orchestration
 from jobs.models import Instance, Job, JobEvent, Team
+from jobs.money.budget import warn_over_budget
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

@@ -11,13 +11,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs import orchestration
-from jobs.choices import EndReason, InstanceState, JobStatus
-from jobs.cloud import provider_for
-from jobs.costs import job_cost
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.fleet import orchestration
+from jobs.fleet.placement import placement_events
+from jobs.fleet.providers.base import CloudState
+from jobs.fleet.registry import provider_for
 from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
-from jobs.placement import placement_events
-from jobs.providers.base import CloudState
+from jobs.money.costs import job_cost
 from jobs.tasks import AGENT_API_BEAT, reconcile
 from tests.conftest import wait_until
 from tests.factories import make_job, make_team_with_members

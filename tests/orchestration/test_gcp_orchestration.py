@@ -4,11 +4,11 @@ the real google-cloud-compute client against the Compute emulator."""
 import pytest
 from django.utils import timezone
 
-from jobs import orchestration
-from jobs.choices import EndReason, FailureCause, InstanceState, JobStatus
-from jobs.cloud import provider_for
+from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
+from jobs.fleet import orchestration
+from jobs.fleet.registry import provider_for
 from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
-from jobs.tokens import hash_token
+from jobs.people.tokens import hash_token
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.factories import make_job, make_team_with_members
 
@@ -134,7 +134,7 @@ def test_vms_the_database_does_not_know_are_terminated(gcp, team):
 
 
 def test_cancel_terminates_every_live_vm(gcp, team, django_capture_on_commit_callbacks):
-    from jobs.services import cancel_job
+    from jobs.core.services import cancel_job
 
     job = gcp_job(team)
     instance = launched(job)
@@ -152,7 +152,7 @@ def test_a_launch_whose_message_was_lost_is_sent_again(gcp, team, settings, monk
                                                          django_capture_on_commit_callbacks):
     from datetime import timedelta
 
-    import jobs.tasks
+    from jobs.core import nudges
 
     settings.RESPAWN = {**settings.RESPAWN, "LAUNCH_RESEND_S": 30}
     job = gcp_job(team)
@@ -161,10 +161,10 @@ def test_a_launch_whose_message_was_lost_is_sent_again(gcp, team, settings, monk
     assert orchestration.resend_lost_launches() == 0  # too young: the first message may still be on its way
     Instance.objects.filter(pk=instance.pk).update(requested_at=timezone.now() - timedelta(minutes=5))
     sent = []
-    monkeypatch.setattr(jobs.tasks.launch_instance, "delay", sent.append)  # the broker boundary
+    monkeypatch.setattr(nudges, "send", lambda task, *args: sent.append((task, *args)))  # the broker boundary
     with django_capture_on_commit_callbacks(execute=True):
         assert orchestration.resend_lost_launches() == 1
-    assert sent == [instance.pk]
+    assert sent == [("jobs.tasks.launch_instance", instance.pk)]
     orchestration.launch(instance.pk)
     orchestration.launch(instance.pk)  # the original message arriving late changes nothing
     assert len(gcp.instances) == 1

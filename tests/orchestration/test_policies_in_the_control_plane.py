@@ -9,11 +9,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from agents import protocol
-from jobs import orchestration
-from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.core.transitions import end_instance
+from jobs.fleet import orchestration
+from jobs.fleet.placement import choose
 from jobs.models import Instance
-from jobs.placement import choose
-from jobs.transitions import end_instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

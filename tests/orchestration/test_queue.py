@@ -3,10 +3,10 @@ simulated hours (placement on the local provider's price book)."""
 
 import pytest
 
-from jobs import orchestration
-from jobs.choices import EndReason, InstanceState, JobStatus
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.core.transitions import end_instance
+from jobs.fleet import orchestration
 from jobs.models import Instance, Job, Team
-from jobs.transitions import end_instance
 from tests.factories import make_job, make_team_with_members
 
 

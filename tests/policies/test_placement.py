@@ -2,9 +2,8 @@ import datetime as dt
 
 import pytest
 
-from jobs.policies.placement import (Option, PlacementEvent, backoff_until, choose_placement,
-                                     expected_wall_s)
-from jobs.policies.rates import RateEstimate, on_demand_rate
+from jobs.fleet.policies.expected_cost import Option, PlacementEvent, backoff_until, choose_placement, expected_wall_s
+from jobs.fleet.policies.rates import RateEstimate, on_demand_rate
 
 HOUR = 3600.0
 

@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from jobs.policies.rates import (AvailabilityPrior, Lifetime, RatePrior, estimate_availability,
-                                 estimate_rate, on_demand_rate)
+from jobs.fleet.policies.rates import (AvailabilityPrior, Lifetime, RatePrior, estimate_availability, estimate_rate,
+                                       on_demand_rate)
 
 
 def synthetic_lifetimes(rate_per_hour, n, *, seed, censor_after_hours=24.0, notice_share=0.0):

@@ -8,7 +8,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs.pricing import RefreshConfig
+from jobs.money.refreshers import RefreshConfig
 from tests.emulators.azure_prices import AzurePricesEmulator
 from tests.test_settings import CLEAN_ENV, settings_value
 

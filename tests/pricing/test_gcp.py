@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.ledger import PriceIndex
-from jobs.ledger import PriceQuote as LedgerQuote
 from jobs.models import PriceQuote
-from jobs.pricing import PriceRefreshError, refresh
+from jobs.money.ledger import PriceIndex
+from jobs.money.ledger import PriceQuote as LedgerQuote
+from jobs.money.refreshers import PriceRefreshError, refresh
 from jobs.tasks import refresh_prices
 from tests.emulators.gcp_billing import GcpBillingEmulator, sku
 
@@ -71,7 +71,7 @@ def test_a_zone_the_price_book_lists_gets_the_regions_price_so_its_old_row_does_
 
 
 def test_a_machine_missing_a_part_gets_no_quote_and_a_log_line(gcp, caplog):
-    with caplog.at_level(logging.WARNING, logger="jobs.pricing"):
+    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
         refresh("gcp")
 
     assert refreshed("a3-highgpu-8g") == {}
@@ -127,7 +127,7 @@ def test_a_broken_sku_is_skipped_with_a_log_line(gcp, caplog):
     broken["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"]["nanos"] = "lots"
     gcp.skus.insert(0, broken)
 
-    with caplog.at_level(logging.WARNING, logger="jobs.pricing"):
+    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
         refresh("gcp")
 
     [line] = [r.getMessage() for r in caplog.records if "Nvidia L4" in r.getMessage()]

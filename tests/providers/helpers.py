@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl
 
 import requests
 
-from jobs.providers.base import LaunchRequest, Placement, render_user_data
+from jobs.fleet.providers.base import LaunchRequest, Placement, render_user_data
 
 
 class MotoRecorder:

@@ -4,11 +4,13 @@ and through a fault-injecting proxy in front of it for the errors moto never mak
 from __future__ import annotations
 
 import base64
+
 import boto3
 import pytest
 
-from jobs.providers.aws import AwsConfig, AwsCredentials, AwsProvider
-from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
+from jobs.core.choices import Market
+from jobs.fleet.providers.aws import AwsConfig, AwsCredentials, AwsProvider
+from jobs.fleet.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, PrecheckError, TransientError
 from tests.emulators.ec2_faults import Ec2FaultProxy
 from tests.providers.helpers import USER_DATA, client_token, make_request
 

@@ -9,8 +9,9 @@ import time
 import pytest
 from azure.core.credentials import AccessToken
 
-from jobs.providers.azure import AzureConfig, AzureProvider
-from jobs.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
+from jobs.core.choices import Market
+from jobs.fleet.providers.azure import AzureConfig, AzureProvider
+from jobs.fleet.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, PrecheckError, TransientError
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.providers.helpers import USER_DATA, make_request
 

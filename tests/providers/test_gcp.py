@@ -7,8 +7,10 @@ import uuid
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from jobs.providers.base import LABEL_INSTANCE, LABEL_JOB, CapacityError, CloudState, Market, PrecheckError, TransientError
-from jobs.providers.gcp import GcpConfig, GcpProvider
+from jobs.core.choices import Market
+from jobs.fleet.providers.base import (LABEL_INSTANCE, LABEL_JOB, CapacityError, CloudState, PrecheckError,
+                                       TransientError)
+from jobs.fleet.providers.gcp import GcpConfig, GcpProvider
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.providers.helpers import USER_DATA, client_token, make_request
 

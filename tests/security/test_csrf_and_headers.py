@@ -11,7 +11,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import Client
 from rest_framework.test import APIClient
 
-from jobs.choices import JobStatus
+from jobs.core.choices import JobStatus
 from jobs.models import ApiToken, Job
 from tests.api.clients import client_for
 from tests.conftest import WebServer

@@ -12,7 +12,7 @@ import requests
 from django.utils import timezone
 
 from agents import protocol
-from jobs.choices import EndReason, InstanceState
+from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Instance
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job

@@ -8,9 +8,9 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from agents import protocol
-from jobs.choices import InstanceState
-from jobs.orchestration import bootstrap_token_for
-from jobs.tokens import hash_token
+from jobs.core.choices import InstanceState
+from jobs.fleet.orchestration import bootstrap_token_for
+from jobs.people.tokens import hash_token
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job

@@ -10,7 +10,7 @@ import sys
 import pytest
 import requests
 
-from jobs.choices import JobStatus
+from jobs.core.choices import JobStatus
 from jobs.models import Instance, Job
 from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_job

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from agents import protocol
-from jobs import orchestration, services
-from jobs.choices import EndReason, FailureCause, InstanceState, JobStatus, Market, Purpose
+from jobs.core import services
+from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus, Market, Purpose
+from jobs.core.transitions import end_instance
+from jobs.fleet import orchestration
 from jobs.models import Instance, Job
-from jobs.transitions import end_instance
 from respawncli.jobspec import InvalidSpec, load_job_spec
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for

@@ -14,12 +14,12 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.choices import JobStatus, Role
+from jobs.core.choices import JobStatus, Role
+from jobs.core.services import create_job
+from jobs.fleet.orchestration import terminate_local_vms
 from jobs.management.children import Child
 from jobs.models import ApiToken, Job, Membership, Team
-from jobs.orchestration import terminate_local_vms
-from jobs.services import create_job
-from jobs.tokens import PERSONAL_PREFIX, new_token
+from jobs.people.tokens import PERSONAL_PREFIX, new_token
 
 DEMO_USER, DEMO_PASSWORD, DEMO_TEAM = "demo", "demo-password", "demo"
 WEB_START_TIMEOUT_S = 60.0

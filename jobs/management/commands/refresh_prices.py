@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.pricing import REFRESHERS, PriceRefreshError, refresh
+from jobs.money.refreshers import REFRESHERS, PriceRefreshError, refresh
 
 
 class Command(BaseCommand):

@@ -1,0 +1,26 @@
+"""Work handed to the Celery workers, sent by task name.
+
+The core and the fleet ask for work here instead of importing `jobs.tasks`, which
+imports them: a message names its task, so sending needs only the name. The names
+are the ones `jobs.tasks` registers, and they never change: a deployed broker may
+hold messages sent under them. A message is only a nudge (the database is the
+truth); each task's retry options are its own and apply in the worker."""
+
+from __future__ import annotations
+
+from celery import current_app
+from django.db import transaction
+
+SCHEDULE = "jobs.tasks.schedule"
+LAUNCH_INSTANCE = "jobs.tasks.launch_instance"
+TERMINATE_INSTANCE = "jobs.tasks.terminate_instance"
+CHECK_GANG_FAILURE = "jobs.tasks.check_gang_failure"
+
+
+def send(task: str, *args) -> None:
+    current_app.send_task(task, args)
+
+
+def send_on_commit(task: str, *args) -> None:
+    """Sent once the caller's transaction commits, so the worker finds what it is sent about."""
+    transaction.on_commit(lambda: send(task, *args))

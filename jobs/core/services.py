@@ -1,0 +1,386 @@
+"""Domain operations: what happens to jobs and instances when something is
+reported or decided. Views and tasks call these; they never touch status fields
+themselves (that is `jobs.core.transitions`)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
+from jobs.core import nudges
+from jobs.core.audit import audit_job_cancelled, audit_job_submitted
+from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
+from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, failure_message
+
+log = logging.getLogger(__name__)
+
+GANG_PORT = 29500  # torch.distributed's customary rendezvous port on rank 0's host
+
+
+def heartbeat_timeout() -> timedelta:
+    return timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
+
+
+def checkpoint_interval_s(instance: Instance) -> float:
+    """The interval the agent is told (stored, so the heartbeat stays cheap)."""
+    if instance.checkpoint_interval:
+        return instance.checkpoint_interval["seconds"]
+    return instance.job.checkpoint_interval_s or settings.RESPAWN["DEFAULT_CHECKPOINT_INTERVAL_S"]
+
+
+def heartbeat_action(instance: Instance) -> str:
+    if instance.state == InstanceState.ENDED:
+        return Action.STOP  # fenced or ended: its replacement owns the slot now
+    if instance.job.status in (JobStatus.CANCELLING, JobStatus.CANCELLED):
+        return Action.STOP
+    return instance.requested_action or Action.CONTINUE
+
+
+def usable_checkpoint(job: Job) -> Checkpoint | None:
+    """The newest committed checkpoint not known to be invalid (pending counts)."""
+    return job.checkpoints.exclude(validation=ValidationResult.INVALID).order_by("-step", "-committed_at").first()
+
+
+def nudge_schedule() -> None:
+    """Ask a worker to schedule now (after commit); beat's periodic run is the safety net."""
+    nudges.send_on_commit(nudges.SCHEDULE)
+
+
+def enqueue_terminate(instance_id: int) -> None:
+    nudges.send_on_commit(nudges.TERMINATE_INSTANCE, instance_id)
+
+
+@transaction.atomic
+def create_job(**fields) -> Job:
+    """Every door that submits (API, dashboard, demo) comes here: the job, its first
+    event and its audit row commit together."""
+    job = Job.objects.create(**fields)
+    log_job_event(job.pk, f"submitted by {job.owner}")
+    audit_job_submitted(job.owner, job)
+    nudge_schedule()
+    return job
+
+
+@transaction.atomic
+def cancel_job(job: Job, *, by) -> bool:
+    """Queued jobs end at once; jobs with VMs go through `cancelling` until every
+    live instance has ended. Returns False if the job was already finished.
+    `by` is the person cancelling; the cancel is audited in the same transaction."""
+    for _ in range(3):
+        job.refresh_from_db(fields=["status"])
+        if job.status == JobStatus.QUEUED:
+            if transition_job(job.pk, JobStatus.QUEUED, JobStatus.CANCELLED, message=f"cancelled by {by}"):
+                audit_job_cancelled(by, job)
+                return True
+        elif job.status in JobStatus.ACTIVE:
+            if transition_job(job.pk, job.status, JobStatus.CANCELLING, message=f"cancelled by {by}"):
+                for pk in Instance.objects.filter(job_id=job.pk, state__in=InstanceState.LIVE).values_list("pk", flat=True):
+                    enqueue_terminate(pk)
+                finish_cancelling(job.pk)
+                audit_job_cancelled(by, job)
+                return True
+        else:
+            return job.status == JobStatus.CANCELLING
+    return False
+
+
+def finish_cancelling(job_id: int) -> None:
+    if not Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exists():
+        transition_job(job_id, JobStatus.CANCELLING, JobStatus.CANCELLED, message="every instance has ended")
+
+
+def register_instance(instance: Instance, *, hostname: str, agent_version: str, provider_instance_id: str) -> None:
+    """The agent is up: the instance runs, and its resume checkpoint is fixed now. Its
+    checkpoint interval is the fleet's to set (jobs.fleet.placement.refresh_interval)."""
+    now = timezone.now()
+    resume = usable_checkpoint(instance.job)
+    if instance.state == InstanceState.REQUESTED:
+        transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING, message="agent registered")
+    transition_instance(
+        instance.pk,
+        InstanceState.BOOTING,
+        InstanceState.RUNNING,
+        message="agent registered",
+        registered_at=now,
+        running_at=now,
+        hostname=hostname[:200],
+        agent_version=agent_version[:50],
+        last_heartbeat_at=now,
+        heartbeat_deadline=now + heartbeat_timeout(),
+        resume_checkpoint=resume,
+        last_step=resume.step if resume else 0,  # where its trainer starts, until it reports
+        **({"provider_instance_id": provider_instance_id[:200]} if provider_instance_id else {}),
+    )
+    if instance.rank == 0 and instance.world_size > 1 and not instance.rendezvous_addr:
+        Instance.objects.filter(job_id=instance.job_id, state__in=InstanceState.LIVE, rendezvous_addr="").update(
+            rendezvous_addr=f"{hostname}:{GANG_PORT}")
+    instance.refresh_from_db()
+    job = instance.job
+    live = Instance.objects.filter(job=job, state__in=InstanceState.LIVE)
+    if live.filter(state=InstanceState.RUNNING).count() == job.nodes and job.status == JobStatus.PROVISIONING:
+        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="every node registered")
+
+
+def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw: str) -> InterruptionEvent | None:
+    """None for an instance that has already ended: the control plane terminated or fenced
+    it, so the SIGTERM its agent reports as a notice is that shutdown, no interruption."""
+    if instance.state == InstanceState.ENDED:
+        return None
+    event = InterruptionEvent.objects.create(
+        instance=instance,
+        kind=InterruptionKind.NOTICE,
+        source=source,
+        notice_time=notice_time,
+        deadline=deadline,
+        raw=raw,
+    )
+    if instance.state == InstanceState.RUNNING:
+        transition_instance(instance.pk, InstanceState.RUNNING, InstanceState.PREEMPTING, message=f"notice from {source}")
+    # A gang saves together: every other node checkpoints the same step and stops.
+    request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk)
+    log_job_event(instance.job_id, f"preemption notice for instance {instance.pk} ({source})")
+    return event
+
+
+def request_action(job_id: int, action: str, *, exclude: int | None = None) -> None:
+    Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(pk=exclude).update(
+        requested_action=action, requested_action_at=timezone.now()
+    )
+
+
+def unvalidated_reason(job: Job) -> str:
+    """Why no checkpoint of `job` can be validated (DESIGN §11 `skipped`), or "" when they can."""
+    if not job.validation_enabled:
+        return "not validated: validation is off for this job"
+    if not (job.validation_model_factory and job.validation_batch_factory):
+        return "not validated: the job names no validation model and batch factories to check it with"
+    return ""
+
+
+def record_checkpoint(instance: Instance, **fields) -> Checkpoint | None:
+    """The new checkpoint, or None when it was recorded already. A new one changes the
+    job's measured checkpoint cost: its caller refreshes the instance's interval."""
+    # Recorded `skipped` at once when nothing will ever validate it, rather than `pending` forever.
+    skipped = unvalidated_reason(instance.job)
+    verdict = {"validation": ValidationResult.SKIPPED, "validation_message": skipped} if skipped else {}
+    checkpoint, created = Checkpoint.objects.get_or_create(
+        checkpoint_id=fields.pop("checkpoint_id"),
+        defaults={"job_id": instance.job_id, "instance": instance, **verdict, **fields},
+    )
+    if not created:
+        return None
+    job = Job.objects.select_for_update(of=("self",)).select_related("newest_checkpoint").get(pk=instance.job_id)
+    if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
+        Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
+    if checkpoint.kind == CheckpointKind.NOTICE:
+        # In a gang, rank 0 commits the notice save of whichever node got the notice.
+        notice = InterruptionEvent.objects.filter(instance__job_id=instance.job_id, kind=InterruptionKind.NOTICE,
+                                                  checkpoint_saved__isnull=True).last()
+        if notice is not None:
+            notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
+            notice.save(update_fields=["checkpoint_saved"])
+    if instance.requested_action == Action.CHECKPOINT:
+        Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
+    return checkpoint
+
+
+def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str) -> None:
+    checkpoint.validation = result
+    checkpoint.validation_loss = loss
+    checkpoint.validation_message = message[:500]
+    checkpoint.validated_at = timezone.now()
+    checkpoint.save(update_fields=["validation", "validation_loss", "validation_message", "validated_at"])
+    if result == ValidationResult.VALID:
+        job = Job.objects.select_for_update(of=("self",)).select_related("newest_valid_checkpoint").get(pk=checkpoint.job_id)
+        if job.newest_valid_checkpoint is None or checkpoint.step >= job.newest_valid_checkpoint.step:
+            Job.objects.filter(pk=job.pk).update(newest_valid_checkpoint=checkpoint)
+    elif result == ValidationResult.INVALID:
+        log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}")
+
+
+def record_prepare(instance: Instance, *, outcome: str, key: str, uri: str, seconds, message: str) -> None:
+    """The job's events say how its prepare step went on each VM (its failure also ends the
+    instance, through the exit report that follows)."""
+    took = f" in {seconds:.1f}s" if seconds is not None else ""
+    where = f"instance {instance.pk}" + (" (post step)" if instance.purpose == Purpose.POST else "")
+    if outcome == PrepareOutcome.REUSED:
+        text = f"prepare step skipped on {where}: outputs for key {key[:12]} already stored at {uri}"
+    elif outcome == PrepareOutcome.RAN:
+        stored = f"; outputs stored at {uri}" if uri else ""
+        text = f"prepare step ran on {where}{took} (key {key[:12]}){stored}"
+    else:
+        text = f"prepare step failed on {where}{took}: {message}"
+    log_job_event(instance.job_id, text)
+
+
+EXIT_END_REASON = {
+    ExitReason.COMPLETED: EndReason.COMPLETED,
+    ExitReason.FAILED: EndReason.FAILED,
+    ExitReason.SETUP: EndReason.FAILED,
+    ExitReason.PREEMPTED: EndReason.PREEMPTED,
+}
+
+
+def record_exit(instance: Instance, *, reason: str, exit_code, final_step, output_tail: str, last_exception: str,
+                artifact_uri: str, artifact_digest: str) -> None:
+    if reason == ExitReason.STOPPED:
+        end_reason = EndReason.CANCELLED if instance.job.status == JobStatus.CANCELLING else EndReason.FENCED
+    else:
+        end_reason = EXIT_END_REASON[reason]
+    if final_step is not None:
+        Instance.objects.filter(pk=instance.pk, last_step__lt=final_step).update(last_step=final_step)
+    if not end_instance(instance, end_reason, message=f"agent exit: {reason} (code {exit_code})"):
+        # The instance had already ended (lost, fenced) when this report arrived: its
+        # job has moved on, maybe to a new gang, which an old report must not stop,
+        # and its steps are not the job's progress.
+        return
+    signature = f"exit {exit_code}: {last_exception}".strip()
+    after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
+                         setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)
+    if instance.purpose != Purpose.TRAIN:
+        return  # a post step's steps and files are not the job's
+    # The job's row is written last, after any of its other instances were asked to
+    # stop, in the order a heartbeat locks rows (instance, then job): no lock cycle.
+    progress = {"last_step": final_step} if final_step is not None else {}
+    if artifact_uri and reason == ExitReason.COMPLETED:
+        progress.update(artifact_uri=artifact_uri, artifact_digest=artifact_digest)
+    if progress:
+        Job.objects.filter(pk=instance.job_id).update(**progress)
+
+
+def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str = "", output_tail: str = "",
+                         setup_failure: bool = False, instance_id: int | None = None) -> None:
+    """Move the job on after one of its instances ended, in the transaction that ended
+    it: jobs.core.transitions.end_instance took the job's lock, so when two ranks end at
+    once the second decision sees the first."""
+    job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.CANCELLING:
+        finish_cancelling(job_id)
+        return
+    if job.status == JobStatus.FINISHING:
+        _after_post_instance(job, failure_signature, output_tail, setup_failure, instance_id)
+        return
+    if job.status not in JobStatus.ACTIVE:
+        return
+    if end_reason == EndReason.COMPLETED:
+        _maybe_succeed(job)
+    elif end_reason == EndReason.FAILED:
+        _after_failure(job, failure_signature, output_tail, setup_failure, instance_id)
+    elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
+        _after_interruption(job, end_reason)
+    else:
+        _after_stop(job)
+
+
+def _after_stop(job: Job) -> None:
+    """A node stopped (fenced, or exited `stopped` unasked). In a recovering gang the
+    last one down lets the gang relaunch; a running job with no node left is recovered,
+    never left `running` with nothing running it."""
+    if job.status == JobStatus.RECOVERING:
+        nudge_schedule()
+    elif job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING) and not Instance.objects.filter(
+            job=job, state__in=InstanceState.LIVE).exists():
+        if transition_job(job.pk, job.status, JobStatus.RECOVERING, message="every node stopped"):
+            nudge_schedule()
+
+
+def _maybe_succeed(job: Job) -> None:
+    if Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
+        return
+    completed = set(Instance.objects.filter(job=job, purpose=Purpose.TRAIN, end_reason=EndReason.COMPLETED)
+                    .values_list("rank", flat=True))
+    if completed < set(range(job.nodes)):
+        return
+    if not job.post_command:
+        transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
+    elif transition_job(job.pk, JobStatus.RUNNING, JobStatus.FINISHING,
+                        message="training completed; the post step starts on an on-demand VM"):
+        nudge_schedule()  # jobs.fleet.orchestration.start_post_steps launches it
+
+
+def _after_post_instance(job: Job, signature: str, output_tail: str, setup_failure: bool,
+                         instance_id: int | None) -> None:
+    """The post step's VM ended: its outcome is the job's. A failing post step fails the
+    job (cause user_code, or setup), with the artifact still recorded; a VM lost, preempted
+    or refused for capacity is replaced by the scheduler (jobs.fleet.orchestration.start_post_steps)."""
+    post = Instance.objects.filter(job=job, purpose=Purpose.POST).order_by("-pk").first()
+    if post is None or post.state in InstanceState.LIVE or instance_id not in (None, post.pk):
+        return  # a late report of a training VM, or the post step still runs
+    if post.end_reason == EndReason.COMPLETED:
+        transition_job(job.pk, JobStatus.FINISHING, JobStatus.SUCCEEDED,
+                       message=f"training completed; post step succeeded on instance {post.pk}")
+    elif post.end_reason == EndReason.FAILED:
+        transition_job(job.pk, JobStatus.FINISHING, JobStatus.FAILED, message=f"post step failed ({signature})",
+                       failure_cause=FailureCause.SETUP if setup_failure else FailureCause.USER_CODE,
+                       failure_message=failure_message(f"post step: {signature}", output_tail))
+    else:
+        log_job_event(job.pk, f"post step instance {post.pk} ended {post.end_reason}; launching another")
+        nudge_schedule()
+
+
+def _after_interruption(job: Job, end_reason: str) -> None:
+    # Stop the rest of a gang: no collective can go on with a node gone.
+    request_action(job.pk, Action.STOP if end_reason == EndReason.LOST else Action.CHECKPOINT_AND_STOP)
+    if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+        counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.CAPACITY_ERROR else {}
+        if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {end_reason}", **counted):
+            nudge_schedule()
+
+
+def _after_failure(job: Job, signature: str, output_tail: str, setup_failure: bool, instance_id: int | None) -> None:
+    if job.status == JobStatus.RECOVERING:
+        _after_stop(job)  # an interruption moved the job on first: the failure followed from it
+        return
+    request_action(job.pk, Action.STOP)
+    if job.nodes > 1 and not setup_failure and Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exists():
+        # A rank also fails when a peer's VM vanishes (its collectives break): the
+        # cloud is asked about the peers before the code is blamed.
+        nudges.send_on_commit(nudges.CHECK_GANG_FAILURE, job.pk, signature, output_tail, instance_id)
+        return
+    judge_failure(job, signature, output_tail, setup_failure)
+
+
+def judge_failure(job: Job, signature: str, output_tail: str, setup_failure: bool = False) -> None:
+    """The user's code failed: relaunch, or fail the job if it failed the same way twice."""
+    same_again = signature == job.last_failure_signature
+    too_many = job.failure_restarts >= job.max_restarts
+    if setup_failure or same_again or too_many:
+        cause = FailureCause.SETUP if setup_failure else FailureCause.USER_CODE
+        why = "failed the same way twice" if same_again else ("setup failed" if setup_failure else "too many restarts")
+        transition_job(job.pk, job.status, JobStatus.FAILED, message=why, failure_cause=cause,
+                       failure_message=failure_message(signature, output_tail))
+    else:
+        if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"user code failed ({signature})",
+                          failure_restarts=F("failure_restarts") + 1, last_failure_signature=signature):
+            nudge_schedule()
+
+
+@transaction.atomic
+def mark_lost(instance: Instance) -> bool:
+    """The heartbeat deadline passed: end the instance `lost` and say why."""
+    if not end_instance(instance, EndReason.LOST, message="heartbeat deadline passed"):
+        return False
+    InterruptionEvent.objects.create(
+        instance=instance,
+        kind=InterruptionKind.LOST,
+        source="heartbeat_timeout",
+        deadline=instance.heartbeat_deadline,
+        checkpoint_saved=False,
+        steps_lost=_steps_since_checkpoint(instance),
+    )
+    log.info("instance %s of job %s marked lost: no heartbeat since %s", instance.pk, instance.job_id,
+             instance.last_heartbeat_at)
+    after_instance_ended(instance.job_id, EndReason.LOST)
+    return True
+
+
+def _steps_since_checkpoint(instance: Instance) -> int:
+    newest = instance.job.checkpoints.order_by("-step").values_list("step", flat=True).first() or 0
+    return max(0, instance.last_step - newest)

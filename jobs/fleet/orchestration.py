@@ -1,0 +1,445 @@
+"""Turning queued jobs into running ones and keeping them running.
+
+Everything here runs in Celery workers (the web process only records intent).
+Each step re-reads the rows it acts on and is safe to run twice: an Instance row
+with its client token exists before any cloud call, so a worker dying mid-call
+leaves a row the next attempt (or the reconciler) finds, and providers look a VM
+up by our tag before making another."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import socket
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from agents.protocol import Action, Purpose
+from jobs.core import nudges
+from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
+from jobs.core.services import (after_instance_ended, enqueue_terminate, judge_failure, mark_lost, nudge_schedule,
+                                request_action)
+from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
+from jobs.fleet import placement as placements
+from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
+                                       render_user_data)
+from jobs.fleet.registry import REGIONAL, provider_for
+from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
+from jobs.money import budget
+from jobs.people.tokens import BOOTSTRAP_PREFIX, hash_token
+
+log = logging.getLogger(__name__)
+
+# On-demand VMs one post step may use (a lost VM, a capacity refusal) before its job fails.
+POST_MAX_LAUNCHES = 3
+
+
+def bootstrap_token_for(instance: Instance) -> str:
+    """Derived from the instance's client token with the server's secret, so a
+    retried launch renders the same user data and only the digest is stored."""
+    mac = hmac.new(settings.SECRET_KEY.encode(), f"bootstrap:{instance.client_token}".encode(), hashlib.sha256)
+    return BOOTSTRAP_PREFIX + base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+
+def gpus_in_use(team_id: int | None = None) -> int:
+    """GPUs held by live instances, of one team or of the whole deployment."""
+    live = Instance.objects.filter(state__in=InstanceState.LIVE)
+    if team_id is not None:
+        live = live.filter(job__team_id=team_id)
+    return live.aggregate(n=Sum("job__accelerator_count"))["n"] or 0
+
+
+def schedulable_jobs(per_team: int) -> list[Job]:
+    """Queued jobs, and recovering jobs whose VMs have all ended: each team's
+    first `per_team` by priority and age, so one team's long queue cannot crowd
+    another's out of a bounded batch."""
+    waiting = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RECOVERING)).exclude(
+        instances__state__in=InstanceState.LIVE).order_by("-priority", "created_at")
+    taken: dict[int, int] = {}
+    ids = []
+    for job_id, team_id in waiting.values_list("pk", "team_id"):
+        if taken.get(team_id, 0) < per_team:
+            taken[team_id] = taken.get(team_id, 0) + 1
+            ids.append(job_id)
+    return list(Job.objects.select_related("team").filter(pk__in=ids))
+
+
+def schedule() -> list[int]:
+    """Start what can start now; returns the ids of the instances created.
+
+    Order: recovering jobs first (their work is in flight), then the team using
+    the smallest share of its GPU allowance, then priority, then age. Shares are
+    updated as jobs start, so two busy teams alternate rather than one draining
+    the deployment's allowance."""
+    pending = schedulable_jobs(per_team=settings.RESPAWN["SCHEDULE_BATCH"])
+    usage = {job.team_id: gpus_in_use(job.team_id) for job in pending}
+    created = []
+    while pending:
+        job = min(pending, key=lambda j: (j.status != JobStatus.RECOVERING, _share(j.team, usage[j.team_id]),
+                                          -j.priority, j.created_at))
+        pending.remove(job)
+        ids = provision(job)
+        usage[job.team_id] += len(ids) * job.accelerator_count
+        created += ids
+    return created + start_post_steps()
+
+
+def _share(team, in_use: int) -> float:
+    allowance = team.max_concurrent_gpus or settings.RESPAWN["MAX_CONCURRENT_GPUS"] or 1
+    return in_use / allowance
+
+
+def provision(job: Job) -> list[int]:
+    """Place the job's N nodes and record their Instance rows (launch happens after commit)."""
+    team = job.team
+    wanted = job.nodes * job.accelerator_count
+    if team.max_concurrent_gpus is not None and gpus_in_use(team.pk) + wanted > team.max_concurrent_gpus:
+        _wait(job, f"waiting: team GPU limit ({gpus_in_use(team.pk)} of {team.max_concurrent_gpus} in use)")
+        return []
+    deployment_limit = settings.RESPAWN["MAX_CONCURRENT_GPUS"]
+    if deployment_limit is not None and gpus_in_use() + wanted > deployment_limit:
+        _wait(job, f"waiting: deployment GPU limit ({gpus_in_use()} of {deployment_limit} in use)")
+        return []
+    if job.max_preemptions is not None and job.preemptions > job.max_preemptions:
+        transition_job(job.pk, job.status, JobStatus.FAILED, message="too many preemptions",
+                       failure_cause=FailureCause.NO_CAPACITY)
+        return []
+    choice = placements.choose(job)
+    if choice.chosen is None:
+        _wait(job, choice.reason)
+        return []
+    chosen = choice.chosen
+    over_budget = budget.hold_reason(team, budget.job_remaining_cost(chosen.usd_per_hour, job, job.nodes))
+    if over_budget:
+        _wait(job, over_budget)
+        return []
+    with transaction.atomic():
+        if not transition_job(job.pk, job.status, JobStatus.PROVISIONING,
+                              message=f"placing {job.nodes} node(s) on {chosen.placement.provider} "
+                                      f"{chosen.placement.zone} {chosen.placement.instance_type} "
+                                      f"({chosen.placement.market}, ${chosen.usd_per_hour}/h): {choice.reason}"):
+            return []  # someone else moved the job first
+        rendezvous = gang_rendezvous(job, chosen.placement)
+        ids = [_new_instance(job, rank, chosen, rendezvous) for rank in range(job.nodes)]
+        transaction.on_commit(lambda: _enqueue_launches(ids))
+    return ids
+
+
+def _wait(job: Job, reason: str) -> None:
+    if job.status == JobStatus.QUEUED:
+        Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(status_reason=reason)
+    elif job.status == JobStatus.RECOVERING:
+        transition_job(job.pk, JobStatus.RECOVERING, JobStatus.PROVISIONING, message=reason)
+        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.QUEUED, message=reason)
+
+
+def gang_rendezvous(job: Job, placement) -> str:
+    """rank 0's torch.distributed address. Local "VMs" share this machine, so a free
+    port here is known before launch; on a cloud it is rank 0's host, set when rank 0
+    registers (jobs.core.services.register_instance)."""
+    if job.nodes == 1 or placement.provider != "local":
+        return ""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str,
+                  purpose: str = Purpose.TRAIN) -> int:
+    p = chosen.placement
+    instance = Instance(job=job, rank=rank, world_size=job.nodes if purpose == Purpose.TRAIN else 1,
+                        provider=p.provider, region=p.region, zone=p.zone, instance_type=p.instance_type,
+                        market=p.market, price_per_hour_at_launch=chosen.usd_per_hour, rendezvous_addr=rendezvous,
+                        purpose=purpose)
+    instance.bootstrap_token_hash = hash_token(bootstrap_token_for(instance))
+    instance.save()
+    return instance.pk
+
+
+def start_post_steps() -> list[int]:
+    """Launch the post step of jobs whose training succeeded (`finishing`) and that hold
+    no VM: its first VM, or the next after one was lost. Returns the instance ids created."""
+    waiting = Job.objects.filter(status=JobStatus.FINISHING).exclude(instances__state__in=InstanceState.LIVE)
+    batch = waiting.values_list("pk", flat=True)[: settings.RESPAWN["SCHEDULE_BATCH"]]
+    return [instance_id for instance_id in map(_start_post_step, batch) if instance_id is not None]
+
+
+def _start_post_step(job_id: int) -> int | None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id, status=JobStatus.FINISHING).first()
+        if job is None or job.instances.filter(state__in=InstanceState.LIVE).exists():
+            return None  # another worker got there first
+        launched = job.instances.filter(purpose=Purpose.POST).count()
+        chosen = _post_placement(job) if launched < POST_MAX_LAUNCHES else None
+        if chosen is None:
+            why = (f"post step: {launched} on-demand VMs ended without finishing it" if launched >= POST_MAX_LAUNCHES
+                   else "post step: no on-demand placement (no price for the training's instance type in the "
+                        "zones it ran in, or each refused an earlier post VM for capacity)")
+            transition_job(job.pk, JobStatus.FINISHING, JobStatus.FAILED, message=why,
+                           failure_cause=FailureCause.NO_CAPACITY, failure_message=why)
+            return None
+        instance_id = _new_instance(job, 0, chosen, "", purpose=Purpose.POST)
+        p = chosen.placement
+        log_job_event(job.pk, f"post step: launching instance {instance_id} on {p.provider} {p.zone} "
+                              f"{p.instance_type} (on-demand, ${chosen.usd_per_hour}/h)")
+        transaction.on_commit(lambda: _enqueue_launches([instance_id]))
+    return instance_id
+
+
+def _post_placement(job: Job) -> placements.PricedPlacement | None:
+    """On-demand, on the cloud, region and instance type of the training's last VM: in
+    the zones training used, newest first, but not one that refused an earlier post VM
+    for capacity; priced like the ledger prices it (a zone's quote, else the region's)."""
+    trained = job.instances.filter(purpose=Purpose.TRAIN).order_by("-pk")
+    last = trained.first()
+    if last is None:
+        return None
+    refused = set(job.instances.filter(purpose=Purpose.POST, end_reason=EndReason.CAPACITY_ERROR)
+                  .values_list("zone", flat=True))
+    zones = dict.fromkeys(trained.filter(provider=last.provider, region=last.region).values_list("zone", flat=True))
+    for zone in (z for z in zones if z not in refused):
+        quote = PriceQuote.objects.filter(
+            provider=last.provider, region=last.region, zone__in=(zone, ""), instance_type=last.instance_type,
+            market=Market.ON_DEMAND, observed_at__lte=timezone.now()).order_by("-zone", "-observed_at").first()
+        if quote is not None:
+            placement = Placement(provider=last.provider, region=last.region, zone=zone,
+                                  instance_type=last.instance_type, market=Market.ON_DEMAND)
+            return placements.PricedPlacement(placement, quote.usd_per_hour)
+    return None
+
+
+def _enqueue_launches(instance_ids: list[int]) -> None:
+    for instance_id in instance_ids:
+        nudges.send(nudges.LAUNCH_INSTANCE, instance_id)
+
+
+def launch(instance_id: int) -> None:
+    """Start the VM of a `requested` instance (safe to run twice)."""
+    instance = Instance.objects.select_related("job").filter(pk=instance_id).first()
+    if instance is None or instance.state != InstanceState.REQUESTED:
+        return
+    placement = placements.Placement(provider=instance.provider, region=instance.region, zone=instance.zone,
+                                     instance_type=instance.instance_type, market=instance.market)
+    token = bootstrap_token_for(instance)
+    url = settings.RESPAWN["API_URL"]
+    request = LaunchRequest(
+        job_id=instance.job_id, instance_id=instance.pk, client_token=str(instance.client_token), placement=placement,
+        user_data=render_user_data(control_plane_url=url, bootstrap_token=token, provider=instance.provider),
+        bootstrap_token=token, control_plane_url=url,
+        max_price_per_hour=float(instance.job.max_price_per_hour) if instance.job.max_price_per_hour else None,
+        image=instance.job.image,
+    )
+    cloud = provider_for(instance.provider, instance.region)
+    try:
+        vm_id = cloud.launch(request)
+    except CapacityError as exc:
+        _capacity_error(instance, placement, str(exc))
+        return
+    except PrecheckError as exc:
+        _precheck_failed(instance, str(exc))
+        return
+    # A spot VM the cloud would stop, not delete, on eviction keeps a billed disk: say which.
+    disk = cloud.stopped_storage_sku if instance.market == Market.SPOT else ""
+    transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING,
+                        message=f"launched {vm_id}", provider_instance_id=vm_id, stopped_disk_sku=disk)
+    log.info("instance %s of job %s launched as %s in %s", instance.pk, instance.job_id, vm_id, instance.zone)
+
+
+def _capacity_error(instance: Instance, placement, message: str) -> None:
+    """Try the next placement at once; the ended instance puts this one on back-off."""
+    log.warning("no capacity for instance %s in %s %s: %s", instance.pk, placement.zone, placement.instance_type,
+                message)
+    with transaction.atomic():
+        InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.CAPACITY_ERROR,
+                                         source="provider_api", raw=message[:16384])
+        _end_gang(instance.job_id, EndReason.CAPACITY_ERROR, f"capacity error in {placement.zone}: {message}")
+        job = Job.objects.get(pk=instance.job_id)
+        if job.status == JobStatus.PROVISIONING:
+            transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RECOVERING,
+                           message=f"no capacity in {placement.zone}; trying elsewhere")
+    nudge_schedule()
+
+
+def _precheck_failed(instance: Instance, message: str) -> None:
+    waiting = JobStatus.FINISHING if instance.purpose == Purpose.POST else JobStatus.PROVISIONING
+    with transaction.atomic():
+        _end_gang(instance.job_id, EndReason.FAILED, f"launch refused: {message}")
+        transition_job(instance.job_id, waiting, JobStatus.FAILED, message="launch refused by the cloud",
+                       failure_cause=FailureCause.PRECHECKS, failure_message=message[:8000])
+
+
+def _end_gang(job_id: int, end_reason: str, message: str) -> None:
+    """A gang launches all or none: end every not-yet-running node of the job."""
+    for other in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE):
+        if other.state in (InstanceState.REQUESTED, InstanceState.BOOTING):
+            end_instance(other, end_reason, message=message)
+            if other.provider_instance_id:
+                enqueue_terminate(other.pk)
+
+
+def terminate(instance_id: int) -> None:
+    """Stop a VM's billing. A live instance ends `cancelled` (its job is cancelling)
+    or `fenced`; an ended one is terminated in case its VM still runs."""
+    instance = Instance.objects.select_related("job").filter(pk=instance_id).first()
+    if instance is None:
+        return
+    if instance.provider_instance_id:
+        provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
+    if instance.state in InstanceState.LIVE:
+        reason = EndReason.CANCELLED if instance.job.status == JobStatus.CANCELLING else EndReason.FENCED
+        with transaction.atomic():
+            if end_instance(instance, reason, message="terminated by the control plane"):
+                after_instance_ended(instance.job_id, reason)
+
+
+def terminate_local_vms() -> list[str]:
+    """The control plane running the local VMs stops (`make demo` on Ctrl-C): each live
+    local instance ends `cancelled` at this moment, when its VM is terminated, so it is
+    billed up to now and is no interruption (no InterruptionEvent, no preemption, no
+    back-off of its zone); its job resumes from its newest checkpoint on a new VM when
+    the control plane runs again. Call it while the API still serves and with no worker
+    left to relaunch: what the agents commit on their way down (a last checkpoint) is
+    recorded, and no new VM starts. Returns the ids of the VMs terminated."""
+    for instance in Instance.objects.filter(provider="local", state__in=InstanceState.LIVE):
+        with transaction.atomic():
+            if end_instance(instance, EndReason.CANCELLED, message="terminated: the control plane is stopping"):
+                log_job_event(instance.job_id, f"instance {instance.pk} terminated as the control plane stopped; "
+                                               "the job resumes from its newest checkpoint when it runs again")
+                after_instance_ended(instance.job_id, EndReason.CANCELLED)
+    return provider_for("local").terminate_all()
+
+
+def confirm_silent(instance: Instance) -> None:
+    """The heartbeat deadline passed: ask the cloud before replacing the VM. Gone
+    means preempted, and so does stopped (an eviction that keeps the VM, e.g. Azure's
+    Deallocate: `release_stopped_disks` deletes it); still there means lost, and it is
+    terminated first (fencing)."""
+    if not instance.provider_instance_id:  # never heard of a VM: nothing to ask or fence
+        mark_lost(instance)
+        return
+    cloud = provider_for(instance.provider, instance.region)
+    state = cloud.describe(instance.provider_instance_id).state
+    if state in (CloudState.GONE, CloudState.STOPPED):
+        _end_gone(instance, f"heartbeat deadline passed; the cloud says {state}", deleted=state == CloudState.GONE)
+    else:
+        cloud.terminate(instance.provider_instance_id)
+        mark_lost(instance)
+    nudge_schedule()
+
+
+def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None:
+    """End an instance the cloud evicted; `deleted`: its VM is gone, so a disk it kept
+    (a stopped disk) bills no more either."""
+    with transaction.atomic():
+        if end_instance(instance, EndReason.PREEMPTED, message=message):
+            if deleted:
+                Instance.objects.filter(pk=instance.pk).exclude(stopped_disk_sku="").update(
+                    storage_released_at=F("ended_at"))
+            InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
+                                             source="provider_api", checkpoint_saved=False)
+            after_instance_ended(instance.job_id, EndReason.PREEMPTED)
+            if not instance.interruptions.filter(kind=InterruptionKind.NOTICE).exists():
+                # Gone without a notice: no collective save can succeed without it, so the
+                # rest of its gang stops at once (from their newest committed checkpoint).
+                request_action(instance.job_id, Action.STOP)
+
+
+def release_stopped_disks() -> int:
+    """Delete the VMs that an eviction stopped rather than deleted (their disk bills by
+    the month until then) and record when each was seen gone: the ledger bills the disk
+    up to that moment. A VM still there is deleted now (not waited for) and looked at
+    again next period, so its release is recorded at most one period after Azure
+    finished the delete: the figure errs towards what the cloud charges, never below.
+    Returns how many releases were recorded."""
+    pending = (Instance.objects.filter(Instance.DISK_KEPT, storage_released_at__isnull=True)
+               .order_by("ended_at")[: settings.RESPAWN["RECONCILE_BATCH"]])
+    released = 0
+    for instance in pending:
+        if instance.provider_instance_id:
+            cloud = provider_for(instance.provider, instance.region)
+            if cloud.describe(instance.provider_instance_id).state != CloudState.GONE:
+                cloud.terminate(instance.provider_instance_id)
+                continue
+        # Never before its end (the clocks of two workers may differ): the ledger refuses that.
+        at = max(timezone.now(), instance.ended_at or timezone.now())
+        released += Instance.objects.filter(pk=instance.pk, storage_released_at__isnull=True).update(
+            storage_released_at=at)
+    return released
+
+
+def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:
+    """A rank of a gang failed while its peers still counted as live. A peer whose VM
+    the cloud says is gone was preempted, and the failure followed from it; else the
+    failure is the code's. Either way the job moves on only from where it was (an
+    interruption found meanwhile has already moved it), and a judgement that arrives
+    after the gang was already replaced is dropped: it is about an older generation."""
+    failed = Instance.objects.filter(pk=instance_id).first() if instance_id is not None else None
+    if failed and Instance.objects.filter(job_id=job_id, rank=failed.rank, pk__gt=failed.pk).exists():
+        return  # its slot already has a replacement
+    for peer in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(provider_instance_id=""):
+        if provider_for(peer.provider, peer.region).describe(peer.provider_instance_id).state == CloudState.GONE:
+            _end_gone(peer, "another rank of its gang failed; the cloud says this VM is gone")
+            nudge_schedule()
+            return
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+            judge_failure(job, signature, output_tail)
+
+
+def reap_orphans() -> int:
+    """Terminate VMs carrying our tags that the database does not know as live."""
+    live = set(Instance.objects.filter(state__in=InstanceState.LIVE).values_list("pk", flat=True))
+    reaped = 0
+    for name in settings.RESPAWN["PROVIDERS"]:
+        for region in _regions_in_use(name):
+            cloud = provider_for(name, region)
+            for vm in cloud.list_ours():
+                if vm.state != CloudState.GONE and vm.instance_id not in live:
+                    log.warning("terminating orphan VM %s (instance %s) on %s", vm.provider_instance_id,
+                                vm.instance_id, name)
+                    cloud.terminate(vm.provider_instance_id)
+                    reaped += 1
+    return reaped
+
+
+def _regions_in_use(provider: str) -> list[str]:
+    recent = timezone.now() - timedelta(days=7)
+    regions = Instance.objects.filter(provider=provider, requested_at__gte=recent).values_list("region", flat=True)
+    # A regional provider (AWS) has no client without a region: with none in use there is nothing to list.
+    return sorted(set(regions)) or ([] if provider in REGIONAL else [""])
+
+
+def resend_lost_launches() -> int:
+    """A launch message lost with a killed worker or a restarted broker is sent again:
+    `requested` instances with no VM id after a short age. Launch is idempotent (the
+    provider looks the VM up by our tag first), so a slow first attempt does no harm."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN["LAUNCH_RESEND_S"])
+    stale = Instance.objects.filter(state=InstanceState.REQUESTED, provider_instance_id="", requested_at__lt=cutoff)
+    ids = list(stale.values_list("pk", flat=True)[: settings.RESPAWN["RECONCILE_BATCH"]])
+    transaction.on_commit(lambda: _enqueue_launches(ids))
+    return len(ids)
+
+
+def retry_stuck_provisioning() -> int:
+    """Instances that never registered within the provisioning timeout are fenced
+    and their job re-placed."""
+    cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN["PROVISION_TIMEOUT_S"])
+    stuck = Instance.objects.filter(state__in=(InstanceState.REQUESTED, InstanceState.BOOTING), requested_at__lt=cutoff)
+    count = 0
+    for instance in stuck[: settings.RESPAWN["RECONCILE_BATCH"]]:
+        if instance.provider_instance_id:
+            provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
+        with transaction.atomic():
+            if end_instance(instance, EndReason.CAPACITY_ERROR, message="never registered: provisioning timed out"):
+                after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR)
+                count += 1
+    if count:
+        nudge_schedule()
+    return count

@@ -1,0 +1,228 @@
+"""Where and on which market a job's next VMs go, and how often they checkpoint.
+
+This module reads the database (prices in force, instance lifetimes, capacity
+errors and preemptions, the job's measured speed and checkpoint cost) and hands
+plain values to the pure policies in jobs/fleet/policies — the same code the trace
+simulator (bench/simulate.py) runs."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from decimal import Decimal
+from statistics import fmean
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.core.choices import EndReason, InterruptionKind, Market
+from jobs.fleet.policies import market as market_policy
+from jobs.fleet.policies.expected_cost import (Option, PlacementDecision, PlacementEvent, choose_placement,
+                                               spot_overhead_fraction)
+from jobs.fleet.policies.interval import IntervalDecision, IntervalOverride, checkpoint_interval
+from jobs.fleet.policies.rates import (Lifetime, RateEstimate, RatePrior, estimate_availability, estimate_rate,
+                                       on_demand_rate)
+from jobs.fleet.providers.base import Placement
+from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
+from jobs.money import costs
+
+LIFETIME_WINDOW = timedelta(days=30)
+EVENT_WINDOW = timedelta(hours=2)
+DEFAULT_CHECKPOINT_COST_S = 10.0
+DEFAULT_RESTART_S = 360.0  # boot + restore before anything is measured ("Can't Be Late" uses 6 min)
+DEFAULT_WORK_S = 3600.0
+INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
+
+
+@dataclass(frozen=True)
+class PricedPlacement:
+    placement: Placement
+    usd_per_hour: Decimal
+
+
+@dataclass(frozen=True)
+class Choice:
+    chosen: PricedPlacement | None
+    reason: str
+
+
+def default_zone(provider: str, region: str) -> str:
+    """A region-wide quote is placed in the region's first zone."""
+    return {"aws": f"{region}a", "gcp": f"{region}-a", "azure": "1"}.get(provider, region)
+
+
+def priced_placements(job: Job, market: str, now) -> list[PricedPlacement]:
+    """Allowed placements with the price in force now."""
+    enabled = settings.RESPAWN["PROVIDERS"]
+    clouds = [c for c in (job.allowed_clouds or enabled) if c in enabled]
+    quotes = PriceQuote.objects.filter(provider__in=clouds, market=market, observed_at__lte=now)
+    if job.instance_types:
+        quotes = quotes.filter(instance_type__in=job.instance_types)
+    if job.allowed_regions:
+        quotes = quotes.filter(region__in=job.allowed_regions)
+    latest: dict[tuple, PriceQuote] = {}
+    for quote in quotes.order_by("observed_at"):
+        latest[(quote.provider, quote.region, quote.zone, quote.instance_type)] = quote
+    return [
+        PricedPlacement(Placement(provider=p, region=r, zone=z or default_zone(p, r), instance_type=t, market=market),
+                        q.usd_per_hour)
+        for (p, r, z, t), q in latest.items()
+    ]
+
+
+def _key(obj) -> tuple[str, str, str, str, str]:
+    return (obj.provider, obj.region, obj.zone, obj.instance_type, obj.market)
+
+
+def lifetimes(now) -> dict[tuple, list[Lifetime]]:
+    """Every placement's recent instance lifetimes: exposure, and whether it ended in an
+    interruption (with a notice that got a checkpoint committed in time)."""
+    rows = Instance.objects.filter(running_at__isnull=False, running_at__gte=now - LIFETIME_WINDOW)
+    saved_in_time = set(InterruptionEvent.objects.filter(
+        kind=InterruptionKind.NOTICE, checkpoint_saved=True, instance__in=rows).values_list("instance_id", flat=True))
+    found = defaultdict(list)
+    for instance in rows.only("pk", "provider", "region", "zone", "instance_type", "market", "running_at",
+                              "ended_at", "end_reason"):
+        hours = ((instance.ended_at or now) - instance.running_at).total_seconds() / 3600
+        interrupted = instance.end_reason in INTERRUPTED
+        found[_key(instance)].append(Lifetime(hours=max(hours, 0.0), interrupted=interrupted,
+                                              usable_notice=interrupted and instance.pk in saved_in_time))
+    return found
+
+
+def rate_for(key: tuple, found: dict[tuple, list[Lifetime]]) -> RateEstimate:
+    if key[4] == Market.ON_DEMAND:
+        return on_demand_rate()
+    return estimate_rate(found.get(key, []), RatePrior.from_bucket())
+
+
+def placement_events(now) -> list[PlacementEvent]:
+    """Capacity errors and preemptions of the last hours, for the back-off rules."""
+    recent = Instance.objects.filter(ended_at__gte=now - EVENT_WINDOW).filter(
+        Q(end_reason=EndReason.CAPACITY_ERROR) | Q(end_reason__in=INTERRUPTED))
+    return [PlacementEvent(key=_key(i), kind="capacity_error" if i.end_reason == EndReason.CAPACITY_ERROR
+                           else "preempted", at=i.ended_at.timestamp()) for i in recent]
+
+
+def seconds_per_step(job: Job) -> float | None:
+    per_step = costs.seconds_per_step(job.pk)
+    return float(per_step) if per_step is not None else None
+
+
+def checkpoint_cost_s(job: Job) -> float:
+    stalls = [s for s in job.checkpoints.order_by("-committed_at").values_list("stall_s", flat=True)[:10] if s]
+    return fmean(stalls) if stalls else DEFAULT_CHECKPOINT_COST_S
+
+
+def remaining_work_s(job: Job) -> float:
+    per_step = seconds_per_step(job)
+    if per_step is None or not job.total_steps:
+        return DEFAULT_WORK_S
+    return max(job.total_steps - job.last_step, 0) * per_step
+
+
+def _just_preempted(job: Job) -> tuple[str, str] | None:
+    last = job.instances.exclude(ended_at=None).order_by("-ended_at").first()
+    return (last.provider, last.zone) if last and last.end_reason in INTERRUPTED else None
+
+
+def choose(job: Job, now=None) -> Choice:
+    """The placement with the lowest expected cost to finish, on the market the job's
+    settings and deadline call for; None with the reason when nothing fits now."""
+    now = now or timezone.now()
+    found = lifetimes(now)
+    events = placement_events(now)
+    markets = _markets(job, now, found)
+    if markets is None:
+        return Choice(None, "waiting: spot has no capacity now and the deadline's slack still covers waiting")
+    priced = [p for m in markets for p in priced_placements(job, m, now)]
+    by_key = {_key(p.placement): p for p in priced}
+    options = [Option(provider=p.placement.provider, region=p.placement.region, zone=p.placement.zone,
+                      instance_type=p.placement.instance_type, market=p.placement.market,
+                      price_per_hour=float(p.usd_per_hour), rate=rate_for(_key(p.placement), found))
+               for p in priced]
+    decision: PlacementDecision = choose_placement(
+        options, work_s=remaining_work_s(job), now=now.timestamp(), nodes=job.nodes, restart_s=DEFAULT_RESTART_S,
+        checkpoint_cost_s=checkpoint_cost_s(job), events=events, just_preempted=_just_preempted(job),
+        max_price_per_hour=float(job.max_price_per_hour) if job.max_price_per_hour is not None else None)
+    if decision.chosen is None:
+        why = "; ".join(sorted({e.excluded for e in decision.ranked if e.excluded})) or "no allowed placement is priced"
+        return Choice(None, f"waiting: no placement available now ({why})")
+    return Choice(by_key[decision.chosen.key], decision.reason)
+
+
+def _markets(job: Job, now, found) -> list[str] | None:
+    """Which markets to consider: the job's fallback setting, or for a job with a
+    deadline the deadline-aware rule (None: wait for spot)."""
+    if job.on_demand_after_preemptions is not None and job.preemptions >= job.on_demand_after_preemptions:
+        return [Market.ON_DEMAND]
+    if job.deadline is None:
+        return [Market.SPOT]
+    spot_keys = [_key(p.placement) for p in priced_placements(job, Market.SPOT, now)]
+    events = placement_events(now)
+    blocked = {e.key for e in events if e.kind == "capacity_error"}
+    rate = estimate_rate([lt for k in spot_keys for lt in found.get(k, [])], RatePrior.from_bucket())
+    cost = checkpoint_cost_s(job)
+    interval = checkpoint_interval(checkpoint_cost_s=cost, rate=rate).seconds
+    remaining = remaining_work_s(job)
+    total = (job.total_steps or 0) * (seconds_per_step(job) or 0) or remaining
+    clock = market_policy.JobClock(
+        now=now.timestamp(), started_at=job.created_at.timestamp(), deadline=job.deadline.timestamp(),
+        total_work_s=total, remaining_work_s=remaining, unsaved_work_s=0.0, running=None,
+        spot_available=any(k not in blocked for k in spot_keys), restart_s=DEFAULT_RESTART_S,
+        checkpoint_cost_s=cost, on_demand_interval_s=settings.RESPAWN["DEFAULT_CHECKPOINT_INTERVAL_S"],
+        decision_period_s=settings.RECONCILE_INTERVAL_S)
+    overhead = spot_overhead_fraction(rate=rate, availability=estimate_availability(available_s=0, observed_s=0),
+                                      restart_s=DEFAULT_RESTART_S, checkpoint_cost_s=cost, interval_s=interval)
+    chosen = market_policy.deadline_aware(clock, spot_overhead_fraction=overhead)
+    return [chosen] if chosen else None
+
+
+def interval_for(instance: Instance) -> IntervalDecision:
+    """Young/Daly for where this instance runs, from the job's measured checkpoint
+    cost; the job's own interval (seconds or steps) wins."""
+    job = instance.job
+    override = None
+    if job.checkpoint_interval_s is not None:
+        override = IntervalOverride(seconds=job.checkpoint_interval_s)
+    elif job.checkpoint_every_steps is not None:
+        override = IntervalOverride(steps=job.checkpoint_every_steps)
+    per_step = seconds_per_step(job)
+    if override is not None and override.steps is not None and per_step is None:
+        override = None  # not measured yet: the agent checkpoints every N steps itself meanwhile
+    found = lifetimes(timezone.now())
+    return checkpoint_interval(checkpoint_cost_s=checkpoint_cost_s(job), rate=rate_for(_key(instance), found),
+                               override=override, seconds_per_step=per_step)
+
+
+def refresh_interval(instance: Instance) -> None:
+    """Store the interval the agent is told (jobs.core.services.checkpoint_interval_s reads it):
+    on registering, and after each new checkpoint changed the job's measured cost."""
+    # JSON (and PostgreSQL's jsonb) has no infinity: on on-demand nothing interrupts,
+    # so M and Young/Daly are unbounded, stored as null ("none").
+    instance.checkpoint_interval = {name: value if not isinstance(value, float) or math.isfinite(value) else None
+                                    for name, value in asdict(interval_for(instance)).items()}
+    Instance.objects.filter(pk=instance.pk).update(checkpoint_interval=instance.checkpoint_interval)
+
+
+def interruption_rates(now=None) -> list[dict]:
+    """Every spot placement in the price book or with recorded lifetimes, with its estimate."""
+    now = now or timezone.now()
+    found = lifetimes(now)
+    keys = set(found)
+    for quote in PriceQuote.objects.filter(market=Market.SPOT).values_list("provider", "region", "zone",
+                                                                          "instance_type", "market").distinct():
+        p, r, z, t, m = quote
+        keys.add((p, r, z or default_zone(p, r), t, m))
+    rows = []
+    for key in sorted(keys):
+        rate = rate_for(key, found)
+        rows.append(dict(zip(("provider", "region", "zone", "instance_type", "market"), key),
+                         per_hour=rate.per_hour, mtbi_hours=None if math.isinf(rate.mtbi_hours) else rate.mtbi_hours,
+                         per_hour_low=rate.credible_per_hour[0], per_hour_high=rate.credible_per_hour[1],
+                         usable_notice_fraction=rate.usable_notice_fraction, events=rate.events,
+                         exposure_hours=rate.exposure_hours, prior_per_hour=rate.prior_per_hour))
+    return rows

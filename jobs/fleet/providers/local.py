@@ -1,0 +1,313 @@
+"""The local provider (DESIGN §10): "VMs" are detached supervisor processes on this
+machine (jobs.fleet.providers.local_vm), preempted by a simulated spot market
+(jobs.fleet.providers.local_market).
+
+Each VM has a directory `<root>/<vm id>/`; its files are the provider's whole
+state, so any process on the machine (every Celery worker, `make demo` stopping)
+sees the same VMs. A VM is live while the process recorded in its `pid.json`
+(pid and start time, so a recycled pid is not mistaken for it) runs. Launches are
+serialized by a lock file, so the lookup by instance id that makes `launch`
+idempotent cannot race another launch of the same instance.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jobs.core.choices import Market
+from jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, LaunchRequest, PrecheckError, Provider
+from jobs.fleet.providers.local_market import MarketConfig, SpotMarket
+from jobs.fleet.providers.local_vm import (VmDir, VmSpec, is_running, kill_vm_processes, read_json, vm_processes,
+                                           write_json_atomic)
+
+VM_ID = re.compile(r"^local-\d+-[0-9a-f]{8}$")
+MARKET_EPOCH_FILE = "market-epoch"
+LAUNCH_LOCK_FILE = "launch.lock"
+# A terminate repeated this long after the grace kills the VM itself: its supervisor is stuck.
+TERMINATE_MARGIN_S = 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalConfig:
+    root: str
+    """Directory holding one sub-directory per VM (e.g. var/local-vms); created if missing."""
+    python: str = sys.executable
+    """Interpreter that runs the VM supervisor (and, by default, the agent); its directory comes first
+    on the VM's PATH, so `python` in a job's command is this one."""
+    agent_command: tuple[str, ...] = ()
+    """The agent's program; `run` and its flags are appended. Empty: (python, "-m", "agents")."""
+    agent_env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment for the agent, e.g. {"RESPAWN_HEARTBEAT_INTERVAL_S": "1"}, on top of
+    the launching process's own environment, which the VM inherits (with its working directory)."""
+    zones: tuple[str, ...] = ("local-a", "local-b", "local-c")
+    """Zones a placement may name (the price book lists local-a..c)."""
+    market_mode: str = "none"
+    """none | every | rate | trace (see jobs.fleet.providers.local_market)."""
+    market_every_s: float = 60.0
+    market_rate_per_hour: float = 1.0
+    market_trace_files: Mapping[str, str] = field(default_factory=dict)
+    """zone -> spot trace file, "*" for every other zone (mode trace)."""
+    market_time_compression: float = 1.0
+    market_seed: int = 0
+    market_epoch: float | None = None
+    """Epoch seconds at which the market's clock (and a trace) starts; None: the first
+    use of `root`, remembered in root/market-epoch so every process shares one clock."""
+    out_of_capacity_zones: frozenset[str] = frozenset()
+    """Zones that refuse every launch with a capacity error."""
+    notice_lead_s: float = 30.0
+    """Seconds from a preemption notice to the hard kill of the VM."""
+    sigterm_after_notice_s: float | None = None
+    """Seconds from the notice to SIGTERM of the agent (a cloud's ACPI shutdown); None: half the lead."""
+    terminate_grace_s: float = 5.0
+    """On terminate: seconds between SIGTERM to the agent and SIGKILL of the whole VM."""
+    boot_timeout_s: float = 30.0
+    """How long `launch` waits for the supervisor to fork off and record itself."""
+
+    def __post_init__(self) -> None:
+        if not self.root:
+            raise ValueError("LocalConfig.root is required: the directory for local VMs, e.g. var/local-vms")
+        if not self.zones or not all(isinstance(z, str) and z for z in self.zones):
+            raise ValueError(f"LocalConfig.zones must be non-empty zone names, got {self.zones!r}")
+        object.__setattr__(self, "zones", tuple(self.zones))
+        object.__setattr__(self, "agent_command", tuple(self.agent_command))
+        object.__setattr__(self, "out_of_capacity_zones", frozenset(self.out_of_capacity_zones))
+        unknown = sorted(self.out_of_capacity_zones - set(self.zones))
+        if unknown:
+            raise ValueError(f"LocalConfig.out_of_capacity_zones names zones not in zones {self.zones}: {', '.join(unknown)}")
+        for name in ("notice_lead_s", "terminate_grace_s", "boot_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"LocalConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.sigterm_after_notice_s is not None and not 0 <= self.sigterm_after_notice_s <= self.notice_lead_s:
+            raise ValueError(f"LocalConfig.sigterm_after_notice_s must be within 0..notice_lead_s ({self.notice_lead_s}), got {self.sigterm_after_notice_s}")
+        self.market_config()  # validates the market's own fields now, not at the first launch
+
+    def market_config(self) -> MarketConfig:
+        return MarketConfig(
+            mode=self.market_mode,
+            every_s=self.market_every_s,
+            rate_per_hour=self.market_rate_per_hour,
+            trace_files=self.market_trace_files,
+            time_compression=self.market_time_compression,
+            seed=self.market_seed,
+            out_of_capacity_zones=self.out_of_capacity_zones,
+        )
+
+
+class LocalProvider(Provider):
+    name = "local"
+
+    def __init__(self, config: LocalConfig):
+        self.config = config
+        self.root = Path(config.root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.market = SpotMarket(config.market_config())
+        if config.market_mode == "trace":
+            for zone in config.zones:
+                self.market.trace_for(zone)  # every zone needs a trace: say so now, not at a launch
+
+    # --- the interface ------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> str:
+        placement = request.placement
+        if placement.zone not in self.config.zones:
+            raise PrecheckError(f"zone {placement.zone!r} is not a local zone; local zones: {', '.join(self.config.zones)}", code="InvalidZone")
+        if not request.bootstrap_token or not request.control_plane_url:
+            raise PrecheckError("the local provider starts the agent itself: LaunchRequest.bootstrap_token and control_plane_url are required", code="InvalidRequest")
+        with self._launch_lock():
+            existing = self.find_by_instance_id(request.instance_id)
+            if existing is not None:
+                return existing.provider_instance_id
+            now = time.time()
+            spot = placement.market == Market.SPOT
+            refusal = self.market.capacity_refusal(placement.zone, spot=spot, now_s=now - self._market_epoch())
+            if refusal:
+                raise CapacityError(refusal, code="InsufficientCapacity")
+            vm_id = f"local-{request.instance_id}-{uuid.uuid4().hex[:8]}"
+            vm = VmDir(self.root / vm_id)
+            vm.path.mkdir(mode=0o700)
+            vm.write_spec(self._spec(vm_id, request, now, spot))
+            self._boot(vm)
+            return vm_id
+
+    def terminate(self, provider_instance_id: str) -> None:
+        """Ask the supervisor to shut the VM down (SIGTERM to the agent, SIGKILL after
+        the grace). Called again once the grace (plus a margin) has passed while it
+        still runs, it kills the VM's processes itself."""
+        vm = self._vm(provider_instance_id)
+        if not vm.path.is_dir() or vm.ended():
+            return
+        requested = vm.terminate_requested()
+        if requested is None:
+            requested = {"requested_at": time.time()}
+            write_json_atomic(vm.terminate_file, requested)
+        record = vm.pid_record()
+        if record is None:
+            return  # not forked yet: the supervisor reads terminate.json before it boots
+        pid, start_time = record["pid"], record["start_time"]
+        if not is_running(pid, start_time):
+            kill_vm_processes(pid, start_time)  # a supervisor killed outright may leave its session behind
+            return
+        if time.time() - requested["requested_at"] > self.config.terminate_grace_s + TERMINATE_MARGIN_S:
+            kill_vm_processes(pid, start_time)
+            vm.record_end("killed", detail="the supervisor did not shut the VM down within its grace")
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def describe(self, provider_instance_id: str) -> CloudInstance:
+        vm = self._vm(provider_instance_id)
+        spec = read_json(vm.spec_file)
+        if spec is None:
+            return CloudInstance(provider_instance_id=provider_instance_id, state=CloudState.GONE)
+        return CloudInstance(
+            provider_instance_id=provider_instance_id,
+            state=self._state(vm, spec),
+            zone=spec["zone"],
+            instance_type=spec["instance_type"],
+            job_id=spec["job_id"],
+            instance_id=spec["instance_id"],
+        )
+
+    def list_ours(self) -> list[CloudInstance]:
+        vms = []
+        for entry in sorted(self.root.iterdir()):
+            if entry.is_dir() and VM_ID.match(entry.name):
+                vm = self.describe(entry.name)
+                if vm.state != CloudState.GONE:
+                    vms.append(vm)
+        return vms
+
+    # --- beyond the interface ---------------------------------------------------------
+    def terminate_all(self, *, wait_s: float = 30.0) -> list[str]:
+        """Terminate every live VM under the root and wait until each is gone (what
+        stopping `make demo` and test teardown need); returns the ids terminated."""
+        ids = [vm.provider_instance_id for vm in self.list_ours()]
+        give_up = time.monotonic() + wait_s
+        left = list(ids)
+        while left and time.monotonic() < give_up:
+            for vm_id in left:
+                self.terminate(vm_id)
+            time.sleep(0.1)
+            left = [vm_id for vm_id in left if self.describe(vm_id).state != CloudState.GONE]
+        if left:
+            raise RuntimeError(f"local VMs still running after {wait_s}s: {', '.join(left)}")
+        return ids
+
+    def vm_dir(self, provider_instance_id: str) -> VmDir:
+        """The VM's directory (logs, metadata URL, pid): for tests and the demo."""
+        return self._vm(provider_instance_id)
+
+    def processes(self, provider_instance_id: str) -> set[int]:
+        """Pids of the VM's live processes (supervisor, agent, trainer and their children)."""
+        record = self._vm(provider_instance_id).pid_record()
+        if record is None:
+            return set()
+        return vm_processes(record["pid"], record["start_time"])
+
+    # --- internals ------------------------------------------------------------------
+    def _vm(self, provider_instance_id: str) -> VmDir:
+        if not VM_ID.match(provider_instance_id):
+            raise ValueError(f"{provider_instance_id!r} is not a local VM id (local-<instance id>-<8 hex digits>)")
+        return VmDir(self.root / provider_instance_id)
+
+    def _state(self, vm: VmDir, spec: dict) -> str:
+        if vm.ended():
+            return CloudState.GONE
+        record = vm.pid_record()
+        if record is None:
+            # Launched but not yet recorded: its launcher may still be booting it.
+            young = time.time() - spec["launched_at"] < self.config.boot_timeout_s
+            return CloudState.PENDING if young else CloudState.GONE
+        return CloudState.RUNNING if is_running(record["pid"], record["start_time"]) else CloudState.GONE
+
+    def _spec(self, vm_id: str, request: LaunchRequest, now: float, spot: bool) -> VmSpec:
+        config = self.config
+        placement = request.placement
+        # Keyed by our instance id, not the VM's random id: a seeded run replays the same preemptions.
+        delay = self.market.preemption_delay_s(f"instance-{request.instance_id}", placement.zone, spot=spot, launched_at_s=now - self._market_epoch())
+        return VmSpec(
+            vm_id=vm_id,
+            job_id=request.job_id,
+            instance_id=request.instance_id,
+            zone=placement.zone,
+            instance_type=placement.instance_type,
+            market=placement.market,
+            launched_at=now,
+            control_plane_url=request.control_plane_url,
+            bootstrap_token=request.bootstrap_token,
+            agent_command=list(config.agent_command or (config.python, "-m", "agents")),
+            agent_env={"PATH": self._vm_path(), **config.agent_env},
+            preempt_after_s=delay,
+            notice_lead_s=config.notice_lead_s,
+            sigterm_after_notice_s=config.notice_lead_s / 2 if config.sigterm_after_notice_s is None else config.sigterm_after_notice_s,
+            terminate_grace_s=config.terminate_grace_s,
+        )
+
+    def _vm_path(self) -> str:
+        """PATH on the VM: the checkout is the VM's image and the control plane's
+        interpreter its Python, so a job's `python` is that one (with torch and the
+        project installed), not the first `python` of the launching shell's PATH.
+        Not resolved: a virtual environment's python is a link out of it."""
+        return os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", os.defpath)])
+
+    def _boot(self, vm: VmDir) -> None:
+        """Start the supervisor detached (it forks into a session of its own) and wait
+        until it has recorded itself, so a lookup right after sees a live VM. The VM
+        starts in this process's working directory: the checkout is the VM's image,
+        and a job's relative paths and `python -m` modules resolve there."""
+        with open(vm.supervisor_log, "ab") as out:
+            try:
+                launcher = subprocess.Popen(
+                    [self.config.python, "-m", "jobs.fleet.providers.local_vm", str(vm.path)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+                code = launcher.wait(self.config.boot_timeout_s)
+            except OSError as exc:
+                vm.record_end("failed to boot", detail=str(exc))
+                raise PrecheckError(f"could not start the local VM supervisor with {self.config.python}: {exc}", code="BootFailed") from None
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                launcher.wait()
+                code = None
+        if code != 0 or vm.pid_record() is None:
+            vm.record_end("failed to boot", detail=f"exit code {code}")
+            tail = vm.supervisor_log.read_text(errors="replace")[-2000:]
+            raise PrecheckError(f"the local VM supervisor for {vm.path.name} did not boot (exit code {code}): {tail}", code="BootFailed")
+
+    def _market_epoch(self) -> float:
+        if self.config.market_epoch is not None:
+            return self.config.market_epoch
+        path = self.root / MARKET_EPOCH_FILE
+        if not path.exists():
+            # Written whole, then linked into place: the first process to link wins,
+            # and no reader ever sees a half-written file.
+            tmp = path.with_name(f".{MARKET_EPOCH_FILE}.{os.getpid()}.{uuid.uuid4().hex[:6]}")
+            tmp.write_text(repr(time.time()))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return float(path.read_text())
+
+    @contextmanager
+    def _launch_lock(self) -> Iterator[None]:
+        with open(self.root / LAUNCH_LOCK_FILE, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
