@@ -1,0 +1,23 @@
+"""The control plane's domain, one subpackage per subsystem.
+
+- `core/`: what happens to jobs and instances — the enums and transition tables
+  (choices), the guarded status writes (transitions), the domain operations
+  (services), the audit log, job logs, and the work handed to workers by task
+  name (nudges). Imports only `jobs.models` and itself.
+- `fleet/`: the VMs — cloud providers, the configured-provider registry,
+  orchestration (schedule, launch, terminate, reconcile), placement and its pure
+  policies, the heartbeat hot path.
+- `money/`: the price book and its price refreshers, the cost ledger, costs from the
+  database, budgets, and money as people read it.
+- `people/`: token authentication, personal and agent tokens, the permission
+  table, team administration.
+- `api/`: the REST API (people's and agents') and Prometheus `/metrics`.
+
+At the top, Django's and Celery's conventions: models, admin, apps, tasks (the
+task names are a wire contract), migrations, management commands.
+
+Imports point one way: core ← fleet, money, people ← api, tasks, management,
+frontend. A subsystem may use another's modules (the fleet prices with money's
+costs) but never api, tasks or frontend; no two modules import each other, even
+through others (tests/test_layout.py).
+"""

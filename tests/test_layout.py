@@ -1,0 +1,137 @@
+"""The layout of `jobs/` (its map is jobs/__init__.py): imports point from the core out
+to the subsystems and on to the API, tasks and dashboard, never back, and a name says
+which file it is within a subsystem. Read from the source with `ast`, function-local
+imports included: an import that runs late still ties two modules together."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP_TIER = ("jobs.api", "jobs.tasks", "jobs.management", "frontend")
+# Modules the simulator, the CLI and the providers' emulator tests import without Django.
+DJANGO_FREE = ("jobs.fleet.policies", "jobs.fleet.providers", "jobs.money.ledger", "jobs.money.pricebook",
+               "jobs.money.text")
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path, module: str) -> set[str]:
+    """Every dotted name `path` imports, anywhere in it (`from a import b` gives a and a.b)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return names
+
+
+def imports_by_module(root: Path) -> dict[str, set[str]]:
+    """Each module under jobs/ (migrations aside) -> every name it imports."""
+    return {module_name(path, root): imported_names(path, module_name(path, root))
+            for path in (root / "jobs").rglob("*.py") if "migrations" not in path.parts}
+
+
+def import_graph(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each jobs module -> the jobs modules it imports."""
+    return {module: {name for name in names if name in imports and name != module}
+            for module, names in imports.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done, on_path = set(), []
+
+    def visit(module: str) -> list[str] | None:
+        if module in on_path:
+            return on_path[on_path.index(module):] + [module]
+        if module in done:
+            return None
+        on_path.append(module)
+        for target in sorted(graph[module]):
+            if cycle := visit(target):
+                return cycle
+        on_path.pop()
+        done.add(module)
+        return None
+
+    return next((cycle for module in sorted(graph) if (cycle := visit(module))), None)
+
+
+def subsystems(root: Path) -> list[Path]:
+    return sorted(init.parent for init in (root / "jobs").glob("*/__init__.py")
+                  if init.parent.name not in ("migrations", "management"))
+
+
+def under(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+@pytest.fixture(scope="module")
+def imports() -> dict[str, set[str]]:
+    return imports_by_module(ROOT)
+
+
+def test_no_module_imports_itself_back_through_others(imports):
+    cycle = find_cycle(import_graph(imports))
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_core_imports_no_subsystem(imports):
+    wrong = {(module, name) for module, names in imports.items() if under(module, ["jobs.core"]) for name in names
+             if under(name, ["jobs"]) and not under(name, ["jobs.core", "jobs.models"]) and name != "jobs"}
+    assert not wrong
+
+
+def test_subsystems_import_neither_the_api_nor_tasks_nor_the_dashboard(imports):
+    inner = ["jobs.core", "jobs.fleet", "jobs.money", "jobs.people", "jobs.models"]
+    wrong = {(module, name) for module, names in imports.items() if under(module, inner) for name in names
+             if under(name, TOP_TIER)}
+    assert not wrong
+
+
+def test_modules_that_say_no_django_import_none_even_through_others(imports):
+    graph = import_graph(imports)
+    for module in (m for m in graph if under(m, DJANGO_FREE)):
+        reached, todo = set(), [module]
+        while todo:
+            current = todo.pop()
+            reached.add(current)
+            todo += graph[current] - reached
+        django = {(m, name) for m in reached for name in imports[m]
+                  if under(name, ["django", "rest_framework", "celery"])}
+        assert not django, f"{module} imports Django through {sorted(django)}"
+
+
+@pytest.mark.parametrize("subsystem", subsystems(ROOT), ids=lambda p: p.name)
+def test_no_two_files_of_a_subsystem_share_a_name(subsystem):
+    names = Counter(p.name for p in subsystem.rglob("*.py") if p.name != "__init__.py")
+    assert not [name for name, count in names.items() if count > 1]
+
+
+def test_every_subsystem_says_what_it_owns_and_may_import():
+    for package in subsystems(ROOT):
+        docstring = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
+        assert docstring and "import" in docstring.lower(), package
+
+
+def test_work_the_core_sends_by_name_reaches_a_task():
+    from celery import current_app
+
+    from jobs import tasks  # noqa: F401  (registers the tasks)
+    from jobs.core import nudges
+
+    sent = {value for name, value in vars(nudges).items() if name.isupper()}
+    assert sent and sent <= set(current_app.tasks)
