@@ -5,9 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# The embedded-default smoke tests: the whole agent API and the reconciler on
-# SQLite + the filesystem broker, with no server configured.
-SMOKE_TESTS := tests/agent_api tests/test_reconciler.py tests/test_settings.py tests/test_prices.py
+# Test processes in parallel (pytest-xdist), one per CPU.
+TEST_WORKERS ?= auto
 
 .PHONY: install demo test test-embedded clean
 
@@ -26,10 +25,12 @@ demo: install
 	$(BIN)/python manage.py demo
 
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
+# The whole suite on the embedded default (SQLite, the filesystem broker), whatever
+# this shell has configured: what a newcomer's `make test` runs.
 test-embedded: install
-	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest $(SMOKE_TESTS) $(PYTEST_ARGS)
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 clean:
 	rm -rf var .pytest_cache
