@@ -1,7 +1,10 @@
 """Checkpoint interval per job: Young/Daly, bounded, with a per-job override.
 
 Young's first-order optimum τ = sqrt(2·C·M) balances the checkpoint cost C against the
-work lost to an interruption (τ/2 on average). Only interruptions without a usable
+work lost to an interruption (τ/2 on average). It overshoots when M is short, which a
+rate learned from a burst of preemptions makes it, so the interval is Daly's
+higher-order estimate (DESIGN §9): τ = sqrt(2·C·M)·(1 + ⅓·sqrt(C/(2M)) + C/(18M)) − C
+for C < 2M, else τ = M. Only interruptions without a usable
 notice lose work since the last periodic checkpoint (with a notice the agent saves on
 demand), so M is the mean time between *unnoticed* interruptions.
 """
@@ -51,6 +54,16 @@ class IntervalDecision:
     young_daly_s: float
 
 
+def daly_interval(cost_s: float, mtbi_s: float) -> float:
+    """Daly's higher-order optimum for checkpoint cost C and mean time between interruptions M."""
+    if math.isinf(mtbi_s):
+        return math.inf
+    if cost_s >= 2 * mtbi_s:
+        return mtbi_s
+    ratio = cost_s / (2 * mtbi_s)
+    return math.sqrt(2 * cost_s * mtbi_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost_s
+
+
 def checkpoint_interval(*, checkpoint_cost_s: float, rate: RateEstimate,
                         override: IntervalOverride | None = None, seconds_per_step: float | None = None,
                         bounds: IntervalBounds = IntervalBounds()) -> IntervalDecision:
@@ -58,7 +71,7 @@ def checkpoint_interval(*, checkpoint_cost_s: float, rate: RateEstimate,
         raise ValueError(f"checkpoint_cost_s must not be negative (got {checkpoint_cost_s})")
     per_hour = rate.unnoticed_per_hour
     mtbi_s = 3600 / per_hour if per_hour > 0 else math.inf
-    young_daly = math.sqrt(2 * checkpoint_cost_s * mtbi_s)
+    young_daly = daly_interval(checkpoint_cost_s, mtbi_s)
     inputs = dict(checkpoint_cost_s=checkpoint_cost_s, unnoticed_mtbi_s=mtbi_s, young_daly_s=young_daly)
     if override is not None:
         if override.steps is not None:
