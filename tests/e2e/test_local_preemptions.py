@@ -29,6 +29,16 @@ def reference_digest(tmp_path: Path) -> str:
     return "sha256:" + hashlib.sha256(exported.read_bytes()).hexdigest()
 
 
+def story(job) -> str:
+    """What the control plane recorded, for a timeout's message: where the job waits, and why."""
+    job.refresh_from_db()
+    lines = [f"job {job.status}: {job.status_reason}"]
+    lines += [f"  instance {i.pk} {i.zone} {i.state} {i.end_reason} last step {i.last_step}"
+              for i in Instance.objects.filter(job=job).order_by("requested_at")]
+    lines += [f"  event: {message}" for message in job.events.order_by("-pk").values_list("message", flat=True)[:10]]
+    return "\n".join(lines)
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(900)  # a couple of minutes on a quiet machine; CI machines may be loaded
 def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_env, web_server, tmp_path):
@@ -48,7 +58,7 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     worker, beat = start_worker_and_beat(env, tmp_path)
     try:
         wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=800,
-                   what="the job to finish", proc=worker, interval=0.5)
+                   what="the job to finish", proc=worker, interval=0.5, explain=lambda: story(job))
     finally:
         beat.stop()
         worker.stop()
