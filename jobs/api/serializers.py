@@ -14,7 +14,7 @@ from rest_framework import serializers
 from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
-from jobs.people.permissions import roles_of, visible_team_ids
+from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawncli.names import closest_name
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -121,7 +121,15 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "checkpoint_interval_s": {"min_value": 1},
             "max_price_per_hour": {"min_value": 0},
             "validation_tolerance": {"min_value": 0},
+            "env": {"help_text": "Environment of the job's process, names to values. To a viewer of the team who "
+                                 "is not the job's owner, every value reads null."},
         }
+
+    def to_representation(self, job):
+        data = super().to_representation(job)
+        if not may_read_env_values(self.context["request"].user, job):
+            data["env"] = dict.fromkeys(data["env"])
+        return data
 
     def validate_command(self, value):
         return _string_list(value, "command", allow_empty=False)

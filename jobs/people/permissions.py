@@ -56,6 +56,12 @@ def can(user, action: str, team_id: int | None) -> bool:
     return role_allows(roles_of(user).get(team_id), action)
 
 
+def may_read_env_values(user, job) -> bool:
+    """A job's env values (API keys, often) go to whoever may run the team's jobs and
+    to the job's owner; a viewer reads the names only."""
+    return job.owner_id == user.pk or can(user, "job.create", job.team_id)
+
+
 def visible_team_ids(user) -> list[int]:
     """Teams whose objects `user` may see at all; other teams' objects are 404."""
     return [team_id for team_id, role in roles_of(user).items() if role_allows(role, "team.view")]
