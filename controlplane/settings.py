@@ -155,7 +155,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["jobs.api.filters.IdFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.RespawnAutoSchema",
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     # Per client address (login) and per person (minting tokens).

@@ -10,6 +10,7 @@ from django.db.models import Q
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import PermissionDenied
 
+from jobs.api.filters import IdFilterSet
 from jobs.core.choices import AuditAction
 from jobs.models import AuditEvent, Membership
 from jobs.people.permissions import can, roles_of
@@ -23,7 +24,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
         fields = ["id", "created_at", "actor", "team", "action", "target", "details"]
 
 
-class AuditFilter(django_filters.FilterSet):
+class AuditFilter(IdFilterSet):
     action = django_filters.MultipleChoiceFilter(choices=AuditAction.CHOICES)
     actor = django_filters.CharFilter(field_name="actor_username")
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")

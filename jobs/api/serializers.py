@@ -62,18 +62,21 @@ class RefusesUnknownFields:
 
 
 class TeamField(serializers.PrimaryKeyRelatedField):
-    """A team by name or by id, as the CLI takes it. Names are looked up among the
-    requester's own teams only, so an unknown name tells nothing about other teams."""
+    """A team by name or by id, as the CLI takes it. Both are looked up among the
+    requester's own teams only, so another team's name or id answers as an unknown one."""
 
     default_error_messages = {"no_team_named": "you are in no team '{name}'; your teams: {names}"}
 
     def __init__(self, **kwargs):
         super().__init__(queryset=Team.objects.all(), **kwargs)
 
+    def get_queryset(self):
+        return Team.objects.filter(pk__in=visible_team_ids(self.context["request"].user))
+
     def to_internal_value(self, data):
         if not isinstance(data, str):
             return super().to_internal_value(data)
-        yours = Team.objects.filter(pk__in=visible_team_ids(self.context["request"].user)).order_by("name")
+        yours = self.get_queryset().order_by("name")
         named = next((team for team in yours if team.name == data), None)
         if named is not None:
             return named

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import django_filters
 from django.contrib.auth import authenticate
-from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -15,6 +14,7 @@ from rest_framework.views import APIView
 
 from jobs.api import serializers as s
 from jobs.api.errors import Unauthorized
+from jobs.api.filters import IdFilterSet
 from jobs.core.choices import JobStatus
 from jobs.core.joblogs import BadCursor, read_job_logs
 from jobs.core.services import cancel_job
@@ -52,7 +52,7 @@ class TeamScopedViewSet(viewsets.GenericViewSet):
         return super().get_queryset().filter(**{f"{self.team_path}__in": visible_team_ids(self.request.user)})
 
 
-class JobFilter(django_filters.FilterSet):
+class JobFilter(IdFilterSet):
     status = django_filters.MultipleChoiceFilter(choices=JobStatus.CHOICES)
     owner = django_filters.CharFilter(field_name="owner__username")
     search = django_filters.CharFilter(field_name="name", lookup_expr="icontains")
@@ -76,9 +76,7 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
     }
 
     def perform_create(self, serializer):
-        team = serializer.validated_data["team"]
-        if team.pk not in visible_team_ids(self.request.user):
-            raise Http404("No Team matches the given query.")
+        team = serializer.validated_data["team"]  # one of the requester's teams (TeamField)
         if not can(self.request.user, "job.create", team.pk):
             raise PermissionDenied("Your role in this team cannot submit jobs.")
         serializer.save(owner=self.request.user)

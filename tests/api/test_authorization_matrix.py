@@ -72,7 +72,8 @@ def expected_status(action, who, success, is_list, is_create=False):
         # lists hide other teams' rows; one nobody may read in any team is refused
         return success if holds_somewhere(who, action) else 403
     if who == "outsider":
-        return 404  # another team's object does not exist for you
+        # Another team's object does not exist for you; nor does a team named in a body.
+        return 400 if is_create else 404
     return success if role_allows(who, action) else 403
 
 
@@ -109,12 +110,13 @@ def test_authorization_matrix(db, name, method, url, action, success, who):
         assert ids[key] not in listed, "another team's (or person's) row leaked into a list"
 
 
-def test_creating_in_another_team_is_404(db):
+def test_creating_in_another_team_is_refused_as_in_an_unknown_team(db):
     setup = make_team_with_members()
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {setup.people['outsider'].token}")
     response = client.post("/api/v1/jobs/", {"team": setup.team.pk, "name": "x", "command": ["a"]}, format="json")
-    assert response.status_code == 404
+    assert response.status_code == 400
+    assert response.json()["errors"]["team"] == [f'Invalid pk "{setup.team.pk}" - object does not exist.']
 
 
 def test_every_action_in_the_table_is_exercised():
