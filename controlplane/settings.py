@@ -153,6 +153,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's JSON parser, refusing bodies nested too deep to read (jobs.api.parsing).
+    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsing.JSONParser", "rest_framework.parsers.FormParser",
+                               "rest_framework.parsers.MultiPartParser"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["jobs.api.filters.IdFilterBackend"],

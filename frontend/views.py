@@ -149,9 +149,8 @@ def job_cancel(request, pk: int):
 
 # ---- team overview ----------------------------------------------------------------------------
 
-def _team_page(request, team_id: int, form: SubmitJobForm | None = None, http_status=200):
-    """The overview; `form` is a submitted form to show again with its errors."""
-    month = request.GET.get("month") or None
+def _team_page(request, team_id: int, month: str | None = None, form: SubmitJobForm | None = None, http_status=200):
+    """The overview of `month` (checked; None: this month); `form` is a submitted form to show again with its errors."""
     team, data, (teams,) = selectors.team_status(team_id, month, access.team_choices(request.user))
     rates = money.placement_rates()
     may_submit = can(request.user, "job.create", team.pk)
@@ -179,7 +178,7 @@ def team_page(request, pk: int):
         return page(request, "frontend/error.html", http_status=400, message=month_error)
     if request.session.get(access.SESSION_TEAM) != pk:
         request.session[access.SESSION_TEAM] = pk
-    return _team_page(request, pk)
+    return _team_page(request, pk, request.GET.get("month") or None)
 
 
 def _month_error(request) -> str | None:
@@ -211,7 +210,7 @@ def team_submit(request, pk: int):
             job = serializer.save(owner=request.user)
             return redirect("job", pk=job.pk)
         form.take_errors(serializer)
-    return _team_page(request, team.pk, form, http_status=400)
+    return _team_page(request, team.pk, form=form, http_status=400)
 
 
 # ---- prices -----------------------------------------------------------------------------------

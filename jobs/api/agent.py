@@ -14,13 +14,13 @@ from django.db import IntegrityError, transaction
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import exceptions, fields, negotiation, parsers, permissions, renderers, serializers, status
+from rest_framework import exceptions, fields, negotiation, permissions, renderers, serializers, status
 from rest_framework.response import Response
-from rest_framework.utils import json
 from rest_framework.views import APIView
 
 from agents import protocol
-from jobs.api.errors import Unauthorized
+from jobs.api import parsing
+from jobs.api.errors import PayloadTooLarge, Unauthorized
 from jobs.core import services
 from jobs.core.choices import InstanceState
 from jobs.fleet import heartbeats
@@ -35,12 +35,7 @@ AGENT_MAX_BODY_BYTES = 256 * 1024
 MAX_DURATION_S = 24 * 3600.0
 
 
-class PayloadTooLarge(exceptions.APIException):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = f"Body larger than {AGENT_MAX_BODY_BYTES} bytes."
-
-
-class CappedJSONParser(parsers.JSONParser):
+class CappedJSONParser(parsing.JSONParser):
     max_body_bytes = AGENT_MAX_BODY_BYTES
 
     def parse(self, stream, media_type=None, parser_context=None):
@@ -50,7 +45,7 @@ class CappedJSONParser(parsers.JSONParser):
         except ValueError:
             raise exceptions.ParseError("Bad Content-Length.")
         if length > self.max_body_bytes:
-            raise PayloadTooLarge()
+            raise PayloadTooLarge(f"Body larger than {AGENT_MAX_BODY_BYTES} bytes.")
         data = super().parse(stream, media_type, parser_context)
         if not isinstance(data, dict):
             raise exceptions.ParseError("Body must be a JSON object.")
@@ -217,7 +212,7 @@ class HeartbeatView(AgentView):
             return None
         try:
             digest = agent_token_digest(request)
-            body = json.loads(request.body)  # DRF's strict JSON, as its parser reads it: no NaN
+            body = parsing.loads(request.body)  # as CappedJSONParser reads it
             if not isinstance(body, dict):
                 return None
             instance = self.apply(digest, self.checked(body))

@@ -92,7 +92,7 @@ class RespawnAutoSchema(AutoSchema):
             codes.append("403")
         if "path" in where:
             codes.append("404")
-        if any(getattr(p, "max_body_bytes", None) for p in view.parser_classes):
+        if "requestBody" in operation:  # over the agent API's cap or DATA_UPLOAD_MAX_MEMORY_SIZE
             codes.append("413")
         if view.throttle_classes:
             codes.append("429")

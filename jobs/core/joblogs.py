@@ -7,12 +7,15 @@ inserts commit out of id order)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from jobs.core.choices import JobStatus
 from jobs.models import Job, LogChunk
 
 MAX_CHUNKS_PER_READ = 200
+CURSOR_PART = re.compile(r"(\d{1,19}):(\d{1,19})", re.ASCII)  # ASCII: str.isdigit() takes '²', int() does not
+MAX_BIGINT = 2**63 - 1
 
 
 class BadCursor(ValueError):
@@ -31,10 +34,11 @@ class LogPage:
 def parse_cursor(text: str) -> dict[int, int]:
     cursor = {}
     for part in filter(None, text.split(",")):
-        instance, sep, offset = part.partition(":")
-        if not (sep and instance.isdigit() and offset.isdigit()):
+        match = CURSOR_PART.fullmatch(part)
+        # Both numbers are compared with 64-bit columns: a bigger one is no cursor we gave out.
+        if not match or max(int(match[1]), int(match[2])) > MAX_BIGINT:
             raise BadCursor(f"'after' must be the 'next' value of an earlier answer, like '12:340,13:0'; got {text!r}")
-        cursor[int(instance)] = int(offset)
+        cursor[int(match[1])] = int(match[2])
     return cursor
 
 

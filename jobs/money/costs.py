@@ -53,7 +53,10 @@ from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, In
                          PriceQuote)
 from jobs.money import ledger
 
-MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
+MONTH_RE = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
+# Months a deployment can have billed in; outside them the arithmetic on a month's
+# bounds (and on the months beside it) would leave the calendar datetime knows.
+FIRST_MONTH, LAST_MONTH = (1970, 1), (9998, 12)
 RECENT_INSTANCES = 4  # looked at for a job's current speed: a gang's ranks, or a replacement and its predecessor
 
 
@@ -96,10 +99,13 @@ def parse_month(text: str | None, now: dt.datetime) -> tuple[str, dt.datetime, d
         now = now.astimezone(dt.UTC)
         year, month = now.year, now.month
     else:
-        match = MONTH_RE.match(text)
+        match = MONTH_RE.fullmatch(text)
         if not match or not 1 <= int(match.group(2)) <= 12:
             raise CostError(f"month must look like YYYY-MM, e.g. 2026-11 (got {text!r})")
         year, month = int(match.group(1)), int(match.group(2))
+        if not FIRST_MONTH <= (year, month) <= LAST_MONTH:
+            raise CostError(f"month must be between {FIRST_MONTH[0]}-{FIRST_MONTH[1]:02d} and "
+                            f"{LAST_MONTH[0]}-{LAST_MONTH[1]:02d} (got {text!r})")
     start = dt.datetime(year, month, 1, tzinfo=dt.UTC)
     end = dt.datetime(year + month // 12, month % 12 + 1, 1, tzinfo=dt.UTC)
     return f"{year:04d}-{month:02d}", start, end
