@@ -59,11 +59,14 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "jobs",
     "frontend",
 ]
 
 MIDDLEWARE = [
+    # First, so that static files (answered by WhiteNoise below) carry the policy too.
+    "controlplane.csp.content_security_policy",
     "django.middleware.security.SecurityMiddleware",
     # Static files straight from gunicorn (no CDN, no separate server on a laptop).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -146,6 +149,18 @@ SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
+# Our own scripts and styles only, none inline (the dashboard, the admin and the API
+# docs have none); images may be data: URIs (Swagger UI's icons).
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -186,6 +201,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Jobs on spot VMs: the people's API (/api/v1/) and the agent API (/api/agent/v1/).",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from our own static files (drf-spectacular-sidecar), not a CDN's latest.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "CheckpointKindEnum": "agents.protocol.CheckpointKind.ALL",
