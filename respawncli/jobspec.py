@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from respawncli.names import closest_name
+from respawncli.spec_text import env_problem, nul_problem
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 CLOUDS = ("aws", "gcp", "azure", "local")
@@ -203,7 +204,7 @@ def _argv(value, f: Field):
                          "quote numbers, e.g. ['python', 'train.py', '--epochs', '3']")
     if f.required and not value:
         raise ValueError("must not be empty")
-    return value
+    return _without_nul(value)
 
 
 def _strings(value, f: Field):
@@ -212,7 +213,14 @@ def _strings(value, f: Field):
     unknown = [v for v in value if f.choices and v not in f.choices]
     if unknown:
         raise ValueError(f"unknown {', '.join(unknown)}; choose from {', '.join(f.choices)}")
-    return value
+    return _without_nul(value)
+
+
+def _without_nul(words: list[str]) -> list[str]:
+    problem = nul_problem(words)
+    if problem:
+        raise ValueError(problem)
+    return words
 
 
 def _env(value, f: Field):
@@ -221,6 +229,9 @@ def _env(value, f: Field):
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):
             raise ValueError(f"{key}: values must be strings; quote it, e.g. {key}: \"{item}\"")
+    problem = env_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 

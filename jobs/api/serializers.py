@@ -13,9 +13,11 @@ from rest_framework import serializers
 
 from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
+from jobs.fleet import catalog
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawncli.names import closest_name
+from respawncli.spec_text import env_problem, nul_problem
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
@@ -38,6 +40,9 @@ def _string_list(value, field, *, allow_empty=True):
         raise serializers.ValidationError(f"{field} must be a list of non-empty strings")
     if not allow_empty and not value:
         raise serializers.ValidationError(f"{field} must not be empty")
+    problem = nul_problem(value)
+    if problem:
+        raise serializers.ValidationError(f"{field}: {problem}")
     return value
 
 
@@ -147,6 +152,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         return _string_list(value, "post_command")
 
     def validate(self, attrs):
+        self._refuse_unplaceable(attrs)
         if attrs.get("prepare_inputs") and not attrs.get("prepare_command"):
             raise serializers.ValidationError({"prepare_inputs": ["prepare_inputs needs a prepare_command"]})
         return attrs
@@ -162,11 +168,47 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         unknown = sorted(set(value) - set(KNOWN_CLOUDS))
         if unknown:
             raise serializers.ValidationError(f"unknown clouds {unknown}; known: {list(KNOWN_CLOUDS)}")
+        enabled = settings.RESPAWN["PROVIDERS"]
+        disabled = sorted(set(value) - set(enabled))
+        if disabled:
+            raise serializers.ValidationError(f"clouds {disabled} are not enabled in this deployment; "
+                                              f"enabled: {list(enabled)}")
         return value
+
+    def validate_accelerator_count(self, value):
+        most = catalog.max_accelerators_per_node()
+        if value > most:
+            raise serializers.ValidationError(f"at most {most} per node: no instance type in the price book has more")
+        return value
+
+    def _refuse_unplaceable(self, attrs):
+        """Regions and instance types no enabled cloud prices, and more accelerators than a
+        GPU allowance holds, would keep the job queued for ever (jobs.fleet.catalog)."""
+        clouds = catalog.usable_clouds(attrs.get("allowed_clouds") or [])
+        offer = catalog.Offer.of(clouds)
+        errors = {}
+        for field, known in (("allowed_regions", offer.regions), ("instance_types", offer.instance_types)):
+            unknown = [value for value in attrs.get(field) or [] if value not in known]
+            if unknown:
+                close = closest_name(unknown[0], sorted(known))
+                errors[field] = [f"{', '.join(unknown)}: not in the price book of {', '.join(clouds)}"
+                                 + (f"; did you mean '{close}'?" if close else "")]
+        regions, instance_types = attrs.get("allowed_regions") or [], attrs.get("instance_types") or []
+        if not errors and (regions or instance_types) and not offer.allows(regions, instance_types):
+            errors["instance_types"] = [f"none of {', '.join(instance_types)} is priced in {', '.join(regions)}"]
+        gpus = attrs.get("nodes", 1) * attrs.get("accelerator_count", 1)
+        problem = catalog.gpu_allowance_problem(attrs["team"], gpus)
+        if problem:
+            errors["accelerator_count"] = [problem]
+        if errors:
+            raise serializers.ValidationError(errors)
 
     def validate_env(self, value):
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise serializers.ValidationError("env must be an object of string to string")
+        problem = env_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
     def validate_deadline(self, value):

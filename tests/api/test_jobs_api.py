@@ -16,7 +16,8 @@ def setup(db):
     return make_team_with_members()
 
 
-def test_member_submits_a_job_and_it_waits_in_the_queue(setup):
+def test_member_submits_a_job_and_it_waits_in_the_queue(setup, settings):
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["aws", "gcp"]}
     member = setup.people["member"]
     response = client_for(member).post("/api/v1/jobs/", {
         "team": setup.team.pk, "name": "llama-ft", "command": ["torchrun", "train.py"], "nodes": 2,

@@ -29,6 +29,13 @@ PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
+def child_env(child_env):
+    """A server with the clouds the documented example allows enabled (it refuses others at submit)."""
+    child_env["RESPAWN_PROVIDERS"] = "aws,gcp,azure,local"
+    return child_env
+
+
+@pytest.fixture
 def cli(web_server, tmp_path):
     """Run `respawn ARGS` with a fresh home directory; signed in through the
     environment as the team's member unless `env` says otherwise."""
@@ -84,6 +91,8 @@ def test_a_wrong_password_fails_with_exit_3_and_saves_nothing(cli):
 def test_the_documented_example_is_submitted_with_every_field_and_listed(cli, tmp_path):
     deadline = (timezone.now() + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     text = re.sub(r"(?m)^deadline: .*$", f"deadline: {deadline}", EXAMPLE.read_text())
+    cli.setup.team.max_concurrent_gpus = 16  # the example's 2 nodes of 8
+    cli.setup.team.save()
     result = cli("submit", str(job_file(tmp_path, text)))
     assert result.returncode == 0, result.stderr
     job_id = int(re.search(r"submitted job (\d+)", result.stdout)[1])

@@ -59,7 +59,8 @@ def test_every_dashboard_action_is_in_the_permission_table():
     assert {p[3] for p in PAGES} <= set(PERMISSIONS) | OPEN_ACTIONS
 
 
-def test_the_submit_form_creates_the_job_the_api_would(db):
+def test_the_submit_form_creates_the_job_the_api_would(db, settings):
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["aws", "gcp"]}
     setup = make_team_with_members()
     client = Client()
     client.force_login(setup.people[Role.MEMBER].user)
