@@ -38,7 +38,7 @@ PRICING_BATCH = 500  # jobs priced in one go when many are missing (a team's mon
 # Placement's interruption-rate estimates read every instance of the last 30 days;
 # they are estimates that move slowly, so the overview recomputes them at most this often.
 RATES_TTL_S = 60
-RATES_KEY = "respawn:interruption-rates:2"  # "2": rows with their credible interval
+RATES_KEY = "respawn:interruption-rates:3:{team}"  # "3": a team's own evidence (events, exposure)
 COST_POINTS = 120
 
 
@@ -239,17 +239,19 @@ def display_rate(per_hour: float) -> str:
     return f"{Decimal(repr(per_hour)).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):f}"
 
 
-def placement_rates() -> list[dict]:
-    """Placement's interruption-rate estimates with some exposure, ready to show (the
-    rate with its 90 % credible interval, the exposure as a duration), recomputed at
-    most every RATES_TTL_S."""
+def placement_rates(team_id: int) -> list[dict]:
+    """Placement's interruption-rate estimates where the team has some exposure, ready to
+    show (the rate with its 90 % credible interval, the team's exposure as a duration),
+    recomputed at most every RATES_TTL_S. The evidence is the team's own: no other
+    team's usage shows (jobs.fleet.placement.interruption_rates)."""
     from frontend.selectors import display_duration  # selectors reads this module's money
 
-    rates = cache.get(RATES_KEY)
+    key = RATES_KEY.format(team=team_id)
+    rates = cache.get(key)
     if rates is None:
         rates = [r | {"per_hour_display": display_rate(r["per_hour"]),
                       "credible_display": f"{display_rate(r['per_hour_low'])}–{display_rate(r['per_hour_high'])}",
                       "exposure_display": display_duration(round(r["exposure_hours"] * 3600))}
-                 for r in interruption_rates() if r["exposure_hours"] > 0]
-        cache.set(RATES_KEY, rates, RATES_TTL_S)
+                 for r in interruption_rates([team_id]) if r["exposure_hours"] > 0]
+        cache.set(key, rates, RATES_TTL_S)
     return rates

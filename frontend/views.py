@@ -152,7 +152,7 @@ def job_cancel(request, pk: int):
 def _team_page(request, team_id: int, month: str | None = None, form: SubmitJobForm | None = None, http_status=200):
     """The overview of `month` (checked; None: this month); `form` is a submitted form to show again with its errors."""
     team, data, (teams,) = selectors.team_status(team_id, month, access.team_choices(request.user))
-    rates = money.placement_rates()
+    rates = money.placement_rates(team.pk)
     may_submit = can(request.user, "job.create", team.pk)
     return page(request, "frontend/team.html", http_status=http_status, teams=teams, team=team, data=data, rates=rates,
                 may_submit=may_submit, submit_fields=_submit_fields(form) if may_submit else "",

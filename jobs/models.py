@@ -221,6 +221,12 @@ class Instance(models.Model):
     )
     requested_action = models.CharField(max_length=24, blank=True)
     requested_action_at = models.DateTimeField(null=True, blank=True)
+    register_failures = models.PositiveIntegerField(
+        default=0, help_text="Registers of this VM the control plane failed to answer (a server error).")
+    preemption_confirmed = models.BooleanField(
+        null=True, help_text="For an instance ended preempted: whether the cloud confirmed it (the VM was gone or "
+                             "stopped before we terminated it); empty until asked. Only confirmed preemptions feed "
+                             "the interruption rates every team's placement uses.")
 
     # A spot VM the cloud stops rather than deletes on eviction (Azure, eviction policy
     # Deallocate) keeps its disk, billed until the VM is deleted.
@@ -388,14 +394,18 @@ class DiskPriceQuote(models.Model):
 class ProcessedEvent(models.Model):
     """Every agent report's `event_id`, so a resend is applied at most once.
 
-    The primary key does the deduplication: of two concurrent resends one insert
-    wins and the other gets an IntegrityError inside the same transaction that
-    would have applied it."""
+    The unique (instance, event_id) pair does the deduplication: of two concurrent
+    resends one insert wins and the other gets an IntegrityError inside the same
+    transaction that would have applied it. Per instance, so that no VM can spend
+    another's event ids."""
 
-    event_id = models.UUIDField(primary_key=True)
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="+")
+    event_id = models.UUIDField()
     kind = models.CharField(max_length=20)
     received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["instance", "event_id"], name="processed_event_once")]
 
 
 class ServiceBeat(models.Model):

@@ -7,10 +7,12 @@ indexed digest, one short transaction, a fixed number of queries."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -19,15 +21,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents import protocol
-from jobs.api import parsing
+from jobs.api import checkpoint_trust, parsing
 from jobs.api.errors import PayloadTooLarge, Unauthorized
 from jobs.core import services
 from jobs.core.choices import InstanceState
 from jobs.fleet import heartbeats
 from jobs.fleet.placement import refresh_interval
-from jobs.models import Checkpoint, Instance, Job, LogChunk, ProcessedEvent
+from jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent
 from jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
 from jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
+
+log = logging.getLogger(__name__)
 
 AGENT_MAX_BODY_BYTES = 256 * 1024
 # No checkpoint save or stall takes a day; a bigger figure is garbage, and as a
@@ -154,10 +158,23 @@ def apply_once(instance: Instance, event_id, kind: str, apply) -> bool:
 
 
 class AgentView(APIView):
+    """An agent call. An ended instance's token, within its grace window, opens only the
+    calls that deliver what the VM did (`open_after_end`: checkpoints, validation, logs,
+    exit; DESIGN §4, §5); any other call from it is refused, so nothing a fenced VM
+    says can steer its job's live instances."""
+
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [permissions.IsAuthenticated]
     parser_classes = [CappedJSONParser]
     body_serializer: type[serializers.Serializer]
+    open_after_end = False
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        if not self.open_after_end and self.instance.state == InstanceState.ENDED:
+            raise exceptions.AuthenticationFailed(
+                "Agent token revoked for this call: the instance ended. Until its grace window closes it may "
+                "report only checkpoints, validation, logs and its exit.")
 
     def validated(self, request) -> dict:
         body = self.body_serializer(data=request.data)
@@ -192,6 +209,7 @@ class HeartbeatView(AgentView):
 
     authentication_classes = [HeartbeatTokenAuthentication]  # its 401s, and the schema's scheme
     permission_classes = []  # post() admits the token
+    open_after_end = True  # answered `stop`, with no writes (jobs.fleet.heartbeats)
     renderer_classes = [renderers.JSONRenderer]
     content_negotiation_class = FirstRendererNegotiation
     body_serializer = HeartbeatSerializer
@@ -280,34 +298,70 @@ class NoticeView(AgentView):
         return ack(duplicate=not applied)
 
 
-class CheckpointsView(AgentView):
-    body_serializer = CheckpointReportSerializer
+class CheckpointConflict(exceptions.APIException):
+    """409, in the API's error shape (jobs.api.errors), naming the checkpoint_id."""
 
-    @extend_schema(request=CheckpointReportSerializer, responses=AckSerializer)
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+    def __init__(self, message: str):
+        super().__init__({"detail": message, "errors": {"checkpoint_id": [message]}})
+
+
+class CheckpointsView(AgentView):
+    """A committed checkpoint, judged before it is recorded (jobs.api.checkpoint_trust).
+    A resend (same checkpoint_id, same step, URI, size and digest) is a duplicate
+    whatever its event_id; the same id with anything else is a conflict, never a
+    silent keep-the-first."""
+
+    body_serializer = CheckpointReportSerializer
+    open_after_end = True
+
+    @extend_schema(request=CheckpointReportSerializer, responses={200: AckSerializer, 409: None})
     def post(self, request):
         data = dict(self.validated(request))
         event_id = data.pop("event_id")
         data.pop("sent_at", None)
         data["committed_at"] = data["committed_at"] or timezone.now()
-        other = Checkpoint.objects.filter(checkpoint_id=data["checkpoint_id"]).exclude(job_id=self.instance.job_id)
-        if other.exists():
-            raise exceptions.ValidationError({"checkpoint_id": ["already used by another job"]})
-        applied = apply_once(self.instance, event_id, "checkpoint", lambda: self.record(data))
-        return ack(duplicate=not applied)
+        problems = {field: [problem] for field, problem in (
+            ("uri", checkpoint_trust.uri_problem(data["uri"], self.instance.job)),
+            ("step", checkpoint_trust.step_problem(data["step"], self.instance))) if problem}
+        if problems:
+            raise exceptions.ValidationError(problems)
+        self.new = False
+        apply_once(self.instance, event_id, "checkpoint", lambda: self.record(data))
+        return ack(duplicate=not self.new)
 
     def record(self, data: dict) -> None:
-        new = services.record_checkpoint(self.instance, **data)
-        if new is not None and self.instance.state in InstanceState.LIVE:
+        checkpoint, self.new = services.record_checkpoint(self.instance, **data)
+        if not self.new:
+            if checkpoint.job_id != self.instance.job_id:
+                raise CheckpointConflict("This checkpoint_id is already used by another job.")
+            differ = [f for f in RESEND_SAME if getattr(checkpoint, f) != data[f]]
+            if differ:
+                raise CheckpointConflict(f"This checkpoint_id is already recorded with another {', '.join(differ)}: "
+                                         "a checkpoint's report is resent unchanged.")
+        elif self.instance.state in InstanceState.LIVE:
             refresh_interval(self.instance)  # the measured checkpoint cost just changed
 
 
+RESEND_SAME = ("step", "uri", "bytes", "manifest_digest")  # what a resent checkpoint report repeats
+
+
 class ValidationView(AgentView):
+    """A verdict on a checkpoint of this instance's job. An ended instance's token judges
+    only what it made or resumed from: the live instances' checkpoints are not its own."""
+
     body_serializer = ValidationReportSerializer
+    open_after_end = True
 
     @extend_schema(request=ValidationReportSerializer, responses=AckSerializer)
     def post(self, request, checkpoint_id):
         data = self.validated(request)
-        checkpoint = Checkpoint.objects.filter(checkpoint_id=checkpoint_id, job_id=self.instance.job_id).first()
+        checkpoints = Checkpoint.objects.filter(checkpoint_id=checkpoint_id, job_id=self.instance.job_id)
+        if self.instance.state == InstanceState.ENDED:
+            checkpoints = checkpoints.filter(Q(instance=self.instance) | Q(pk=self.instance.resume_checkpoint_id))
+        checkpoint = checkpoints.first()
         if checkpoint is None:
             raise exceptions.NotFound("No checkpoint of this job has that checkpoint_id.")
         applied = apply_once(self.instance, data["event_id"], "validation", lambda: services.record_validation(
@@ -317,6 +371,7 @@ class ValidationView(AgentView):
 
 class LogsView(AgentView):
     body_serializer = LogBatchSerializer
+    open_after_end = True
 
     @extend_schema(request=LogBatchSerializer, responses=AckSerializer)
     def post(self, request):
@@ -333,6 +388,7 @@ class LogsView(AgentView):
 
 class ExitView(AgentView):
     body_serializer = ExitSerializer
+    open_after_end = True
 
     @extend_schema(request=ExitSerializer, responses=AckSerializer)
     def post(self, request):
@@ -376,11 +432,20 @@ class PrepareView(AgentView):
         return ack(duplicate=not applied)
 
 
+class RegisterFailed(exceptions.APIException):
+    """A 5xx: the agent retries a register the server could not answer."""
+
+
 class RegisterView(APIView):
     """Exchange the single-use bootstrap token for the agent token and the job spec.
 
     A resend of the same register call (same event_id) after a network fault gets
-    a fresh agent token; any other second use of the bootstrap token is refused."""
+    a fresh agent token; any other second use of the bootstrap token is refused.
+
+    A register this server fails to answer (a job spec it cannot build) changes
+    nothing but a count: the agent retries, and after a bounded number of such
+    failures the job fails with cause `setup` (services.register_failed) instead
+    of its VMs timing out unregistered and being relaunched forever."""
 
     authentication_classes = []
     permission_classes = [permissions.AllowAny]
@@ -393,30 +458,40 @@ class RegisterView(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         token, digest = new_token(AGENT_PREFIX)
-        with transaction.atomic():
-            instance = (
-                Instance.objects.select_for_update()
-                .filter(bootstrap_token_hash=hash_token(data["bootstrap_token"]))
-                .first()
-            )
-            if instance is None or instance.state not in (InstanceState.REQUESTED, InstanceState.BOOTING, InstanceState.RUNNING):
-                raise Unauthorized("Invalid or expired bootstrap token.")
-            first_use = instance.register_event_id is None
-            if not first_use and instance.register_event_id != data["event_id"]:
-                raise Unauthorized("Bootstrap token already used.")
-            Instance.objects.filter(pk=instance.pk).update(agent_token_hash=digest, register_event_id=data["event_id"])
-            if first_use:
-                services.register_instance(instance, hostname=data["hostname"], agent_version=data["agent_version"],
-                                           provider_instance_id=data["provider_instance_id"])
-                refresh_interval(instance)
-            instance.refresh_from_db()
-        answer = protocol.RegisterAnswer(agent_token=token, job=job_spec(instance))
+        found = None
+        try:
+            with transaction.atomic():
+                instance = found = (
+                    Instance.objects.select_for_update()
+                    .filter(bootstrap_token_hash=hash_token(data["bootstrap_token"]))
+                    .first()
+                )
+                if instance is None or instance.state not in (InstanceState.REQUESTED, InstanceState.BOOTING,
+                                                              InstanceState.RUNNING):
+                    raise Unauthorized("Invalid or expired bootstrap token.")
+                first_use = instance.register_event_id is None
+                if not first_use and instance.register_event_id != data["event_id"]:
+                    raise Unauthorized("Bootstrap token already used.")
+                Instance.objects.filter(pk=instance.pk).update(agent_token_hash=digest,
+                                                               register_event_id=data["event_id"])
+                if first_use:
+                    services.register_instance(instance, hostname=data["hostname"],
+                                               agent_version=data["agent_version"],
+                                               provider_instance_id=data["provider_instance_id"])
+                    refresh_interval(instance)
+                instance.refresh_from_db()
+                answer = protocol.RegisterAnswer(agent_token=token, job=job_spec(instance))
+        except exceptions.APIException:
+            raise
+        except Exception as exc:
+            if found is None:
+                raise
+            log.exception("could not answer the register of instance %s", found.pk)
+            failures = services.register_failed(found.pk, f"{type(exc).__name__}: {exc}")
+            raise RegisterFailed(f"The control plane could not answer this register ({type(exc).__name__}): "
+                                 f"failure {failures} of the {services.REGISTER_MAX_FAILURES} after which the job "
+                                 "fails.")
         return Response(protocol.to_dict(answer))
-
-
-def job_storage_uri(job: Job) -> str:
-    """Each job checkpoints under its own prefix of the storage root (DESIGN §6)."""
-    return f"{job.checkpoint_uri.rstrip('/')}/job-{job.pk}"
 
 
 def job_spec(instance: Instance) -> protocol.JobSpec:
@@ -429,7 +504,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         command=job.post_command if post else job.command,
         working_dir=job.working_dir,
         env=job.env,
-        checkpoint_uri=job_storage_uri(job),
+        checkpoint_uri=checkpoint_trust.job_storage_uri(job),
         resume_from=resume.uri if resume else None,
         resume_step=resume.step if resume else None,
         total_steps=job.total_steps,

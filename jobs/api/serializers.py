@@ -127,6 +127,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "priority": {"min_value": -100, "max_value": 100},
             "total_steps": {"min_value": 1},
             "checkpoint_interval_s": {"min_value": 1},
+            "checkpoint_every_steps": {"min_value": 1},  # 0 means nothing: the interval policy refuses it at register
             "max_price_per_hour": {"min_value": 0},
             "validation_tolerance": {"min_value": 0},
             "env": {"help_text": "Environment of the job's process, names to values. To a viewer of the team who "
@@ -324,6 +325,7 @@ class InterruptionRateSerializer(serializers.Serializer):
     per_hour_high = serializers.FloatField(help_text="Upper end of the rate's 90 % credible interval, per hour.")
     mtbi_hours = serializers.FloatField(allow_null=True)
     usable_notice_fraction = serializers.FloatField()
-    events = serializers.IntegerField(help_text="Interruptions observed in the window.")
-    exposure_hours = serializers.FloatField(help_text="Instance-hours observed in the window.")
+    events = serializers.IntegerField(help_text="Interruptions of your teams' instances counted in the window "
+                                                "(the estimate pools every team's).")
+    exposure_hours = serializers.FloatField(help_text="Your teams' instance-hours in the window.")
     prior_per_hour = serializers.FloatField()

@@ -173,8 +173,12 @@ class TokenView(APIView):
 
 class InterruptionRateView(APIView):
     """Estimated interruption rates per placement (survival estimate with a prior from
-    published frequency buckets), as placement and the checkpoint interval use them."""
+    published frequency buckets), as placement and the checkpoint interval use them:
+    for people in a team, with their teams' own evidence (jobs.fleet.placement.interruption_rates)."""
 
     @extend_schema(responses=s.InterruptionRateSerializer(many=True))
     def get(self, request):
-        return Response(s.InterruptionRateSerializer(interruption_rates(), many=True).data)
+        teams = visible_team_ids(request.user)
+        if not teams:
+            raise PermissionDenied("Interruption rates are for members of a team.")
+        return Response(s.InterruptionRateSerializer(interruption_rates(teams), many=True).data)

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
@@ -116,7 +116,11 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         heartbeat_deadline=now + heartbeat_timeout(),
         resume_checkpoint=resume,
         last_step=resume.step if resume else 0,  # where its trainer starts, until it reports
-        **({"provider_instance_id": provider_instance_id[:200]} if provider_instance_id else {}),
+        # The VM's id as the cloud gave it at launch wins over the agent's word (it decides
+        # which VM the control plane asks about and terminates); the agent's is taken only
+        # when it registered before its launch was recorded.
+        **({"provider_instance_id": provider_instance_id[:200]}
+           if provider_instance_id and not instance.provider_instance_id else {}),
     )
     if instance.rank == 0 and instance.world_size > 1 and not instance.rendezvous_addr:
         Instance.objects.filter(job_id=instance.job_id, state__in=InstanceState.LIVE, rendezvous_addr="").update(
@@ -128,9 +132,47 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="every node registered")
 
 
+# Registers of a job's VMs the server may fail to answer before the job fails (cause
+# `setup`): enough to ride out a blip, few enough that no VM is relaunched for long.
+REGISTER_MAX_FAILURES = 5
+
+
+@transaction.atomic
+def register_failed(instance_id: int, error: str) -> int:
+    """The server could not answer a register of this instance (a job spec it cannot
+    build, say). Counted, and said on the job's page; once the job's VMs that never
+    registered have failed REGISTER_MAX_FAILURES registers between them, the job fails.
+    Returns that count."""
+    Instance.objects.filter(pk=instance_id).update(register_failures=F("register_failures") + 1)
+    instance = Instance.objects.get(pk=instance_id)
+    failures = Instance.objects.filter(job_id=instance.job_id, registered_at__isnull=True).aggregate(
+        n=Sum("register_failures"))["n"]
+    log_job_event(instance.job_id, f"the control plane failed to answer the register of instance {instance.pk} "
+                                   f"({failures} of {REGISTER_MAX_FAILURES} failures allowed): {error}")
+    if failures >= REGISTER_MAX_FAILURES:
+        give_up_registering(instance, f"the control plane failed {failures} registers of this job's VMs; "
+                                      f"the last: {error}")
+    return failures
+
+
+def give_up_registering(instance: Instance, why: str) -> None:
+    """The job's VMs cannot be given their spec: the job fails with cause `setup` and its
+    VMs are terminated (a relaunch would fail the same way, billed on a cloud)."""
+    if not end_instance(instance, EndReason.FAILED, message=why[:500]):
+        return
+    for pk in Instance.objects.filter(job_id=instance.job_id).filter(
+            Q(state__in=InstanceState.LIVE) | Q(pk=instance.pk)).values_list("pk", flat=True):
+        enqueue_terminate(pk)
+    after_instance_ended(instance.job_id, EndReason.FAILED, failure_signature=why, setup_failure=True,
+                         instance_id=instance.pk)
+
+
 def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw: str) -> InterruptionEvent | None:
     """None for an instance that has already ended: the control plane terminated or fenced
-    it, so the SIGTERM its agent reports as a notice is that shutdown, no interruption."""
+    it, so the SIGTERM its agent reports as a notice is that shutdown, no interruption.
+    Its state is read under lock: an instance fenced since its token was checked must not
+    ask its replacement to stop."""
+    instance = Instance.objects.select_for_update(of=("self",)).select_related("job").get(pk=instance.pk)
     if instance.state == InstanceState.ENDED:
         return None
     event = InterruptionEvent.objects.create(
@@ -164,31 +206,35 @@ def unvalidated_reason(job: Job) -> str:
     return ""
 
 
-def record_checkpoint(instance: Instance, **fields) -> Checkpoint | None:
-    """The new checkpoint, or None when it was recorded already. A new one changes the
-    job's measured checkpoint cost: its caller refreshes the instance's interval."""
+def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
+    """The checkpoint with this report's `checkpoint_id`, and whether it is new (else it
+    was recorded before, maybe with other fields: the caller judges a resend). A new one
+    changes the job's measured checkpoint cost: its caller refreshes the instance's interval."""
     # Recorded `skipped` at once when nothing will ever validate it, rather than `pending` forever.
     skipped = unvalidated_reason(instance.job)
     verdict = {"validation": ValidationResult.SKIPPED, "validation_message": skipped} if skipped else {}
+    checkpoint_id = fields.pop("checkpoint_id")
     checkpoint, created = Checkpoint.objects.get_or_create(
-        checkpoint_id=fields.pop("checkpoint_id"),
-        defaults={"job_id": instance.job_id, "instance": instance, **verdict, **fields},
-    )
+        checkpoint_id=checkpoint_id, defaults={"job_id": instance.job_id, "instance": instance, **verdict, **fields})
     if not created:
-        return None
+        return checkpoint, False
     job = Job.objects.select_for_update(of=("self",)).select_related("newest_checkpoint").get(pk=instance.job_id)
     if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
         Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
     if checkpoint.kind == CheckpointKind.NOTICE:
-        # In a gang, rank 0 commits the notice save of whichever node got the notice.
-        notice = InterruptionEvent.objects.filter(instance__job_id=instance.job_id, kind=InterruptionKind.NOTICE,
-                                                  checkpoint_saved__isnull=True).last()
+        # In a gang, rank 0 commits the notice save of whichever node got the notice; an
+        # ended instance's save answers only notices of instances that have ended too.
+        notices = InterruptionEvent.objects.filter(instance__job_id=instance.job_id, kind=InterruptionKind.NOTICE,
+                                                   checkpoint_saved__isnull=True)
+        if instance.state == InstanceState.ENDED:
+            notices = notices.filter(instance__state=InstanceState.ENDED)
+        notice = notices.last()
         if notice is not None:
             notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
             notice.save(update_fields=["checkpoint_saved"])
     if instance.requested_action == Action.CHECKPOINT:
         Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
-    return checkpoint
+    return checkpoint, True
 
 
 def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str) -> None:
@@ -234,8 +280,9 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
         end_reason = EndReason.CANCELLED if instance.job.status == JobStatus.CANCELLING else EndReason.FENCED
     else:
         end_reason = EXIT_END_REASON[reason]
-    if final_step is not None:
-        Instance.objects.filter(pk=instance.pk, last_step__lt=final_step).update(last_step=final_step)
+    if final_step is not None:  # an ended instance's progress is over: a late exit report cannot add to it
+        Instance.objects.filter(pk=instance.pk, state__in=InstanceState.LIVE, last_step__lt=final_step).update(
+            last_step=final_step)
     if not end_instance(instance, end_reason, message=f"agent exit: {reason} (code {exit_code})"):
         # The instance had already ended (lost, fenced) when this report arrived: its
         # job has moved on, maybe to a new gang, which an old report must not stop,

@@ -128,7 +128,7 @@ def _heartbeat_sql() -> str:
             INSERT INTO {event} (event_id, instance_id, kind, received_at)
             SELECT %(event_id)s::uuid, {lookup.column["id"]}, 'heartbeat', %(now)s::timestamptz
             FROM agent WHERE {lookup.column["state"]} IN ({live})
-            ON CONFLICT (event_id) DO NOTHING
+            ON CONFLICT (instance_id, event_id) DO NOTHING
             RETURNING instance_id
         ), beat AS (
             UPDATE {instance}

@@ -17,14 +17,14 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from agents.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
-from jobs.core.services import (after_instance_ended, enqueue_terminate, judge_failure, mark_lost, nudge_schedule,
-                                request_action)
+from jobs.core.services import (after_instance_ended, enqueue_terminate, give_up_registering, judge_failure, mark_lost,
+                                nudge_schedule, request_action)
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.fleet import placement as placements
 from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
@@ -338,6 +338,7 @@ def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None
     (a stopped disk) bills no more either."""
     with transaction.atomic():
         if end_instance(instance, EndReason.PREEMPTED, message=message):
+            Instance.objects.filter(pk=instance.pk).update(preemption_confirmed=True)  # the cloud's own word
             if deleted:
                 Instance.objects.filter(pk=instance.pk).exclude(stopped_disk_sku="").update(
                     storage_released_at=F("ended_at"))
@@ -350,15 +351,50 @@ def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None
                 request_action(instance.job_id, Action.STOP)
 
 
+def confirm_claimed_preemptions() -> int:
+    """Put an agent's `preempted` exit to the cloud before it feeds the interruption
+    rates every team's placement uses (jobs.fleet.placement.SEEN_INTERRUPTED): any VM
+    can say it was preempted. Its VM gone or stopped confirms it; still running once
+    CLAIM_WAIT has passed since the exit (the cloud takes a spot VM within minutes of
+    its notice: AWS 2, GCP 0.5, Azure at NotBefore), it was not the cloud's doing.
+    Until then neither this module nor anything else terminates that VM, so that its
+    absence is the cloud's word, not ours. Returns how many claims were judged."""
+    now = timezone.now()
+    claimed = (Instance.objects.filter(end_reason=EndReason.PREEMPTED, preemption_confirmed__isnull=True)
+               .order_by("ended_at")[: settings.RESPAWN["RECONCILE_BATCH"]])
+    judged = 0
+    for instance in claimed:
+        confirmed = False
+        if instance.provider_instance_id:
+            state = provider_for(instance.provider, instance.region).describe(instance.provider_instance_id).state
+            confirmed = state in (CloudState.GONE, CloudState.STOPPED)
+            if not confirmed and instance.ended_at and now - instance.ended_at < CLAIM_WAIT:
+                continue
+        Instance.objects.filter(pk=instance.pk).update(preemption_confirmed=confirmed)
+        if not confirmed:
+            log_job_event(instance.job_id, f"instance {instance.pk} said it was preempted, but the cloud still ran "
+                                           "it: not counted in the interruption rates")
+        judged += 1
+    return judged
+
+
+# How long after an agent's `preempted` exit the cloud has to take the VM back.
+CLAIM_WAIT = timedelta(minutes=5)
+AWAITING_THE_CLOUD = Q(end_reason=EndReason.PREEMPTED, preemption_confirmed__isnull=True)
+
+
 def release_stopped_disks() -> int:
     """Delete the VMs that an eviction stopped rather than deleted (their disk bills by
     the month until then) and record when each was seen gone: the ledger bills the disk
     up to that moment. A VM still there is deleted now (not waited for) and looked at
     again next period, so its release is recorded at most one period after Azure
     finished the delete: the figure errs towards what the cloud charges, never below.
+    An eviction only its agent reported is put to the cloud first (a VM deleted here
+    could not tell), and waited for while the cloud has not answered it.
     Returns how many releases were recorded."""
+    confirm_claimed_preemptions()
     pending = (Instance.objects.filter(Instance.DISK_KEPT, storage_released_at__isnull=True)
-               .order_by("ended_at")[: settings.RESPAWN["RECONCILE_BATCH"]])
+               .exclude(AWAITING_THE_CLOUD).order_by("ended_at")[: settings.RESPAWN["RECONCILE_BATCH"]])
     released = 0
     for instance in pending:
         if instance.provider_instance_id:
@@ -394,8 +430,10 @@ def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_i
 
 
 def reap_orphans() -> int:
-    """Terminate VMs carrying our tags that the database does not know as live."""
-    live = set(Instance.objects.filter(state__in=InstanceState.LIVE).values_list("pk", flat=True))
+    """Terminate VMs carrying our tags that the database does not know as live, except
+    those whose claimed preemption waits for the cloud's word (confirm_claimed_preemptions)."""
+    live = set(Instance.objects.filter(Q(state__in=InstanceState.LIVE) | AWAITING_THE_CLOUD)
+               .values_list("pk", flat=True))
     reaped = 0
     for name in settings.RESPAWN["PROVIDERS"]:
         for region in _regions_in_use(name):
@@ -429,7 +467,9 @@ def resend_lost_launches() -> int:
 
 def retry_stuck_provisioning() -> int:
     """Instances that never registered within the provisioning timeout are fenced
-    and their job re-placed."""
+    and their job re-placed. One whose agent did reach us, but whose registers the
+    server failed to answer until it gave up, says nothing about capacity: its job
+    fails with cause `setup`, as it would have at the next failure."""
     cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN["PROVISION_TIMEOUT_S"])
     stuck = Instance.objects.filter(state__in=(InstanceState.REQUESTED, InstanceState.BOOTING), requested_at__lt=cutoff)
     count = 0
@@ -437,7 +477,10 @@ def retry_stuck_provisioning() -> int:
         if instance.provider_instance_id:
             provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
         with transaction.atomic():
-            if end_instance(instance, EndReason.CAPACITY_ERROR, message="never registered: provisioning timed out"):
+            if instance.register_failures:
+                give_up_registering(instance, f"never registered: the control plane failed to answer its "
+                                              f"{instance.register_failures} register(s) until its agent gave up")
+            elif end_instance(instance, EndReason.CAPACITY_ERROR, message="never registered: provisioning timed out"):
                 after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR)
                 count += 1
     if count:

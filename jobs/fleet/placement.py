@@ -35,6 +35,11 @@ DEFAULT_CHECKPOINT_COST_S = 10.0
 DEFAULT_RESTART_S = 360.0  # boot + restore before anything is measured ("Can't Be Late" uses 6 min)
 DEFAULT_WORK_S = 3600.0
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
+# What the estimates every team's placement shares learn from: what the control plane saw
+# (a VM silent past its deadline), or a preemption the cloud confirmed. An agent's word
+# that it was preempted alone moves only its own job's next placement (_just_preempted):
+# any VM can say it (jobs.fleet.orchestration.confirm_claimed_preemptions).
+SEEN_INTERRUPTED = Q(end_reason=EndReason.LOST) | Q(end_reason=EndReason.PREEMPTED, preemption_confirmed=True)
 
 
 @dataclass(frozen=True)
@@ -77,17 +82,21 @@ def _key(obj) -> tuple[str, str, str, str, str]:
     return (obj.provider, obj.region, obj.zone, obj.instance_type, obj.market)
 
 
-def lifetimes(now) -> dict[tuple, list[Lifetime]]:
-    """Every placement's recent instance lifetimes: exposure, and whether it ended in an
-    interruption (with a notice that got a checkpoint committed in time)."""
+def lifetimes(now, team_ids: list[int] | None = None) -> dict[tuple, list[Lifetime]]:
+    """Every placement's recent instance lifetimes (of these teams' jobs only, if given):
+    exposure, and whether it ended in an interruption seen or confirmed (SEEN_INTERRUPTED),
+    with a notice that got a checkpoint committed in time."""
     rows = Instance.objects.filter(running_at__isnull=False, running_at__gte=now - LIFETIME_WINDOW)
+    if team_ids is not None:
+        rows = rows.filter(job__team_id__in=team_ids)
     saved_in_time = set(InterruptionEvent.objects.filter(
         kind=InterruptionKind.NOTICE, checkpoint_saved=True, instance__in=rows).values_list("instance_id", flat=True))
+    seen = set(rows.filter(SEEN_INTERRUPTED).values_list("pk", flat=True))
     found = defaultdict(list)
     for instance in rows.only("pk", "provider", "region", "zone", "instance_type", "market", "running_at",
-                              "ended_at", "end_reason"):
+                              "ended_at"):
         hours = ((instance.ended_at or now) - instance.running_at).total_seconds() / 3600
-        interrupted = instance.end_reason in INTERRUPTED
+        interrupted = instance.pk in seen
         found[_key(instance)].append(Lifetime(hours=max(hours, 0.0), interrupted=interrupted,
                                               usable_notice=interrupted and instance.pk in saved_in_time))
     return found
@@ -102,7 +111,7 @@ def rate_for(key: tuple, found: dict[tuple, list[Lifetime]]) -> RateEstimate:
 def placement_events(now) -> list[PlacementEvent]:
     """Capacity errors and preemptions of the last hours, for the back-off rules."""
     recent = Instance.objects.filter(ended_at__gte=now - EVENT_WINDOW).filter(
-        Q(end_reason=EndReason.CAPACITY_ERROR) | Q(end_reason__in=INTERRUPTED))
+        Q(end_reason=EndReason.CAPACITY_ERROR) | SEEN_INTERRUPTED)
     return [PlacementEvent(key=_key(i), kind="capacity_error" if i.end_reason == EndReason.CAPACITY_ERROR
                            else "preempted", at=i.ended_at.timestamp()) for i in recent]
 
@@ -208,11 +217,17 @@ def refresh_interval(instance: Instance) -> None:
     Instance.objects.filter(pk=instance.pk).update(checkpoint_interval=instance.checkpoint_interval)
 
 
-def interruption_rates(now=None) -> list[dict]:
-    """Every spot placement in the price book or with recorded lifetimes, with its estimate."""
+def interruption_rates(team_ids: list[int], now=None) -> list[dict]:
+    """Every spot placement in the price book or used by these teams, with its estimate.
+
+    The estimate is the one placement uses for every team: pooled over every team's
+    instances (rates and their credible interval). The evidence shown with it, `events`
+    and `exposure_hours`, is these teams' own: no team reads how much another used a
+    placement, nor learns from the list that another used one the price book lacks."""
     now = now or timezone.now()
     found = lifetimes(now)
-    keys = set(found)
+    own = lifetimes(now, team_ids)
+    keys = set(own)
     for quote in PriceQuote.objects.filter(market=Market.SPOT).values_list("provider", "region", "zone",
                                                                           "instance_type", "market").distinct():
         p, r, z, t, m = quote
@@ -220,9 +235,11 @@ def interruption_rates(now=None) -> list[dict]:
     rows = []
     for key in sorted(keys):
         rate = rate_for(key, found)
+        seen = own.get(key, [])
         rows.append(dict(zip(("provider", "region", "zone", "instance_type", "market"), key),
                          per_hour=rate.per_hour, mtbi_hours=None if math.isinf(rate.mtbi_hours) else rate.mtbi_hours,
                          per_hour_low=rate.credible_per_hour[0], per_hour_high=rate.credible_per_hour[1],
-                         usable_notice_fraction=rate.usable_notice_fraction, events=rate.events,
-                         exposure_hours=rate.exposure_hours, prior_per_hour=rate.prior_per_hour))
+                         usable_notice_fraction=rate.usable_notice_fraction,
+                         events=sum(lt.interrupted for lt in seen), exposure_hours=sum(lt.hours for lt in seen),
+                         prior_per_hour=rate.prior_per_hour))
     return rows

@@ -67,7 +67,7 @@ def test_a_job_with_nothing_to_validate_with_records_its_checkpoints_as_skipped_
     job = make_job(team_setup.team, team_setup.people["member"].user, status=JobStatus.PROVISIONING)
     agent = AgentClient()
     agent.register(make_instance(job).bootstrap_token)
-    report = checkpoint_report(100, kind=protocol.CheckpointKind.FINAL)
+    report = checkpoint_report(job, 100, kind=protocol.CheckpointKind.FINAL)
     assert agent.post(protocol.PATH_CHECKPOINTS, report).status_code == 200
     checkpoint = Checkpoint.objects.get(checkpoint_id=report.checkpoint_id)
     assert checkpoint.validation == "skipped"

@@ -5,6 +5,7 @@ import uuid
 from rest_framework.test import APIClient
 
 from agents import protocol
+from jobs.api.checkpoint_trust import job_storage_uri
 
 
 class AgentClient:
@@ -31,6 +32,11 @@ class AgentClient:
         return response
 
 
-def checkpoint_report(step: int, kind: str = protocol.CheckpointKind.PERIODIC, **extra) -> protocol.CheckpointReport:
-    return protocol.CheckpointReport(checkpoint_id=str(uuid.uuid4()), step=step, uri=f"/ckpt/step-{step:08d}",
-                                     bytes=1024, manifest_digest="xxh3-128:abc", kind=kind, **extra)
+def checkpoint_report(job, step: int, kind: str = protocol.CheckpointKind.PERIODIC, **extra) -> protocol.CheckpointReport:
+    """A report of a checkpoint where the agent writes them: under the job's storage prefix."""
+    fields = {"uri": checkpoint_uri(job, step), "bytes": 1024, "manifest_digest": "xxh3-128:abc", **extra}
+    return protocol.CheckpointReport(checkpoint_id=str(uuid.uuid4()), step=step, kind=kind, **fields)
+
+
+def checkpoint_uri(job, step: int) -> str:
+    return f"{job_storage_uri(job)}/step-{step:08d}"

@@ -27,7 +27,7 @@ def agent(db):
     job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING)
     client = AgentClient()
     client.register(make_instance(job).bootstrap_token)
-    client.checkpoint = checkpoint_report(1)
+    client.checkpoint = checkpoint_report(job, 1)
     client.post("checkpoints", client.checkpoint)
     client.setup = setup
     return client

@@ -15,7 +15,7 @@ from django.utils import timezone
 from agents import protocol
 from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent
-from tests.agent_api.helpers import AgentClient, checkpoint_report
+from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 
 
@@ -66,15 +66,15 @@ def test_register_resent_after_network_fault_gets_a_fresh_token(job):
 
 
 def test_register_fixes_the_resume_checkpoint(job, agent):
-    agent.post("checkpoints", checkpoint_report(100))
-    bad = checkpoint_report(200)
+    agent.post("checkpoints", checkpoint_report(job, 100))
+    bad = checkpoint_report(job, 200)
     agent.post("checkpoints", bad)
     agent.post(f"checkpoints/{bad.checkpoint_id}/validation", protocol.ValidationReport(result="invalid"))
     agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=0))
     Job.objects.filter(pk=job.pk).update(status=JobStatus.PROVISIONING)
     replacement = AgentClient().register(make_instance(job).bootstrap_token)
     spec = replacement.json()["job"]
-    assert spec["resume_step"] == 100 and spec["resume_from"] == "/ckpt/step-00000100"
+    assert spec["resume_step"] == 100 and spec["resume_from"] == checkpoint_uri(job, 100)
 
 
 def test_heartbeat_moves_progress_and_deadline(agent):
@@ -104,7 +104,7 @@ def test_an_older_heartbeat_never_moves_an_instance_back(agent):
     assert Instance.objects.get(pk=agent.instance.pk).last_step == 50
 
 
-def test_heartbeat_costs_a_fixed_number_of_queries(agent):
+def test_heartbeat_costs_a_fixed_number_of_queries(job, agent):
     def count():
         with CaptureQueriesContext(connection) as queries:
             assert agent.post("heartbeat", protocol.Heartbeat(step=1)).status_code == 200
@@ -112,7 +112,7 @@ def test_heartbeat_costs_a_fixed_number_of_queries(agent):
 
     baseline = count()
     for step in range(5):  # history grows: checkpoints, metrics, logs
-        agent.post("checkpoints", checkpoint_report(step))
+        agent.post("checkpoints", checkpoint_report(job, step))
         agent.post("logs", protocol.LogBatch(offset=step * 10, lines=["x"] * 10))
     assert count() == baseline
     # PostgreSQL: one statement looks the token up and writes everything (jobs.fleet.heartbeats.record_heartbeat).
@@ -120,8 +120,8 @@ def test_heartbeat_costs_a_fixed_number_of_queries(agent):
     assert baseline <= (1 if connection.vendor == "postgresql" else 9)
 
 
-def test_a_resent_report_is_applied_once(agent):
-    report = checkpoint_report(10)
+def test_a_resent_report_is_applied_once(job, agent):
+    report = checkpoint_report(job, 10)
     assert agent.post("checkpoints", report).json() == {"ok": True, "duplicate": False}
     assert agent.post("checkpoints", report).json() == {"ok": True, "duplicate": True}
     logs = protocol.LogBatch(offset=0, lines=["a", "b"])
@@ -162,7 +162,7 @@ def test_notice_then_checkpoint_before_deadline_then_exit(job, agent):
                              deadline=(now + timedelta(minutes=2)).isoformat(), raw='{"action": "terminate"}')
     assert agent.post("notice", notice).status_code == 200
     assert Instance.objects.get(pk=agent.instance.pk).state == InstanceState.PREEMPTING
-    agent.post("checkpoints", checkpoint_report(77, kind="notice", committed_at=(now + timedelta(seconds=5)).isoformat()))
+    agent.post("checkpoints", checkpoint_report(job, 77, kind="notice", committed_at=(now + timedelta(seconds=5)).isoformat()))
     agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=0, final_step=77))
     event = InterruptionEvent.objects.get(instance=agent.instance)
     assert event.checkpoint_saved is True and event.source == "aws_imds"
@@ -172,16 +172,16 @@ def test_notice_then_checkpoint_before_deadline_then_exit(job, agent):
     assert job.status == JobStatus.RECOVERING and job.preemptions == 1 and job.newest_checkpoint.step == 77
 
 
-def test_notice_checkpoint_after_deadline_is_recorded_as_missed(agent):
+def test_notice_checkpoint_after_deadline_is_recorded_as_missed(job, agent):
     now = timezone.now()
     agent.post("notice", protocol.Notice(source="gcp_metadata", notice_time=now.isoformat(),
                                          deadline=(now + timedelta(seconds=30)).isoformat()))
-    agent.post("checkpoints", checkpoint_report(5, kind="notice", committed_at=(now + timedelta(seconds=31)).isoformat()))
+    agent.post("checkpoints", checkpoint_report(job, 5, kind="notice", committed_at=(now + timedelta(seconds=31)).isoformat()))
     assert InterruptionEvent.objects.get().checkpoint_saved is False
 
 
 def test_validation_marks_newest_valid(job, agent):
-    report = checkpoint_report(30)
+    report = checkpoint_report(job, 30)
     agent.post("checkpoints", report)
     response = agent.post(f"checkpoints/{report.checkpoint_id}/validation",
                           protocol.ValidationReport(result="valid", loss=1.0, reference_loss=1.0))
@@ -195,8 +195,8 @@ def test_validation_of_another_jobs_checkpoint_is_404(job, agent):
     other_job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING)
     other = AgentClient()
     other.register(make_instance(other_job).bootstrap_token)
-    report = checkpoint_report(1)
-    other.post("checkpoints", report)
+    report = checkpoint_report(other_job, 1)
+    assert other.post("checkpoints", report).status_code == 200
     response = agent.post(f"checkpoints/{report.checkpoint_id}/validation", protocol.ValidationReport(result="valid"))
     assert response.status_code == 404
 

@@ -41,7 +41,7 @@ def post_ok(agent, path, body):
 def test_a_shuffled_stream_with_resends_is_applied_once_and_progress_never_goes_back(job, agent):
     rng = random.Random(9)
     heartbeats = [protocol.Heartbeat(step=step, loss=1.0 / step) for step in range(10, 210, 10)]
-    checkpoints = [checkpoint_report(step) for step in range(50, 250, 50)]
+    checkpoints = [checkpoint_report(job, step) for step in range(50, 250, 50)]
     logs = [protocol.LogBatch(offset=i * 3, lines=[f"line {i}"] * 3) for i in range(6)]
     reports = [("heartbeat", r) for r in heartbeats] + [("checkpoints", r) for r in checkpoints] + \
               [("logs", r) for r in logs]
@@ -65,7 +65,7 @@ def test_a_shuffled_stream_with_resends_is_applied_once_and_progress_never_goes_
 
 
 def test_a_replacement_resuming_earlier_moves_the_job_back_but_a_late_heartbeat_of_its_own_does_not(job, agent):
-    post_ok(agent, "checkpoints", checkpoint_report(100))
+    post_ok(agent, "checkpoints", checkpoint_report(job, 100))
     post_ok(agent, "heartbeat", protocol.Heartbeat(step=140))
     post_ok(agent, "exit", protocol.ExitReport(reason="preempted", exit_code=0, final_step=140))
     Job.objects.filter(pk=job.pk).update(status=JobStatus.PROVISIONING)
@@ -80,7 +80,7 @@ def test_a_replacement_resuming_earlier_moves_the_job_back_but_a_late_heartbeat_
 
 
 def test_reports_delayed_past_the_instance_end_are_kept_but_do_not_revive_it(job, agent):
-    late_checkpoint = checkpoint_report(300, kind=protocol.CheckpointKind.FINAL)
+    late_checkpoint = checkpoint_report(job, 300, kind=protocol.CheckpointKind.FINAL)
     late_logs = protocol.LogBatch(offset=0, lines=["the last words"])
     post_ok(agent, "exit", protocol.ExitReport(reason="preempted", exit_code=0, final_step=300))
     post_ok(agent, "checkpoints", late_checkpoint)
@@ -112,7 +112,7 @@ def test_an_agent_clock_hours_off_is_judged_on_the_control_plane_clock(job, agen
     notice = protocol.Notice(source="aws_imds", notice_time=agent_now.isoformat(),
                              deadline=(agent_now + timedelta(minutes=2)).isoformat(), sent_at=agent_now.isoformat())
     post_ok(agent, "notice", notice)
-    post_ok(agent, "checkpoints", checkpoint_report(20, kind=protocol.CheckpointKind.NOTICE,
+    post_ok(agent, "checkpoints", checkpoint_report(job, 20, kind=protocol.CheckpointKind.NOTICE,
                                                     committed_at=(agent_now + timedelta(seconds=10)).isoformat(),
                                                     sent_at=agent_now.isoformat()))
     assert InterruptionEvent.objects.get(instance=instance, kind="notice").checkpoint_saved is True

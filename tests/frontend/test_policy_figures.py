@@ -40,7 +40,8 @@ def test_three_preemptions_in_two_minutes_show_as_three_and_set_the_interval(db)
         InterruptionEvent.objects.create(instance=vm, kind="notice", source="local", checkpoint_saved=True)
         vm.refresh_from_db()
         end_instance(vm, EndReason.PREEMPTED)
-        Instance.objects.filter(pk=vm.pk).update(ended_at=start + timedelta(seconds=40 * (n + 1)))
+        Instance.objects.filter(pk=vm.pk).update(ended_at=start + timedelta(seconds=40 * (n + 1)),
+                                                 preemption_confirmed=True)  # the cloud said so
     browser = Client()
     browser.force_login(setup.people["viewer"].user)
     page = browser.get(f"/teams/{setup.team.pk}/").content.decode()

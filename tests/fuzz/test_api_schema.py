@@ -24,6 +24,7 @@ from schemathesis.specs.openapi.checks import (
 from jobs.core.choices import InstanceState
 from jobs.models import Checkpoint, PriceQuote
 from jobs.people.team_admin import issue_token
+from tests.agent_api.helpers import checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
@@ -44,7 +45,7 @@ def world(transactional_db, web_server):
     api = web_server.url + "/api/agent/v1/"
     checkpoint_id = str(uuid.uuid4())
     for call, body in (
-        ("checkpoints", {"checkpoint_id": checkpoint_id, "step": 10, "uri": "/tmp/ckpt/step-10", "bytes": 1,
+        ("checkpoints", {"checkpoint_id": checkpoint_id, "step": 10, "uri": checkpoint_uri(job, 10), "bytes": 1,
                          "manifest_digest": "xxh3:00"}),
         ("notice", {"source": "aws_imds", "notice_time": "2026-11-29T22:00:00Z", "raw": "{}"}),
     ):

@@ -88,6 +88,7 @@ def test_interruption_rates_are_in_the_api(setup):
     Instance.objects.filter(pk=done.pk).update(running_at=timezone.now() - timedelta(hours=2))
     done.refresh_from_db()
     end_instance(done, EndReason.PREEMPTED)
+    Instance.objects.filter(pk=done.pk).update(preemption_confirmed=True)  # the cloud said so
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {setup.people['viewer'].token}")
     rows = client.get("/api/v1/interruption-rates/").json()

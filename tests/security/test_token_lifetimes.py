@@ -48,29 +48,36 @@ def test_a_bootstrap_token_of_an_ended_instance_registers_nothing(team_setup):
     assert not Instance.objects.get(pk=setup.instance.pk).agent_token_hash
 
 
-def every_agent_report(checkpoint_id: str):
+def every_agent_report(job, checkpoint_id: str):
     return [
         (protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=5)),
         ("notice", {"event_id": str(uuid.uuid4()), "source": "aws_imds", "notice_time": "2026-11-29T22:00:00Z"}),
-        ("checkpoints", checkpoint_report(5)),
+        ("prepare", {"event_id": str(uuid.uuid4()), "outcome": "failed", "message": "late"}),
+        ("checkpoints", checkpoint_report(job, 5)),
         (f"checkpoints/{checkpoint_id}/validation", {"event_id": str(uuid.uuid4()), "result": "valid"}),
         ("logs", protocol.LogBatch(offset=0, lines=["late"])),
         ("exit", {"event_id": str(uuid.uuid4()), "reason": "preempted"}),
     ]
 
 
-@pytest.mark.parametrize("ended_ago_s, answer", [(590, 200), (610, 401)])
-def test_an_ended_instances_token_works_within_the_grace_window_and_nowhere_after(team_setup, settings,
-                                                                                  ended_ago_s, answer):
+# Within the grace window an ended instance delivers what it did; what would steer its
+# job (a notice, a prepare report) is refused (DESIGN §5), and its heartbeats are answered `stop`.
+WITHIN_GRACE = {protocol.PATH_HEARTBEAT: 200, "notice": 401, "prepare": 401, "checkpoints": 200, "validation": 200,
+                "logs": 200, "exit": 200}
+
+
+@pytest.mark.parametrize("ended_ago_s", [590, 610])
+def test_an_ended_instances_token_works_within_the_grace_window_and_nowhere_after(team_setup, settings, ended_ago_s):
     settings.RESPAWN = {**settings.RESPAWN, "FENCE_GRACE_S": 600.0}
     job = make_job(team_setup.team, team_setup.people["admin"].user)
     setup = make_instance(job, state=InstanceState.RUNNING, registered=True)
     agent = AgentClient(setup.agent_token)
-    report = checkpoint_report(3)
+    report = checkpoint_report(job, 3)
     assert agent.post("checkpoints", report).status_code == 200
     Instance.objects.filter(pk=setup.instance.pk).update(
         state=InstanceState.ENDED, end_reason=EndReason.FENCED, ended_at=timezone.now() - timedelta(seconds=ended_ago_s))
-    codes = {path: agent.post(path, body).status_code for path, body in every_agent_report(report.checkpoint_id)}
-    assert codes == {path: answer for path in codes}
-    if answer == 401:
+    codes = {path.split("/")[-1]: agent.post(path, body).status_code
+             for path, body in every_agent_report(job, report.checkpoint_id)}
+    assert codes == (WITHIN_GRACE if ended_ago_s < 600 else {path: 401 for path in WITHIN_GRACE})
+    if ended_ago_s > 600:
         assert "revoked" in agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=6)).json()["detail"]
