@@ -187,8 +187,8 @@ REST_FRAMEWORK = {
     "NUM_PROXIES": int(os.environ.get("RESPAWN_NUM_PROXIES", 0)),
 }
 
-# Rate limits count in the cache. Local memory is per process: with several gunicorn
-# workers, point RESPAWN_CACHE_URL at Redis so a limit holds across all of them.
+# The workers' task-failure counts for /metrics. Local memory is per process: point
+# RESPAWN_CACHE_URL at Redis for /metrics to see them. (Rate limits count in the database.)
 CACHE_URL = os.environ.get("RESPAWN_CACHE_URL", "")
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL,

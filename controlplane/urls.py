@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 from jobs.api.metrics import metrics_view
 from jobs.api.urls import agent_urlpatterns, people_urlpatterns
+from jobs.people.ratelimit import login_rate_limited
 
 
 @never_cache
@@ -26,6 +27,8 @@ handler404 = not_found
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
+    # Ahead of the admin's own URLs: its sign-in counts against the one login limit.
+    path("admin/login/", login_rate_limited(admin.site.login)),
     path("admin/", admin.site.urls),
     path("api/v1/", include(people_urlpatterns)),
     path("api/agent/v1/", include(agent_urlpatterns)),

@@ -39,9 +39,9 @@ class LimitsForm(DashboardForm):
     def of(cls, team) -> LimitsForm:
         return cls(initial={name: getattr(team, name) for name in cls.base_fields})
 
-    def serializer(self, team) -> TeamLimitsSerializer:
+    def serializer(self, team, by) -> TeamLimitsSerializer:
         # An empty field arrives as None, which lifts that limit.
-        return TeamLimitsSerializer(team, data=self.cleaned_data, partial=True)
+        return TeamLimitsSerializer(team, data=self.cleaned_data, partial=True, context={"by": by})
 
 
 class NewTokenForm(DashboardForm):

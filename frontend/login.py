@@ -1,19 +1,9 @@
-"""Dashboard sign-in, rate limited like the API's login: password guesses through
-the page count against the same per-address limit (scope "login")."""
+"""Dashboard sign-in, rate limited like the API's login and the Django admin's:
+password guesses through any of them count against one per-address limit
+(jobs.people.ratelimit)."""
 
 from django.contrib.auth.views import LoginView
-from django.http import HttpResponse
-from rest_framework.throttling import ScopedRateThrottle
 
+from jobs.people.ratelimit import login_rate_limited
 
-class RateLimitedLoginView(LoginView):
-    template_name = "frontend/login.html"
-    throttle_scope = "login"
-
-    def post(self, request, *args, **kwargs):
-        throttle = ScopedRateThrottle()
-        if not throttle.allow_request(request, self):
-            wait = throttle.wait()
-            return HttpResponse(f"Too many sign-in attempts from this address; try again in {wait:.0f} s.",
-                                status=429, content_type="text/plain", headers={"Retry-After": f"{wait:.0f}"})
-        return super().post(request, *args, **kwargs)
+login_view = login_rate_limited(LoginView.as_view(template_name="frontend/login.html"))

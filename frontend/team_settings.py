@@ -1,5 +1,5 @@
 """The team settings page: anyone in the team reads members and limits; admins
-("team.manage") add, re-role and remove members and change limits, and see the
+("team.manage") invite (staff: add), re-role and remove members and change limits, and see the
 team's recent audit events ("audit.view"). Every change goes through
 `jobs.people.team_admin`, which writes its audit row, exactly as the API does."""
 
@@ -16,7 +16,7 @@ from frontend import access
 from frontend.admin_forms import AddMemberForm, LimitsForm, RoleForm
 from frontend.views import page
 from jobs.core.choices import Role
-from jobs.models import AuditEvent, Membership
+from jobs.models import AuditEvent, Invitation, Membership
 from jobs.people.permissions import can
 from jobs.people.team_admin import LastAdminError, add_member, change_limits, change_role, remove_member
 
@@ -44,6 +44,7 @@ def _settings_page(request, team, *, http_status=200, add_form=None, limits_form
                 role=access.role_in(user, team.pk), roles=Role.ALL,
                 members=Membership.objects.filter(team=team).select_related("user").order_by("user__username"),
                 may_manage=can(user, "team.manage", team.pk),
+                invitations=Invitation.objects.filter(team=team).select_related("user").order_by("user__username"),
                 events=_audit_rows(team) if can(user, "audit.view", team.pk) else None,
                 add_form=add_form or AddMemberForm(), limits_form=limits_form or LimitsForm.of(team), problem=problem)
 
@@ -80,8 +81,10 @@ def member_add(request, team):
         body = form.serializer(team)
         if body.is_valid():
             user, role = body.validated_data["username"], body.validated_data["role"]
-            add_member(team, user, role, by=request.user)
-            messages.success(request, f"{user.get_username()} added as {role}.")
+            if isinstance(add_member(team, user, role, by=request.user), Invitation):
+                messages.success(request, f"{user.get_username()} invited as {role}; they join once they accept.")
+            else:
+                messages.success(request, f"{user.get_username()} added as {role}.")
             return _back(team)
         form.take_errors(body)
     return _settings_page(request, team, http_status=400, add_form=form)
@@ -116,7 +119,7 @@ def member_remove(request, team, member_pk: int):
 def limits_change(request, team):
     form = LimitsForm(request.POST)
     if form.is_valid():
-        body = form.serializer(team)
+        body = form.serializer(team, request.user)
         if body.is_valid():
             change_limits(team, by=request.user, **body.validated_data)
             messages.success(request, "Limits saved.")

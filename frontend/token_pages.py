@@ -9,11 +9,11 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
-from rest_framework.throttling import ScopedRateThrottle
 
 from frontend.admin_forms import NewTokenForm
 from frontend.views import page
 from jobs.models import ApiToken
+from jobs.people.ratelimit import SharedRateThrottle
 from jobs.people.team_admin import issue_token, revoke_token
 
 
@@ -38,7 +38,7 @@ def tokens_page(request):
 @require_POST
 @login_required
 def token_create(request):
-    throttle = ScopedRateThrottle()
+    throttle = SharedRateThrottle()
     if not throttle.allow_request(request, _Minting):
         return page(request, "frontend/error.html", http_status=429,
                     message=f"Too many tokens created; try again in {throttle.wait():.0f} s.")

@@ -1,11 +1,11 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import team_settings, token_pages, views
-from frontend.login import RateLimitedLoginView
+from frontend import invitations, team_settings, token_pages, views
+from frontend.login import login_view
 
 urlpatterns = [
-    path("login/", RateLimitedLoginView.as_view(), name="login"),
+    path("login/", login_view, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
     path("jobs.json", views.jobs_json, name="jobs-json"),
@@ -23,6 +23,9 @@ urlpatterns = [
          name="team-member-remove"),
     path("teams/<int:pk>/settings/limits/", team_settings.limits_change, name="team-limits"),
     path("prices/", views.prices, name="prices"),
+    path("invitations/", invitations.invitations_page, name="invitations"),
+    path("invitations/<int:invitation_pk>/accept/", invitations.invitation_accept, name="invitation-accept"),
+    path("invitations/<int:invitation_pk>/decline/", invitations.invitation_decline, name="invitation-decline"),
     path("tokens/", token_pages.tokens_page, name="tokens"),
     path("tokens/new/", token_pages.token_create, name="token-create"),
     path("tokens/<int:token_pk>/revoke/", token_pages.token_revoke, name="token-revoke"),

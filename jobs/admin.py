@@ -26,6 +26,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 for model in (
     models.Team,
     models.Membership,
+    models.Invitation,
     models.JobEvent,
     models.InstanceEvent,
     models.InterruptionEvent,

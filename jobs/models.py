@@ -32,6 +32,13 @@ class Team(models.Model):
     name = models.CharField(max_length=100, unique=True)
     monthly_budget_usd = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
     max_concurrent_gpus = models.PositiveIntegerField(null=True, blank=True)
+    # Set by deployment staff (Django admin); team admins set the limits above within them.
+    budget_ceiling_usd = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True,
+        help_text="The highest monthly budget the team's admins may set; empty: they may only lower it.")
+    gpu_ceiling = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The most concurrent GPUs the team's admins may allow; empty: they may only lower the limit.")
     budget_warning = models.CharField(
         max_length=300, blank=True, help_text="Set by the reconciler while the month's projected spend exceeds the budget."
     )
@@ -443,3 +450,34 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.actor_username} {self.action} {self.target}"
+
+
+class RateLimitBucket(models.Model):
+    """Recent attempts of one client at one rate-limited thing (jobs.people.ratelimit),
+    in the database so that every worker process counts against the same limit."""
+
+    scope = models.CharField(max_length=30)
+    ident = models.CharField(max_length=200, help_text="Client address, or person, the limit counts for.")
+    hits = models.JSONField(default=list, help_text="Unix times of the attempts within the rate's period.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "ident"], name="ratelimit_scope_ident_unique")]
+        indexes = [models.Index(fields=["scope", "updated_at"], name="ratelimit_scope_time_idx")]
+
+
+class Invitation(models.Model):
+    """A team admin's offer of a place in the team. Nobody joins a team without
+    saying yes: the membership exists only once the invited person accepts."""
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=10, choices=Role.CHOICES)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "team"], name="invitation_user_team_unique")]
+
+    def __str__(self):
+        return f"{self.user} invited to {self.team} as {self.role}"

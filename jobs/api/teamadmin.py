@@ -10,10 +10,21 @@ from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
+from jobs.api.invitations import InvitationSerializer
+from jobs.api.serializers import RefusesUnknownFields
 from jobs.core.choices import Role
-from jobs.models import Membership, Team
+from jobs.models import Invitation, Membership, Team
 from jobs.people.permissions import can, visible_team_ids
-from jobs.people.team_admin import LIMIT_FIELDS, LastAdminError, add_member, change_limits, change_role, remove_member
+from jobs.people.team_admin import (
+    CEILINGS,
+    LIMIT_FIELDS,
+    LastAdminError,
+    add_member,
+    ceiling_problem,
+    change_limits,
+    change_role,
+    remove_member,
+)
 
 
 class TeamFromUrl:
@@ -51,6 +62,8 @@ class AddMemberSerializer(serializers.Serializer):
             raise ValidationError(f"no user named {value!r}")
         if Membership.objects.filter(team=self.context["team"], user=user).exists():
             raise ValidationError(f"{value} is already in the team")
+        if Invitation.objects.filter(team=self.context["team"], user=user).exists():
+            raise ValidationError(f"{value} is already invited")
         return user
 
 
@@ -76,13 +89,16 @@ class MemberViewSet(TeamFromUrl, mixins.ListModelMixin, mixins.RetrieveModelMixi
     def get_serializer_context(self):
         return {**super().get_serializer_context(), "team": getattr(self, "team", None)}
 
-    @extend_schema(request=AddMemberSerializer, responses={201: MembershipSerializer})
+    @extend_schema(request=AddMemberSerializer, responses={201: MembershipSerializer, 202: InvitationSerializer})
     def create(self, request, team_pk=None):
+        """Staff add the person (201); a team admin invites them (202), and they join
+        once they accept (/api/v1/invitations/)."""
         body = AddMemberSerializer(data=request.data, context=self.get_serializer_context())
         body.is_valid(raise_exception=True)
-        membership = add_member(self.team, body.validated_data["username"], body.validated_data["role"],
-                                by=request.user)
-        return Response(self.get_serializer(membership).data, status=status.HTTP_201_CREATED)
+        added = add_member(self.team, body.validated_data["username"], body.validated_data["role"], by=request.user)
+        if isinstance(added, Invitation):
+            return Response(InvitationSerializer(added).data, status=status.HTTP_202_ACCEPTED)
+        return Response(self.get_serializer(added).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=RoleSerializer, responses={200: MembershipSerializer, 409: None})
     def partial_update(self, request, team_pk=None, username=None):
@@ -104,14 +120,25 @@ class MemberViewSet(TeamFromUrl, mixins.ListModelMixin, mixins.RetrieveModelMixi
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class TeamLimitsSerializer(serializers.ModelSerializer):
+class TeamLimitsSerializer(RefusesUnknownFields, serializers.ModelSerializer):
+    """The team's limits, and the ceilings deployment staff set on them (read-only here;
+    the Django admin sets them). `context["by"]`: who asks for the change."""
+
     class Meta:
         model = Team
-        fields = list(LIMIT_FIELDS)
+        fields = [*LIMIT_FIELDS, *CEILINGS.values()]
+        read_only_fields = list(CEILINGS.values())
         extra_kwargs = {
             "monthly_budget_usd": {"min_value": 0, "help_text": "USD per calendar month (UTC); null: no budget."},
             "max_concurrent_gpus": {"help_text": "GPUs the team's running jobs may hold at once; null: no limit."},
         }
+
+    def validate(self, attrs):
+        problems = {field: [problem] for field, value in attrs.items()
+                    if (problem := ceiling_problem(self.instance, field, value, by=self.context["by"]))}
+        if problems:
+            raise ValidationError(problems)
+        return attrs
 
 
 class TeamLimitsView(TeamFromUrl, generics.GenericAPIView):
@@ -120,6 +147,9 @@ class TeamLimitsView(TeamFromUrl, generics.GenericAPIView):
 
     def get(self, request, team_pk=None):
         return Response(self.get_serializer(self.team).data)
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "by": self.request.user}
 
     def patch(self, request, team_pk=None):
         body = self.get_serializer(self.team, data=request.data, partial=True)

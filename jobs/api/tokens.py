@@ -10,9 +10,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 
 from jobs.models import ApiToken
+from jobs.people.ratelimit import SharedRateThrottle
 from jobs.people.team_admin import issue_token, revoke_token
 
 
@@ -40,7 +40,7 @@ class NewApiTokenSerializer(ApiTokenSerializer):
         fields = [*ApiTokenSerializer.Meta.fields, "token"]
 
 
-class TokenMintingThrottle(ScopedRateThrottle):
+class TokenMintingThrottle(SharedRateThrottle):
     """Only minting is limited (a stolen session must not mint tokens by the
     thousand); listing and revoking stay free."""
 

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, costs, teamadmin, tokens, views
+from jobs.api import agent, audit, costs, invitations, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -13,6 +13,7 @@ router.register("prices", views.PriceQuoteViewSet, basename="price")
 router.register("tokens", tokens.ApiTokenViewSet, basename="token")
 router.register(r"teams/(?P<team_pk>\d+)/members", teamadmin.MemberViewSet, basename="team-member")
 router.register("audit", audit.AuditEventViewSet, basename="audit")
+router.register("invitations", invitations.InvitationViewSet, basename="invitation")
 
 people_urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="auth-token"),

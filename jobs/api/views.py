@@ -9,7 +9,6 @@ from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from jobs.api import serializers as s
@@ -21,6 +20,7 @@ from jobs.core.services import cancel_job
 from jobs.fleet.placement import interruption_rates
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
 from jobs.people.permissions import can, visible_team_ids
+from jobs.people.ratelimit import LOGIN, SharedRateThrottle
 from jobs.people.team_admin import issue_token
 
 
@@ -156,8 +156,8 @@ class TokenView(APIView):
 
     authentication_classes = []
     permission_classes = [permissions.AllowAny]
-    throttle_classes = [ScopedRateThrottle]
-    throttle_scope = "login"
+    throttle_classes = [SharedRateThrottle]
+    throttle_scope = LOGIN
 
     @extend_schema(request=s.LoginSerializer, responses={201: s.TokenAnswerSerializer})
     def post(self, request):

@@ -131,11 +131,13 @@ class AuditAction:
     JOB_SUBMITTED = "job.submitted"
     JOB_CANCELLED = "job.cancelled"
     LIMITS_CHANGED = "team.limits_changed"
+    MEMBER_INVITED = "member.invited"
+    INVITATION_DECLINED = "member.invitation_declined"
     MEMBER_ADDED = "member.added"
     MEMBER_ROLE_CHANGED = "member.role_changed"
     MEMBER_REMOVED = "member.removed"
     TOKEN_CREATED = "token.created"
     TOKEN_REVOKED = "token.revoked"
-    ALL = (JOB_SUBMITTED, JOB_CANCELLED, LIMITS_CHANGED, MEMBER_ADDED, MEMBER_ROLE_CHANGED, MEMBER_REMOVED,
-           TOKEN_CREATED, TOKEN_REVOKED)
+    ALL = (JOB_SUBMITTED, JOB_CANCELLED, LIMITS_CHANGED, MEMBER_INVITED, INVITATION_DECLINED, MEMBER_ADDED,
+           MEMBER_ROLE_CHANGED, MEMBER_REMOVED, TOKEN_CREATED, TOKEN_REVOKED)
     CHOICES = [(a, a) for a in ALL]

@@ -21,9 +21,10 @@ PERMISSIONS: dict[str, str] = {
     "audit.view": Role.ADMIN,
 }
 
-# Open to any signed-in person, whatever their teams: public list prices, and
-# their own API tokens (a person's, not a team's: other people's tokens are 404).
-OPEN_ACTIONS = frozenset({"price.view", "token.manage"})
+# Open to any signed-in person, whatever their teams: public list prices, their
+# own API tokens and their own invitations to teams (a person's, not a team's:
+# other people's are 404).
+OPEN_ACTIONS = frozenset({"price.view", "token.manage", "invitation.respond"})
 
 
 def role_allows(role: str | None, action: str) -> bool:

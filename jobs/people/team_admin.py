@@ -3,12 +3,13 @@ and team limits. Each change writes its audit row in the same transaction."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from jobs.core.audit import record_audit
 from jobs.core.choices import AuditAction, Role
-from jobs.models import ApiToken, Membership, Team
+from jobs.models import ApiToken, Invitation, Membership, Team
 from jobs.people.tokens import PERSONAL_PREFIX, new_token
 
 TOKEN_PREFIX_CHARS = 8
@@ -51,10 +52,46 @@ def _other_admins(membership: Membership) -> bool:
 
 
 @transaction.atomic
-def add_member(team: Team, user, role: str, *, by) -> Membership:
+def add_member(team: Team, user, role: str, *, by) -> Membership | Invitation:
+    """Deployment staff add a person at once; a team admin's offer is an invitation
+    that makes a member only when the person accepts it (`accept_invitation`)."""
+    if not by.is_staff:
+        invitation = Invitation.objects.create(team=team, user=user, role=role, invited_by=by)
+        record_audit(by, AuditAction.MEMBER_INVITED, f"user:{user.get_username()}", team=team, role=role)
+        return invitation
     membership = Membership.objects.create(team=team, user=user, role=role)
     record_audit(by, AuditAction.MEMBER_ADDED, f"user:{user.get_username()}", team=team, role=role)
     return membership
+
+
+def _take_invitation(invitation: Invitation) -> Invitation | None:
+    """The invitation, deleted under lock; None if it was already answered."""
+    invitation = Invitation.objects.select_for_update().select_related("team").filter(pk=invitation.pk).first()
+    if invitation is not None:
+        invitation.delete()
+    return invitation
+
+
+@transaction.atomic
+def accept_invitation(invitation: Invitation) -> Membership | None:
+    """The invited person's yes: they join with the offered role (None if already answered)."""
+    taken = _take_invitation(invitation)
+    if taken is None:
+        return None
+    membership = Membership.objects.create(team=taken.team, user=taken.user, role=taken.role)
+    record_audit(taken.user, AuditAction.MEMBER_ADDED, f"user:{taken.user.get_username()}", team=taken.team,
+                 role=taken.role, invited_by=taken.invited_by.get_username() if taken.invited_by else None)
+    return membership
+
+
+@transaction.atomic
+def decline_invitation(invitation: Invitation) -> bool:
+    """The invited person's no (False if already answered)."""
+    taken = _take_invitation(invitation)
+    if taken is not None:
+        record_audit(taken.user, AuditAction.INVITATION_DECLINED, f"user:{taken.user.get_username()}",
+                     team=taken.team, role=taken.role)
+    return taken is not None
 
 
 @transaction.atomic
@@ -85,6 +122,27 @@ def remove_member(membership: Membership, *, by) -> None:
 
 
 LIMIT_FIELDS = ("monthly_budget_usd", "max_concurrent_gpus")
+# The staff-set ceiling of each limit a team admin may change.
+CEILINGS = {"monthly_budget_usd": "budget_ceiling_usd", "max_concurrent_gpus": "gpu_ceiling"}
+
+
+def ceiling_problem(team: Team, field: str, value, *, by) -> str | None:
+    """Why `by` may not set the team's `field` to `value`, or None. Deployment staff
+    may set anything; a team admin stays within the ceiling staff set (without one,
+    within the limit as it is: they may tighten it, not loosen it), and never above
+    the deployment's own GPU cap, so no team can take every GPU it has."""
+    if by.is_staff:
+        return None
+    bound = getattr(team, CEILINGS[field])
+    if bound is None:
+        bound = getattr(team, field)
+    cap = settings.RESPAWN["MAX_CONCURRENT_GPUS"] if field == "max_concurrent_gpus" else None
+    if cap is not None and (bound is None or bound > cap):
+        bound = cap
+    if bound is None or (value is not None and value <= bound):
+        return None
+    return (f"at most {_plain(bound)} for a team admin: the ceiling deployment staff set "
+            f"({'lifting the limit' if value is None else 'more'} is theirs to allow)")
 
 
 @transaction.atomic

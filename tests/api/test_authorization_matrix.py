@@ -6,7 +6,7 @@ from rest_framework.test import APIClient
 
 from jobs.core.audit import record_audit
 from jobs.core.choices import AuditAction, Role
-from jobs.models import ApiToken, Checkpoint, InterruptionEvent
+from jobs.models import ApiToken, Checkpoint, Invitation, InterruptionEvent
 from jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
 from tests.factories import make_instance, make_job, make_person, make_team_with_members
 
@@ -36,12 +36,16 @@ ENDPOINTS = [
     ("tokens-revoke", "post", "/api/v1/tokens/{token}/revoke/", "token.manage", 200),
     ("members-list", "get", "/api/v1/teams/{team}/members/", "team.view", 200),
     ("members-detail", "get", "/api/v1/teams/{team}/members/{viewer}/", "team.view", 200),
-    ("members-add", "post", "/api/v1/teams/{team}/members/", "team.manage", 201),
+    ("members-add", "post", "/api/v1/teams/{team}/members/", "team.manage", 202),  # an invitation
     ("members-change", "patch", "/api/v1/teams/{team}/members/{viewer}/", "team.manage", 200),
     ("members-remove", "delete", "/api/v1/teams/{team}/members/{viewer}/", "team.manage", 204),
     ("limits-detail", "get", "/api/v1/teams/{team}/limits/", "team.view", 200),
     ("limits-change", "patch", "/api/v1/teams/{team}/limits/", "team.manage", 200),
     ("audit-list", "get", "/api/v1/audit/", "audit.view", 200),
+    ("invitations-list", "get", "/api/v1/invitations/", "invitation.respond", 200),
+    ("invitations-detail", "get", "/api/v1/invitations/{invitation}/", "invitation.respond", 200),
+    ("invitations-accept", "post", "/api/v1/invitations/{invitation}/accept/", "invitation.respond", 200),
+    ("invitations-decline", "post", "/api/v1/invitations/{invitation}/decline/", "invitation.respond", 204),
 ]
 JOB_BODY = {"name": "x", "command": ["python", "t.py"]}
 BODIES = {
@@ -51,8 +55,9 @@ BODIES = {
     "members-change": {"role": Role.MEMBER},
     "limits-change": {"max_concurrent_gpus": 4},
 }
-# A person's token is theirs alone: the row's {token} belongs to the member.
-TOKEN_OWNER = Role.MEMBER
+# A person's token and invitation are theirs alone: the row's {token} belongs to the
+# member, its {invitation} (to the outsider's team) to the viewer.
+OWNERS = {"token.manage": Role.MEMBER, "invitation.respond": Role.VIEWER}
 WHO = [Role.VIEWER, Role.MEMBER, Role.ADMIN, "outsider", "anonymous"]
 LIST_ENDPOINTS = {name for name, _, url, _, _ in ENDPOINTS if "{" not in url and name.endswith("-list")}
 CREATE_ENDPOINTS = {"jobs-create", "tokens-create"}
@@ -66,8 +71,8 @@ def holds_somewhere(who, action):
 def expected_status(action, who, success, is_list, is_create=False):
     if who == "anonymous":
         return 401
-    if action == "token.manage":
-        return success if is_list or is_create or who == TOKEN_OWNER else 404
+    if action in OWNERS:
+        return success if is_list or is_create or who == OWNERS[action] else 404
     if is_list or action == "price.view":
         # lists hide other teams' rows; one nobody may read in any team is refused
         return success if holds_somewhere(who, action) else 403
@@ -85,9 +90,11 @@ def objects_of(setup):
         bytes=1, manifest_digest="d", committed_at="2026-01-01T00:00:00Z")
     interruption = InterruptionEvent.objects.create(instance=instance, kind="notice", source="aws_imds")
     make_person("newbie")
-    member = setup.people[TOKEN_OWNER].user
+    member = setup.people[OWNERS["token.manage"]].user
     audit = record_audit(member, AuditAction.JOB_SUBMITTED, f"job:{job.pk}", team=setup.team)
-    return {"job": job.pk, "instance": instance.pk, "checkpoint": checkpoint.pk, "interruption": interruption.pk,
+    invitation = Invitation.objects.create(team=setup.other_team, user=setup.people[OWNERS["invitation.respond"]].user,
+                                           role=Role.MEMBER, invited_by=setup.people["outsider"].user)
+    return {"invitation": invitation.pk, "job": job.pk, "instance": instance.pk, "checkpoint": checkpoint.pk, "interruption": interruption.pk,
             "team": setup.team.pk, "token": ApiToken.objects.get(user=member).pk, "audit": audit.pk,
             "viewer": setup.people[Role.VIEWER].user.username}
 

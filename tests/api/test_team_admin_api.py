@@ -21,12 +21,16 @@ def members_url(setup, username=""):
     return f"/api/v1/teams/{setup.team.pk}/members/" + (f"{username}/" if username else "")
 
 
-def test_admin_adds_a_member_by_username_with_a_role(setup):
+def test_admin_invites_by_username_with_a_role_and_the_person_joins_by_accepting(setup):
     newbie = make_person("newbie")
     admin = client_for(setup.people["admin"])
     response = admin.post(members_url(setup), {"username": "newbie", "role": Role.VIEWER}, format="json")
-    assert response.status_code == 201, response.content
-    assert response.json() == {"username": "newbie", "role": "viewer"}
+    assert response.status_code == 202, response.content
+    assert {k: response.json()[k] for k in ("username", "role", "team_name")} == {
+        "username": "newbie", "role": "viewer", "team_name": "vision"}
+    assert client_for(newbie).get(f"/api/v1/teams/{setup.team.pk}/").status_code == 404
+    accepted = client_for(newbie).post(f"/api/v1/invitations/{response.json()['id']}/accept/")
+    assert accepted.status_code == 200
     assert client_for(newbie).get(f"/api/v1/teams/{setup.team.pk}/").json()["role"] == "viewer"
     listed = admin.get(members_url(setup)).json()["results"]
     assert {m["username"]: m["role"] for m in listed}["newbie"] == "viewer"
@@ -71,12 +75,15 @@ def test_members_and_viewers_read_but_cannot_change_the_team(setup):
     assert Team.objects.get(pk=setup.team.pk).max_concurrent_gpus == 8
 
 
-def test_admin_sets_and_lifts_limits(setup):
+def test_admin_sets_limits_up_to_the_ceilings_and_staff_lift_them(setup):
+    Team.objects.filter(pk=setup.team.pk).update(budget_ceiling_usd=3000, gpu_ceiling=16)
     admin = client_for(setup.people["admin"])
     url = f"/api/v1/teams/{setup.team.pk}/limits/"
     response = admin.patch(url, {"monthly_budget_usd": "2500.50", "max_concurrent_gpus": 16}, format="json")
     assert response.status_code == 200, response.content
-    assert response.json() == {"monthly_budget_usd": "2500.50", "max_concurrent_gpus": 16}
+    assert response.json() == {"monthly_budget_usd": "2500.50", "max_concurrent_gpus": 16,
+                               "budget_ceiling_usd": "3000.00", "gpu_ceiling": 16}
+    User.objects.filter(pk=setup.people["admin"].user.pk).update(is_staff=True)
     assert admin.patch(url, {"max_concurrent_gpus": None}, format="json").json()["max_concurrent_gpus"] is None
     team = Team.objects.get(pk=setup.team.pk)
     assert team.monthly_budget_usd == Decimal("2500.50") and team.max_concurrent_gpus is None
@@ -93,22 +100,25 @@ def test_bad_limits_name_the_field(setup):
 
 
 def test_every_change_is_audited_with_its_details(setup):
-    make_person("newbie")
+    newbie = make_person("newbie")
     admin = client_for(setup.people["admin"])
-    admin.post(members_url(setup), {"username": "newbie", "role": "viewer"}, format="json")
+    invitation = admin.post(members_url(setup), {"username": "newbie", "role": "viewer"}, format="json").json()
+    client_for(newbie).post(f"/api/v1/invitations/{invitation['id']}/accept/")
     admin.patch(members_url(setup, "newbie"), {"role": "member"}, format="json")
     admin.delete(members_url(setup, "newbie"))
     admin.patch(f"/api/v1/teams/{setup.team.pk}/limits/", {"max_concurrent_gpus": 4}, format="json")
     admin.patch(f"/api/v1/teams/{setup.team.pk}/limits/", {"max_concurrent_gpus": 4}, format="json")  # no change
     rows = list(AuditEvent.objects.filter(team=setup.team).order_by("id"))
     assert [(r.actor_username, r.action, r.target) for r in rows] == [
-        ("vision-admin", AuditAction.MEMBER_ADDED, "user:newbie"),
+        ("vision-admin", AuditAction.MEMBER_INVITED, "user:newbie"),
+        ("newbie", AuditAction.MEMBER_ADDED, "user:newbie"),
         ("vision-admin", AuditAction.MEMBER_ROLE_CHANGED, "user:newbie"),
         ("vision-admin", AuditAction.MEMBER_REMOVED, "user:newbie"),
         ("vision-admin", AuditAction.LIMITS_CHANGED, f"team:{setup.team.pk}"),
     ]
-    assert rows[1].details == {"old_role": "viewer", "new_role": "member"}
-    assert rows[3].details == {"changes": {"max_concurrent_gpus": {"old": 8, "new": 4}}}
+    assert rows[1].details == {"role": "viewer", "invited_by": "vision-admin"}
+    assert rows[2].details == {"old_role": "viewer", "new_role": "member"}
+    assert rows[4].details == {"changes": {"max_concurrent_gpus": {"old": 8, "new": 4}}}
     assert User.objects.filter(username="newbie").exists()
 
 

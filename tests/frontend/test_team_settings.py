@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.core.choices import AuditAction, Role
-from jobs.models import AuditEvent, Membership, Team
+from jobs.models import AuditEvent, Invitation, Membership, Team
 from jobs.people.permissions import role_allows
 from tests.factories import make_team_with_members
 
@@ -20,13 +20,13 @@ WHO = [Role.VIEWER, Role.MEMBER, Role.ADMIN, "outsider", "anonymous"]
 ENDPOINTS = [
     ("settings-page", "get", "/teams/{team}/settings/", "team.view", 200, None, None),
     ("member-add", "post", "/teams/{team}/settings/members/", "team.manage", 302,
-     {"username": "newcomer", "role": Role.MEMBER}, AuditAction.MEMBER_ADDED),
+     {"username": "newcomer", "role": Role.MEMBER}, AuditAction.MEMBER_INVITED),
     ("member-role", "post", "/teams/{team}/settings/members/{viewer}/role/", "team.manage", 302,
      {"role": Role.MEMBER}, AuditAction.MEMBER_ROLE_CHANGED),
     ("member-remove", "post", "/teams/{team}/settings/members/{viewer}/remove/", "team.manage", 302,
      {}, AuditAction.MEMBER_REMOVED),
     ("limits", "post", "/teams/{team}/settings/limits/", "team.manage", 302,
-     {"monthly_budget_usd": "250.50", "max_concurrent_gpus": ""}, AuditAction.LIMITS_CHANGED),
+     {"monthly_budget_usd": "250.50", "max_concurrent_gpus": "4"}, AuditAction.LIMITS_CHANGED),
 ]
 
 
@@ -93,12 +93,12 @@ def test_a_viewer_reads_members_and_limits_but_gets_no_forms_and_no_audit(db):
 def test_an_admin_sees_forms_and_the_teams_audit_events(db):
     setup = make_team_with_members()
     admin = signed_in(setup.people[Role.ADMIN])
-    admin.post(f"/teams/{setup.team.pk}/settings/limits/", {"monthly_budget_usd": "", "max_concurrent_gpus": "4"})
+    admin.post(f"/teams/{setup.team.pk}/settings/limits/", {"monthly_budget_usd": "500", "max_concurrent_gpus": "4"})
     html = admin.get(f"/teams/{setup.team.pk}/settings/").content.decode()
     assert 'id="limits-form"' in html and 'id="add-member-form"' in html
     audit = html[html.index('id="audit-table"'):]
     assert AuditAction.LIMITS_CHANGED in audit and "vision-admin" in audit
-    assert "monthly_budget_usd 1000.00 → none; max_concurrent_gpus 8 → 4" in audit
+    assert "monthly_budget_usd 1000.00 → 500.00; max_concurrent_gpus 8 → 4" in audit
 
 
 def test_the_team_page_links_to_settings(db):
@@ -107,15 +107,19 @@ def test_the_team_page_links_to_settings(db):
     assert f'href="/teams/{setup.team.pk}/settings/"' in html
 
 
-def test_added_member_gets_the_role_and_sees_the_team(db):
+def test_an_invited_person_who_accepts_gets_the_role_and_sees_the_team(db):
     setup = make_team_with_members()
     newcomer = User.objects.create_user("newcomer")
     response = signed_in(setup.people[Role.ADMIN]).post(f"/teams/{setup.team.pk}/settings/members/",
                                                         {"username": "newcomer", "role": Role.VIEWER}, follow=True)
-    assert b"newcomer added as viewer." in response.content
-    assert Membership.objects.get(team=setup.team, user=newcomer).role == Role.VIEWER
+    assert b"newcomer invited as viewer; they join once they accept." in response.content
+    assert 'data-invited="newcomer"' in response.content.decode()
     client = Client()
     client.force_login(newcomer)
+    assert client.get(f"/teams/{setup.team.pk}/settings/").status_code == 404
+    invitation = Invitation.objects.get(team=setup.team, user=newcomer)
+    assert client.post(f"/invitations/{invitation.pk}/accept/", follow=True).status_code == 200
+    assert Membership.objects.get(team=setup.team, user=newcomer).role == Role.VIEWER
     assert client.get(f"/teams/{setup.team.pk}/settings/").status_code == 200
 
 
@@ -136,6 +140,7 @@ def test_a_bad_new_member_is_refused_by_name(db, body, message):
 
 def test_blank_limits_lift_them_and_bad_ones_are_refused(db):
     setup = make_team_with_members()
+    User.objects.filter(pk=setup.people[Role.ADMIN].user.pk).update(is_staff=True)  # lifting is staff's
     admin = signed_in(setup.people[Role.ADMIN])
     url = f"/teams/{setup.team.pk}/settings/limits/"
     assert admin.post(url, {"monthly_budget_usd": "", "max_concurrent_gpus": ""}).status_code == 302
