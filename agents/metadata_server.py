@@ -12,10 +12,12 @@ cloud's metadata service. It serves the real paths, headers and JSON shapes
   Google`), long-polled with `wait_for_change`, `last_etag`, `timeout_sec`.
 - azure: `/metadata/scheduledevents` (400 without `Metadata: true` or
   `api-version`), a `Preempt` event with an RFC 1123 `NotBefore`, acknowledged by
-  POSTing `{"StartRequests": [{"EventId": ...}]}`.
+  POSTing `{"StartRequests": [{"EventId": ...}]}`. As in an availability set or a
+  scale set's placement group, it also lists the events of other VMs (`vm` of a
+  notice): each event's `Resources` names the VM it is for.
 
 Control calls under `/_respawn/` (no headers needed) drive it:
-`POST /_respawn/notice {"in_s", "deadline_in_s", "kind": "preempt"|"rebalance"}`,
+`POST /_respawn/notice {"in_s", "deadline_in_s", "kind": "preempt"|"rebalance", "vm"}`,
 `POST /_respawn/garbage {"status", "body", "content_type", "times"}` (the next
 answers on the notice path; status 0 drops the connection unanswered),
 `POST /_respawn/expire-tokens`, `GET /_respawn/state`.
@@ -70,6 +72,10 @@ class CannedAnswer:
     times: int = 1
 
 
+def _event_id() -> str:
+    return str(uuid.uuid4()).upper()
+
+
 @dataclass
 class MetadataState:
     """What the service currently says. All access under `cond`."""
@@ -80,7 +86,9 @@ class MetadataState:
     preempt_at: float | None = None  # epoch seconds the notice becomes visible
     deadline: float | None = None  # epoch seconds the VM goes away
     rebalance_at: float | None = None
-    event_id: str = field(default_factory=lambda: str(uuid.uuid4()).upper())
+    event_id: str = field(default_factory=_event_id)
+    # Azure: other VMs' preemptions, (EventId, VM name, visible at, deadline) each.
+    neighbour_events: list[tuple[str, str, float, float]] = field(default_factory=list)
     acknowledged: list[str] = field(default_factory=list)
     tokens: dict[str, float] = field(default_factory=dict)  # token -> monotonic expiry
     canned: list[CannedAnswer] = field(default_factory=list)
@@ -106,15 +114,18 @@ class MetadataServer:
     """`MetadataServer("aws").start()` serves on 127.0.0.1 at `.url` until `.stop()`."""
 
     def __init__(self, flavour: str, *, host: str = "127.0.0.1", port: int = 0, instance_id: str | None = None,
-                 name: str = "", zone: str = ""):
+                 name: str | None = None, zone: str = ""):
         """`instance_id`: what the instance-id paths answer (random when None, 404 when empty);
-        `name`, `zone`: what GCP's instance/name and instance/zone and Azure's compute/name answer."""
+        `name`, `zone`: what GCP's instance/name and instance/zone and Azure's compute/name answer
+        (404 when empty; `name` None: random on Azure, where every VM has one, else empty)."""
         if flavour not in FLAVOURS:
             raise ValueError(f"metadata flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
         self.flavour = flavour
         self.state = MetadataState()
         if instance_id is not None:
             self.state.instance_id = instance_id
+        if name is None:
+            name = f"vm-{secrets.token_hex(4)}" if flavour == "azure" else ""
         self.state.name, self.state.zone = name, zone
         self._httpd = ThreadingHTTPServer((host, port), _make_handler(self))
         self._httpd.daemon_threads = True
@@ -136,16 +147,23 @@ class MetadataServer:
         with self.state.cond:
             self.state.cond.notify_all()
 
-    def schedule_notice(self, *, in_s: float = 0.0, deadline_in_s: float = 120.0, kind: str = "preempt") -> dict:
-        """Make a notice visible `in_s` from now, for a VM that goes away `deadline_in_s` from now."""
+    def schedule_notice(self, *, in_s: float = 0.0, deadline_in_s: float = 120.0, kind: str = "preempt",
+                        vm: str | None = None) -> dict:
+        """Make a notice visible `in_s` from now, for a VM that goes away `deadline_in_s` from now:
+        this one, or on Azure the neighbour named `vm` (its event is listed here too)."""
         if kind not in NOTICE_KINDS:
             raise ValueError(f"notice kind {kind!r} is not one of {', '.join(NOTICE_KINDS)}")
         if in_s < 0 or deadline_in_s < in_s:
             raise ValueError(f"need 0 <= in_s <= deadline_in_s, got in_s={in_s} deadline_in_s={deadline_in_s}")
+        neighbour = vm is not None and vm != self.state.name
+        if neighbour and (self.flavour != "azure" or kind != "preempt"):
+            raise ValueError("only Azure lists another VM's events, and here only its preemptions")
         now = time.time()
         st = self.state
         with st.cond:
-            if kind == "preempt":
+            if neighbour:
+                st.neighbour_events.append((_event_id(), vm, now + in_s, now + deadline_in_s))
+            elif kind == "preempt":
                 st.preempt_at, st.deadline = now + in_s, now + deadline_in_s
             else:
                 st.rebalance_at = now + in_s
@@ -174,6 +192,7 @@ class MetadataServer:
                 "deadline": st.deadline,
                 "rebalance_at": st.rebalance_at,
                 "event_id": st.event_id,
+                "neighbour_event_ids": [event[0] for event in st.neighbour_events],
                 "acknowledged": list(st.acknowledged),
                 "notice_reads": st.notice_reads,
             }
@@ -393,22 +412,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path != AZURE_EVENTS:
             return self._json(404, {"error": "Not found"})
         with st.cond:
-            events = []
-            if st.preempt_visible(time.time()):
-                started = st.event_id in st.acknowledged
-                events.append(
-                    {
-                        "EventId": st.event_id,
-                        "EventType": "Preempt",
-                        "ResourceType": "VirtualMachine",
-                        "Resources": [st.name or st.instance_id],
-                        "EventStatus": "Started" if started else "Scheduled",
-                        "NotBefore": "" if started else _rfc1123(st.deadline),
-                        "Description": "Virtual machine is being preempted.",
-                        "EventSource": "Platform",
-                        "DurationInSeconds": -1,
-                    }
-                )
+            now = time.time()
+            mine = [(st.event_id, st.name, st.preempt_at, st.deadline)] if st.preempt_visible(now) else []
+            events = [_azure_preempt(event_id, vm, deadline, event_id in st.acknowledged)
+                      for event_id, vm, visible_at, deadline in mine + st.neighbour_events if now >= visible_at]
             incarnation = len(events) + len(st.acknowledged)
         self._json(200, {"DocumentIncarnation": incarnation, "Events": events})
 
@@ -426,6 +433,20 @@ class _Handler(BaseHTTPRequestHandler):
             st.acknowledged.extend(i for i in ids if i not in st.acknowledged)
             st.cond.notify_all()
         self._send(200, "")
+
+
+def _azure_preempt(event_id: str, vm: str, deadline: float, started: bool) -> dict:
+    return {
+        "EventId": event_id,
+        "EventType": "Preempt",
+        "ResourceType": "VirtualMachine",
+        "Resources": [vm],
+        "EventStatus": "Started" if started else "Scheduled",
+        "NotBefore": "" if started else _rfc1123(deadline),
+        "Description": "Virtual machine is being preempted.",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
 
 
 def _etag(value: str) -> str:

@@ -4,6 +4,12 @@
 a spot eviction is `EventType: "Preempt"` with an RFC 1123 `NotBefore`. The
 agent acknowledges it (`StartRequests`) only after the notice checkpoint has
 committed, because acknowledging lets the platform evict at once.
+
+Azure sends the events of every VM in an availability set or a scale set's
+placement group to all of them; an event's `Resources` names the VMs it is for.
+Only an event naming this VM (its `compute/name`) is a notice here: acting on a
+neighbour's would checkpoint and stop for nothing, and acknowledging it would
+start the neighbour's eviction early.
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ def parse_not_before(value: object) -> datetime:
         raise PayloadError(f"NotBefore {value!r} is not an RFC 1123 time") from exc
 
 
-def parse_preempt_events(raw: str, now: datetime) -> list[tuple[str, datetime | None]]:
-    """`(EventId, deadline)` of each Preempt event in a scheduledevents document.
+def parse_preempt_events(raw: str, now: datetime, vm_name: str) -> list[tuple[str, datetime | None]]:
+    """`(EventId, deadline)` of each Preempt event for `vm_name` in a scheduledevents document.
 
     A malformed event is logged and skipped without hiding the others; a
     malformed document raises PayloadError.
@@ -53,6 +59,12 @@ def parse_preempt_events(raw: str, now: datetime) -> list[tuple[str, datetime | 
         if not isinstance(event_id, str) or not event_id:
             log_garbage(NoticeSource.AZURE_SCHEDULED_EVENTS, PayloadError(f"Preempt event without an EventId: {event!r}"), raw)
             continue
+        resources = event.get("Resources")
+        if not isinstance(resources, list):
+            log_garbage(NoticeSource.AZURE_SCHEDULED_EVENTS, PayloadError(f"Preempt event without a Resources list: {event!r}"), raw)
+            continue
+        if not any(isinstance(r, str) and r.casefold() == vm_name.casefold() for r in resources):
+            continue  # a neighbour's (VM names are case-insensitive in Azure)
         if event.get("EventStatus") == "Started" and event.get("NotBefore") == "":
             found.append((event_id, now))  # acknowledged or due: Azure blanks NotBefore, the eviction is under way
             continue
@@ -70,15 +82,20 @@ class AzureWatcher(PollingWatcher):
 
     def __init__(self, base_url: str = "http://169.254.169.254", *, poll_interval_s: float = 1.0, timeout_s: float = 2.0):
         super().__init__(base_url, poll_interval_s=poll_interval_s, timeout_s=timeout_s)
+        self._vm_name = ""
 
     def poll(self) -> list[tuple[str, NoticeEvent]]:
+        vm_name = self.instance_id()
+        if not vm_name:  # cannot tell our events from a neighbour's yet; asked again next poll
+            log.warning("%s: %s did not answer this VM's name; events are read once it does", self.source, NAME_PATH)
+            return []
         r = self.session.get(self.base_url + EVENTS_PATH, params={"api-version": API_VERSION}, headers=HEADERS, timeout=self.timeout_s)
         if r.status_code != 200:
             log_garbage(self.source, PayloadError(f"HTTP {r.status_code} on {EVENTS_PATH}"), r.text)
             return []
         now = utcnow()
         try:
-            events = parse_preempt_events(r.text, now)
+            events = parse_preempt_events(r.text, now, vm_name)
         except PayloadError as exc:
             log_garbage(self.source, exc, r.text)
             return []
@@ -97,6 +114,9 @@ class AzureWatcher(PollingWatcher):
         return acknowledge
 
     def instance_id(self) -> str:
-        """The VM's name: what the control plane's Azure provider calls it (not the vmId GUID)."""
-        r = self.session.get(self.base_url + NAME_PATH, params={"api-version": "2021-02-01", "format": "text"}, headers=HEADERS, timeout=self.timeout_s)
-        return r.text.strip() if r.status_code == 200 else ""
+        """The VM's name: what the control plane's Azure provider calls it (not the vmId GUID),
+        and what an event's `Resources` names. Asked until answered, then kept."""
+        if not self._vm_name:
+            r = self.session.get(self.base_url + NAME_PATH, params={"api-version": "2021-02-01", "format": "text"}, headers=HEADERS, timeout=self.timeout_s)
+            self._vm_name = r.text.strip() if r.status_code == 200 else ""
+        return self._vm_name

@@ -23,7 +23,7 @@ documents = st.one_of(
     st.text(max_size=200),
     json_values.map(json.dumps),
     st.fixed_dictionaries({"action": json_values | st.sampled_from(["terminate", "stop"]), "time": json_values | st.just("2026-11-29T22:02:00Z")}).map(json.dumps),
-    st.fixed_dictionaries({"Events": st.lists(st.fixed_dictionaries({"EventId": json_values, "EventType": st.just("Preempt"), "NotBefore": json_values}), max_size=3)}).map(json.dumps),
+    st.fixed_dictionaries({"Events": st.lists(st.fixed_dictionaries({"EventId": json_values, "EventType": st.just("Preempt"), "NotBefore": json_values, "Resources": json_values | st.just(["vm-1"])}), max_size=3)}).map(json.dumps),
 )
 
 
@@ -39,7 +39,7 @@ def settles(parse, raw):
 def test_parsers_answer_or_raise_payload_error(raw):
     settles(lambda r: parse_instance_action(r, NOW), raw)
     settles(lambda r: parse_rebalance(r, NOW), raw)
-    settles(lambda r: parse_preempt_events(r, NOW), raw)
+    settles(lambda r: parse_preempt_events(r, NOW, "vm-1"), raw)
     settles(parse_preempted, raw)
 
 
@@ -53,15 +53,15 @@ def test_a_valid_aws_action_is_a_notice_whatever_the_time_says(action, time_valu
 @settings(max_examples=100, deadline=None)
 @given(st.text(min_size=1, max_size=30), json_values)
 def test_every_azure_preempt_event_with_an_id_is_found_whatever_its_not_before(event_id, not_before):
-    good = {"EventId": "A-1", "EventType": "Preempt", "NotBefore": "Sun, 29 Nov 2026 22:00:30 GMT"}
-    odd = {"EventId": event_id, "EventType": "Preempt", "NotBefore": not_before}
-    found = dict(parse_preempt_events(json.dumps({"DocumentIncarnation": 2, "Events": [odd, good]}), NOW))
+    good = {"EventId": "A-1", "EventType": "Preempt", "NotBefore": "Sun, 29 Nov 2026 22:00:30 GMT", "Resources": ["vm-1"]}
+    odd = {"EventId": event_id, "EventType": "Preempt", "NotBefore": not_before, "Resources": ["vm-1"]}
+    found = dict(parse_preempt_events(json.dumps({"DocumentIncarnation": 2, "Events": [odd, good]}), NOW, "vm-1"))
     assert found["A-1"] == NOW + timedelta(seconds=30)
     assert event_id in found
 
 
 def test_a_started_azure_event_is_due_now_and_not_garbage(caplog):
     """Once acknowledged (or due), Azure serves the event Started with an empty NotBefore."""
-    started = {"EventId": "A-1", "EventType": "Preempt", "EventStatus": "Started", "NotBefore": ""}
-    assert parse_preempt_events(json.dumps({"DocumentIncarnation": 3, "Events": [started]}), NOW) == [("A-1", NOW)]
+    started = {"EventId": "A-1", "EventType": "Preempt", "EventStatus": "Started", "NotBefore": "", "Resources": ["vm-1"]}
+    assert parse_preempt_events(json.dumps({"DocumentIncarnation": 3, "Events": [started]}), NOW, "vm-1") == [("A-1", NOW)]
     assert not caplog.records
