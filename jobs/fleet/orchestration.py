@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 # On-demand VMs one post step may use (a lost VM, a capacity refusal) before its job fails.
 POST_MAX_LAUNCHES = 3
+# How long after an agent's `preempted` exit the cloud has to take the VM back
+# (confirm_claimed_preemptions); until then nothing terminates it.
+CLAIM_WAIT = timedelta(minutes=5)
+AWAITING_THE_CLOUD = Q(end_reason=EndReason.PREEMPTED, preemption_confirmed__isnull=True)
 
 
 def bootstrap_token_for(instance: Instance) -> str:
@@ -376,11 +380,6 @@ def confirm_claimed_preemptions() -> int:
                                            "it: not counted in the interruption rates")
         judged += 1
     return judged
-
-
-# How long after an agent's `preempted` exit the cloud has to take the VM back.
-CLAIM_WAIT = timedelta(minutes=5)
-AWAITING_THE_CLOUD = Q(end_reason=EndReason.PREEMPTED, preemption_confirmed__isnull=True)
 
 
 def release_stopped_disks() -> int:
