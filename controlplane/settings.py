@@ -171,7 +171,7 @@ REST_FRAMEWORK = {
     # DRF's JSON parser, refusing bodies nested too deep to read (jobs.api.parsing).
     "DEFAULT_PARSER_CLASSES": ["jobs.api.parsing.JSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "jobs.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["jobs.api.filters.IdFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.RespawnAutoSchema",

@@ -11,7 +11,7 @@ from django.db.models import Q
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import PermissionDenied
 
-from jobs.api.filters import IdFilterSet
+from jobs.api.filters import IdFilterSet, UtcDateTimeFilter
 from jobs.core.choices import AuditAction
 from jobs.models import AuditEvent
 from jobs.people.permissions import can, roles_of
@@ -28,8 +28,8 @@ class AuditEventSerializer(serializers.ModelSerializer):
 class AuditFilter(IdFilterSet):
     action = django_filters.MultipleChoiceFilter(choices=AuditAction.CHOICES)
     actor = django_filters.CharFilter(field_name="actor_username")
-    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    since = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent

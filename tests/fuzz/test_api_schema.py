@@ -1,7 +1,9 @@
 """schemathesis against the live server's /api/schema/: the people's API as a
 team admin and the agent API with an agent token. Every answer must be no 5xx
 and match the schema (status code documented, body and content type as
-documented)."""
+documented). Query parameters get, besides what their schema generates, values
+a hostile client sends: numbers beyond 64 bits, digits int() refuses, calendar
+edges, NUL, long text."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -28,8 +31,14 @@ from tests.agent_api.helpers import checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
-# Per operation, half of them aimed at objects that exist; ~40 operations x this stays near a minute.
+# Per operation, a third each: as generated, aimed at objects that exist, hostile query values at
+# objects that exist; ~40 operations x this stays near a minute.
 EXAMPLES_PER_OPERATION = 25
+HOSTILE_QUERY_VALUES = [
+    "9223372036854775808", "-9223372036854775809", "1" * 40, "-1", "0", "1.5", "1e400", "NaN", "²", "١٢",
+    "9999-12", "0000-01", "9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "9223372036854775808:0", "1:²",
+    "\x00", "x" * 1000, "", ",", "%",
+]
 
 
 @pytest.fixture
@@ -78,9 +87,16 @@ def fuzz(operation, headers: dict, real: dict, base_url: str):
     generated = operation.as_strategy()
     names = {p.name for p in operation.path_parameters}
     known = real_path_parameters(operation.path, real)
-    if names and known:
-        generated = st.one_of(generated, operation.as_strategy(
-            path_parameters={name: known[name] for name in names if name in known}))
+    existing = {name: known[name] for name in names if name in known} if known else {}
+    if existing:
+        generated = st.one_of(generated, operation.as_strategy(path_parameters=existing))
+    query_names = [p.name for p in operation.query]
+    if query_names:
+        # At most three at once: gunicorn answers a request line over 4 KiB itself (414).
+        hostile = st.dictionaries(st.sampled_from(query_names), st.sampled_from(HOSTILE_QUERY_VALUES),
+                                  min_size=1, max_size=3)
+        generated = st.one_of(generated, hostile.flatmap(
+            lambda query: operation.as_strategy(path_parameters=existing, query=query)))
 
     @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
@@ -103,7 +119,8 @@ def fuzz_all(ops, headers: dict, world: dict):
     for operation in ops:
         try:
             fuzz(operation, headers, world["real"], world["base_url"])
-        except Exception as e:  # noqa: BLE001  (hypothesis' minimal failing example, to report with the others)
+        # FailureGroup, a BaseExceptionGroup, is what several failed checks of one example raise.
+        except (Exception, FailureGroup) as e:  # noqa: BLE001  (hypothesis' minimal failing example, to report with the others)
             failures.append(f"{operation.method.upper()} {operation.path}:\n{e}")
     assert not failures, "\n\n".join(failures)
 

@@ -126,3 +126,30 @@ def test_a_log_cursor_beyond_what_was_given_out_is_a_400_naming_after(team_setup
     client.raise_request_exception = False
     body = refused_as_json(client.get(f"/api/v1/jobs/{job.pk}/logs/", {"after": after}), 400)
     assert list(body["errors"]) == ["after"]
+
+
+def test_a_page_beyond_64_bits_is_answered_not_a_500(team_setup):
+    for i in range(3):
+        make_job(team_setup.team, team_setup.people["admin"].user, name=f"job-{i}")
+    client = client_for(team_setup.people["admin"])
+    client.raise_request_exception = False
+    answer = client.get("/api/v1/jobs/?limit=9223372036854775808")
+    assert answer.status_code == 200, answer.content[:300]
+    assert len(answer.json()["results"]) == 3
+
+
+def test_a_page_holds_at_most_a_thousand_rows(team_setup):
+    for i in range(2):
+        make_job(team_setup.team, team_setup.people["admin"].user, name=f"job-{i}")
+    page = client_for(team_setup.people["admin"]).get("/api/v1/jobs/?limit=1000000&offset=1").json()
+    assert "limit=1000&" in page["previous"] + "&"
+
+
+def test_an_audit_moment_is_read_in_utc_whatever_its_offset(team_setup):
+    client = client_for(team_setup.people["admin"])
+    client.raise_request_exception = False
+    # +17:42 is a moment Python reads and PostgreSQL refuses as an offset (a 500 there).
+    assert client.get("/api/v1/audit/", {"since": "2026-01-26T18:11:39+17:42"}).status_code == 200
+    for name, moment in (("until", "9999-12-31T23:59:59-14:00"), ("since", "0001-01-01T00:00:00+14:00")):
+        body = refused_as_json(client.get("/api/v1/audit/", {name: moment}), 400)
+        assert list(body["errors"]) == [name]
