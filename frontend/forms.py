@@ -20,7 +20,15 @@ class JobFilterForm(forms.Form):
     owner = forms.CharField(required=False, max_length=150)
     cloud = forms.ChoiceField(choices=CLOUD_CHOICES, required=False)
     q = forms.CharField(required=False, max_length=200, label="Search")
-    page = forms.IntegerField(required=False, min_value=1)
+    # Bounded so the page's first row stays a number the database can count to.
+    page = forms.IntegerField(required=False, min_value=1, max_value=10**6)
+
+
+class PriceFilterForm(forms.Form):
+    """The prices page's filters, checked like any form (a NUL reached PostgreSQL: a 500)."""
+
+    provider = forms.CharField(required=False, max_length=20)
+    type = forms.CharField(required=False, max_length=50)
 
 
 class DashboardForm(forms.Form):

@@ -19,7 +19,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from frontend import access, money, reads, selectors
-from frontend.forms import JobFilterForm, SubmitJobForm
+from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm
 from jobs.core.services import cancel_job
 from jobs.models import PriceQuote
 from jobs.money.costs import CostError, parse_month
@@ -219,8 +219,11 @@ def team_submit(request, pk: int):
 def prices(request):
     if not can(request.user, "price.view", None):
         raise PermissionDenied("You cannot see prices.")
-    provider = request.GET.get("provider", "")
-    instance_type = request.GET.get("type", "")
+    form = PriceFilterForm(request.GET)
+    if not form.is_valid():
+        message = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+        return page(request, "frontend/error.html", http_status=400, message=message)
+    provider, instance_type = form.cleaned_data["provider"], form.cleaned_data["type"]
     quotes = selectors.latest_prices(provider=provider, instance_type=instance_type)
     current = Paginator(quotes, 100).get_page(request.GET.get("page") or 1)
     providers = PriceQuote.objects.order_by("provider").values_list("provider", flat=True).distinct()

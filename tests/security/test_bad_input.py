@@ -153,3 +153,18 @@ def test_an_audit_moment_is_read_in_utc_whatever_its_offset(team_setup):
     for name, moment in (("until", "9999-12-31T23:59:59-14:00"), ("since", "0001-01-01T00:00:00+14:00")):
         body = refused_as_json(client.get("/api/v1/audit/", {name: moment}), 400)
         assert list(body["errors"]) == [name]
+
+
+@pytest.mark.parametrize("path, query, says", [
+    ("/", {"page": "9223372036854775808"}, "page"),
+    ("/jobs.json", {"page": "9223372036854775808"}, "page"),
+    ("/prices/", {"provider": "aws\x00"}, "provider: Null characters are not allowed."),
+    ("/prices/", {"type": "g5\x00"}, "type: Null characters are not allowed."),
+])
+def test_the_dashboards_filters_refuse_what_the_database_cannot_take(team_setup, path, query, says):
+    browser = Client(raise_request_exception=False)
+    browser.force_login(team_setup.people["admin"].user)
+    browser.get(f"/teams/{team_setup.team.pk}/")  # the dashboard's chosen team
+    answer = browser.get(path, query)
+    assert answer.status_code == 400, answer.content[:300]
+    assert says in answer.content.decode()
