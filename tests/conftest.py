@@ -57,9 +57,9 @@ def fast_password_hashing():
 
 
 @pytest.fixture(autouse=True)
-def fresh_rate_limits():
-    # Rate-limit counters live in the cache: one test's sign-ins must not throttle
-    # the next test's. Only this process's own memory is cleared, never a shared Redis.
+def fresh_cache():
+    # The cache holds counters (/metrics' task failures) that one test must not leave to
+    # the next. Only this process's own memory is cleared, never a shared Redis.
     from django.core.cache import caches
     from django.core.cache.backends.locmem import LocMemCache
 
