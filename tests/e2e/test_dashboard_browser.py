@@ -57,7 +57,8 @@ class Agent:
         return response.json()
 
     def register(self, bootstrap_token: str):
-        self.token = self.post(protocol.PATH_REGISTER, protocol.Register(bootstrap_token=bootstrap_token))["agent_token"]
+        answer = self.post(protocol.PATH_REGISTER, protocol.Register(bootstrap_token=bootstrap_token))
+        self.token, self.checkpoint_uri = answer["agent_token"], answer["job"]["checkpoint_uri"]
 
 
 def now_iso(offset_s: float = 0) -> str:
@@ -106,7 +107,7 @@ def test_a_job_from_the_form_to_a_preemption_on_its_timeline(dashboard, tmp_path
         agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=0, loss=2.5))
         agent.post(protocol.PATH_LOGS, protocol.LogBatch(offset=0, lines=["epoch 1: loss 2.5"]))
         agent.post(protocol.PATH_CHECKPOINTS, protocol.CheckpointReport(
-            checkpoint_id=str(uuid.uuid4()), step=40, uri="/ckpt/step-40", bytes=1024, manifest_digest="xxh3:1",
+            checkpoint_id=str(uuid.uuid4()), step=40, uri=f"{agent.checkpoint_uri}/step-00000040", bytes=1024, manifest_digest="xxh3:1",
             committed_at=now_iso(), stall_s=0.2))
         agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=50, loss=1.5))
         expect(page.locator("#log")).to_contain_text("epoch 1: loss 2.5", timeout=LIVE_S)
