@@ -169,12 +169,14 @@ class PlayedVm:
         self.metadata.schedule_notice(in_s=0, deadline_in_s=deadline_in_s)
 
     def power_off(self, grace_s: float) -> None:
-        """Shutdown: SIGTERM to the agent, then everything of the VM is killed. Once."""
+        """Shutdown: SIGTERM to the agent and `grace_s` to exit, then everything of the VM
+        is killed. Once. No grace is a power cut: a SIGTERM even a moment before the kill
+        let the agent report a notice now and then, which a lost VM never sends."""
         with self._power:
             if self.powered_off:
                 return
             self.powered_off = True
-            if self.proc.poll() is None:
+            if grace_s > 0 and self.proc.poll() is None:
                 _signal_group(self.proc.pid, signal.SIGTERM, whole_group=False)
                 try:
                     self.proc.wait(grace_s)
