@@ -288,6 +288,11 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
         # job has moved on, maybe to a new gang, which an old report must not stop,
         # and its steps are not the job's progress.
         return
+    if instance.job.nodes == 1:
+        # Its agent reports a notice checkpoint before its exit, and no other node can commit
+        # one for it: a notice still open now was met with none (the save missed its budget).
+        InterruptionEvent.objects.filter(instance=instance, kind=InterruptionKind.NOTICE,
+                                         checkpoint_saved__isnull=True).update(checkpoint_saved=False)
     signature = f"exit {exit_code}: {last_exception}".strip()
     after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
                          setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)

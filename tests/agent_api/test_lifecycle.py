@@ -180,6 +180,16 @@ def test_notice_checkpoint_after_deadline_is_recorded_as_missed(job, agent):
     assert InterruptionEvent.objects.get().checkpoint_saved is False
 
 
+def test_a_notice_its_vm_exits_without_a_checkpoint_for_is_recorded_as_missed(job, agent):
+    # The trainer died before its notice save committed: the agent exits with nothing to report.
+    now = timezone.now()
+    agent.post("notice", protocol.Notice(source="local", notice_time=now.isoformat(),
+                                         deadline=(now + timedelta(seconds=8)).isoformat()))
+    assert InterruptionEvent.objects.get().checkpoint_saved is None  # still saving
+    agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=-15, final_step=40))
+    assert InterruptionEvent.objects.get().checkpoint_saved is False
+
+
 def test_validation_marks_newest_valid(job, agent):
     report = checkpoint_report(job, 30)
     agent.post("checkpoints", report)
