@@ -349,6 +349,26 @@ class MetricPoint(models.Model):
         indexes = [models.Index(fields=["job", "time"], name="metric_job_time_idx")]
 
 
+class StepPoint(models.Model):
+    """One training step as the trainer reported it (`POST metrics`, shipped by the
+    agent in batches), for the loss curve. Apart from MetricPoint, whose one point per
+    heartbeat at the server's clock is what the ledger measures speed and restore time
+    from; `time` here is the VM's clock, for display only. One row per (instance, step):
+    a batch sent again, or a restarted trainer's repeated steps, add nothing."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="step_points")
+    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="step_points")
+    step = models.PositiveBigIntegerField()
+    time = models.DateTimeField()
+    loss = models.FloatField(null=True, blank=True)
+    samples_per_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["instance", "step"]
+        constraints = [models.UniqueConstraint(fields=["instance", "step"], name="steppoint_instance_step_unique")]
+        indexes = [models.Index(fields=["job", "instance", "step"], name="steppoint_job_curve_idx")]
+
+
 class LogChunk(models.Model):
     instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="log_chunks")
     offset = models.PositiveBigIntegerField(help_text="Index of the first line in the instance's output.")
