@@ -82,6 +82,27 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
 
+class SourceArchive(models.Model):
+    """A job's code as uploaded: a deterministic tar.gz of a working directory, named by
+    its SHA-256 (agents/sourcetree.py). A team's row says it uploaded these bytes, so a
+    job may name them; the bytes are stored once per digest (jobs.core.sources), and a
+    tree submitted again is not uploaded again."""
+
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="source_archives")
+    sha256 = models.CharField(max_length=64, help_text="Hex SHA-256 of the archive's bytes.")
+    bytes = models.PositiveBigIntegerField()
+    unpacked_bytes = models.PositiveBigIntegerField(help_text="Sum of its files' sizes.")
+    files = models.PositiveIntegerField()
+    uploaded_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["team", "sha256"], name="source_archive_team_sha256_unique")]
+
+    def __str__(self):
+        return f"sha256:{self.sha256[:12]}… of {self.team}"
+
+
 class Job(models.Model):
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
@@ -98,6 +119,11 @@ class Job(models.Model):
         default=list, blank=True, help_text="Paths (relative to working_dir) whose contents key the prepare cache.")
     post_command = models.JSONField(
         default=list, blank=True, help_text="argv run on one on-demand VM after training succeeded, from the artifact.")
+    # The code the VM unpacks (or checks out) into working_dir before prepare and training.
+    source_archive = models.ForeignKey(SourceArchive, null=True, blank=True, on_delete=models.PROTECT,
+                                       related_name="jobs")
+    source_git_url = models.CharField(max_length=500, blank=True)
+    source_git_commit = models.CharField(max_length=64, blank=True, help_text="Full commit id checked out.")
 
     # Where to run it.
     nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
