@@ -55,7 +55,10 @@ class ValidationResult:
     VALID = "valid"
     INVALID = "invalid"
     SKIPPED = "skipped"  # nothing to check with (the job names no validation factories); the message says why
-    ALL = (PENDING, VALID, INVALID, SKIPPED)
+    ERROR = "error"  # the check itself failed (an eval_fn that raised or returned a non-finite number, a factory
+    # that cannot be used): the message names the cause; the checkpoint is neither trusted nor condemned
+    ALL = (PENDING, VALID, INVALID, SKIPPED, ERROR)
+    FROM_AGENT = (VALID, INVALID, ERROR)
 
 
 class NoticeSource:
@@ -128,7 +131,8 @@ class Register(Report):
 class ValidationSpec:
     enabled: bool = True
     model_factory: str = ""  # "module:function" returning an nn.Module
-    batch_factory: str = ""  # "module:function" returning (inputs, targets) for a fixed seed
+    batch_factory: str = ""  # "module:function" returning a fixed-seed batch: (inputs, targets) or a dict of kwargs
+    eval_fn: str = ""  # "module:function", eval_fn(model, batch) -> float; empty: the checkpoint's own, else the default loss
     tolerance: float = 1e-4
 
 
@@ -288,6 +292,7 @@ ENV_CONTROL_FILE = "RESPAWN_CONTROL_FILE"  # agent -> trainer: JSON {checkpoint_
 ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline}, written before the stop signal
 ENV_VALIDATION_MODEL_FACTORY = "RESPAWN_MODEL_FACTORY"
 ENV_VALIDATION_BATCH_FACTORY = "RESPAWN_BATCH_FACTORY"
+ENV_VALIDATION_EVAL_FN = "RESPAWN_EVAL_FN"
 ENV_TOTAL_STEPS = "RESPAWN_TOTAL_STEPS"
 ENV_PREPARE_DIR = "RESPAWN_PREPARE_DIR"  # the prepare step writes its outputs here; the trainer reads them here
 ENV_PREPARE_URI = "RESPAWN_PREPARE_URI"  # where those outputs are stored durably (set once the step is done)

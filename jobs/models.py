@@ -147,6 +147,10 @@ class Job(models.Model):
     validation_enabled = models.BooleanField(default=True)
     validation_model_factory = models.CharField(max_length=200, blank=True)
     validation_batch_factory = models.CharField(max_length=200, blank=True)
+    validation_eval_fn = models.CharField(
+        max_length=200, blank=True, help_text="module:function, eval_fn(model, batch) -> float; empty: the one the "
+        "script stored in its checkpoints, else the default loss (cross-entropy, causal-LM cross-entropy, MSE, the "
+        "model output's own loss).")
     validation_tolerance = models.FloatField(default=1e-4)
 
     # State.
