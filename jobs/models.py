@@ -111,8 +111,19 @@ class Job(models.Model):
     # What to run.
     command = models.JSONField(help_text="argv list of the training command.")
     working_dir = models.CharField(max_length=500, blank=True)
-    image = models.CharField(max_length=300, blank=True)
+    # Two different things (DESIGN §11): what the VM boots, per cloud, and what the trainer runs in.
+    machine_image = models.JSONField(
+        default=dict, blank=True, help_text="Boot image per cloud: {\"aws\": \"ami-…\", \"gcp\": "
+        "\"projects/…/global/images/…\", \"azure\": \"publisher:offer:sku:version\"}; a cloud not named boots "
+        "its provider's default image.")
+    container_image = models.CharField(
+        max_length=300, blank=True, help_text="OCI image the trainer runs in (podman or docker on the VM); empty: "
+        "the VM's own Python.")
     env = models.JSONField(default=dict, blank=True)
+    # Names in the clear, each value a Fernet token (jobs.core.secret_env): decrypted only
+    # for the register answer to one of the job's live instances (DESIGN §11).
+    secret_env = models.JSONField(
+        default=dict, blank=True, help_text="Secret environment: names to encrypted values, never plaintext.")
     prepare_command = models.JSONField(
         default=list, blank=True, help_text="argv run before the command; its outputs are cached by content hash.")
     prepare_inputs = models.JSONField(

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from respawncli.names import closest_name
-from respawncli.spec_text import env_problem, nul_problem
+from respawncli.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 CLOUDS = ("aws", "gcp", "azure", "local")
@@ -26,7 +26,7 @@ CLOUDS = ("aws", "gcp", "azure", "local")
 
 @dataclass(frozen=True)
 class Field:
-    kind: str  # str, int, number, bool, argv, strings, env, datetime, factory, team
+    kind: str  # str, int, number, bool, argv, strings, env, images, container, datetime, factory, team
     required: bool = False
     minimum: float | None = None
     maximum: float | None = None
@@ -39,7 +39,8 @@ FIELDS: dict[str, Field] = {
     "name": Field("str", required=True, maximum=200),
     "command": Field("argv", required=True),
     "working_dir": Field("str", maximum=500),
-    "image": Field("str", maximum=300),
+    "machine_image": Field("images"),
+    "container_image": Field("container", maximum=300),
     "env": Field("env"),
     "prepare_command": Field("argv"),
     "prepare_inputs": Field("strings"),
@@ -235,6 +236,22 @@ def _env(value, f: Field):
     return value
 
 
+def _images(value, f: Field):
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"must be a mapping of cloud: image, e.g. aws: ami-0123456789abcdef0, got {_show(value)}")
+    problem = machine_image_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _container(value, f: Field):
+    problem = container_image_problem(_str(value, f))
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 def _datetime(value, f: Field):
     if isinstance(value, dt.datetime):
         moment = value
@@ -264,7 +281,8 @@ def _team(value, f: Field):
 
 KIND_CHECKS = {
     "str": _str, "int": _int, "number": _number, "bool": _bool, "argv": _argv, "strings": _strings,
-    "env": _env, "datetime": _datetime, "factory": _factory, "team": _team,
+    "env": _env, "images": _images, "container": _container, "datetime": _datetime, "factory": _factory,
+    "team": _team,
 }
 
 

@@ -8,7 +8,22 @@ would reach the program as `A` set to `B=C`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+
+# What each cloud takes as a boot image: an AMI id; a Compute image path or URL
+# (an image or an image family); a Marketplace image URN.
+MACHINE_IMAGE_SHAPES = {
+    "aws": (re.compile(r"ami-[0-9a-f]{8,17}"), "an AMI id like ami-0123456789abcdef0"),
+    "gcp": (re.compile(r"(https://www\.googleapis\.com/compute/v1/)?(projects/[a-z0-9-]+/)?global/images/"
+                       r"(family/)?[a-z][a-z0-9-]{0,62}"),
+            "an image like projects/debian-cloud/global/images/family/debian-12"),
+    "azure": (re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+"),
+              "an image URN like Canonical:ubuntu-24_04-lts:server:latest"),
+}
+# A container image reference: [registry[:port]/]path[:tag][@sha256:digest], lower-case path.
+CONTAINER_IMAGE = re.compile(r"([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._/-][a-z0-9]+)*(:[\w][\w.-]{0,127})?"
+                             r"(@sha256:[0-9a-f]{64})?")
 
 
 def nul_problem(texts: Iterable[str]) -> str | None:
@@ -26,4 +41,21 @@ def env_problem(env: Mapping[str, str]) -> str | None:
             return f"environment variable name {name!r} must not contain '='"
         if "\x00" in name or "\x00" in value:
             return f"environment variable {name!r} contains a NUL character"
+    return None
+
+
+def machine_image_problem(images: Mapping[str, str]) -> str | None:
+    """Why a per-cloud boot image mapping cannot launch, or None."""
+    for cloud, image in images.items():
+        if cloud not in MACHINE_IMAGE_SHAPES:
+            return f"{cloud!r}: a boot image is set per cloud, one of {', '.join(MACHINE_IMAGE_SHAPES)}"
+        shape, example = MACHINE_IMAGE_SHAPES[cloud]
+        if not isinstance(image, str) or not shape.fullmatch(image):
+            return f"{cloud}: {image!r} is not {example}"
+    return None
+
+
+def container_image_problem(image: str) -> str | None:
+    if image and not CONTAINER_IMAGE.fullmatch(image):
+        return f"{image!r} is not an image reference like ghcr.io/example/train:1.0"
     return None

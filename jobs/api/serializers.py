@@ -17,7 +17,7 @@ from jobs.fleet import catalog
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawncli.names import closest_name
-from respawncli.spec_text import env_problem, nul_problem
+from respawncli.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
@@ -108,10 +108,10 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "team", "owner", "name", "command", "working_dir", "image", "env", "prepare_command",
-            "prepare_inputs", "post_command", "nodes", "accelerator", "accelerator_count", "instance_types",
-            "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions", "deadline",
-            "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
+            "id", "team", "owner", "name", "command", "working_dir", "machine_image", "container_image", "env",
+            "prepare_command", "prepare_inputs", "post_command", "nodes", "accelerator", "accelerator_count",
+            "instance_types", "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions",
+            "deadline", "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
             "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_tolerance",
             "max_preemptions", "max_restarts",
             "status", "status_reason", "failure_cause", "failure_headline", "failure_message", "preemptions",
@@ -208,6 +208,20 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             raise serializers.ValidationError("env must be an object of string to string")
         problem = env_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_machine_image(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("machine_image must be an object of cloud to image")
+        problem = machine_image_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+    def validate_container_image(self, value):
+        problem = container_image_problem(value)
         if problem:
             raise serializers.ValidationError(problem)
         return value

@@ -237,7 +237,7 @@ def launch(instance_id: int) -> None:
         user_data=render_user_data(control_plane_url=url, bootstrap_token=token, provider=instance.provider),
         bootstrap_token=token, control_plane_url=url,
         max_price_per_hour=float(instance.job.max_price_per_hour) if instance.job.max_price_per_hour else None,
-        image=instance.job.image,
+        machine_image=instance.job.machine_image.get(instance.provider, ""),
     )
     cloud = provider_for(instance.provider, instance.region)
     try:

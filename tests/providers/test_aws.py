@@ -133,7 +133,7 @@ def test_it_refuses_an_unknown_instance_type_as_a_precheck_with_the_clouds_messa
 
 def test_it_refuses_an_unknown_ami_as_a_precheck(aws):
     with pytest.raises(PrecheckError, match="ami-deadbeef") as caught:
-        aws.launch(aws_request(image="ami-deadbeef"))
+        aws.launch(aws_request(machine_image="ami-deadbeef"))
     assert caught.value.code == "InvalidAMIID.NotFound"
 
 

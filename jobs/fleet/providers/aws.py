@@ -133,9 +133,9 @@ class AwsProvider(Provider):
         placement = request.placement
         if placement.region != self.config.region:
             raise ValueError(f"placement region {placement.region!r} is not this provider's region {self.config.region!r}")
-        image = request.image or self.config.image
+        image = request.machine_image or self.config.image
         if not image:
-            raise PrecheckError("no AMI to launch: set `image` on the job or on the AWS provider config")
+            raise PrecheckError("no AMI to launch: set the job's `machine_image: {aws: ami-…}` or the AWS config's `image`")
         existing = self.find_by_instance_id(request.instance_id)
         if existing is not None:
             return existing.provider_instance_id

@@ -169,7 +169,7 @@ class AzureProvider(Provider):
 
     def launch(self, request: LaunchRequest) -> str:
         name = self.vm_name(request.instance_id)
-        image = request.image or self.config.image
+        image = request.machine_image or self.config.image
         if not URN.fullmatch(image):
             raise PrecheckError(f"Azure image must be a URN 'publisher:offer:sku:version', got {image!r}")
         existing = self.describe(name)

@@ -52,7 +52,7 @@ class LaunchRequest:
     bootstrap_token: str = ""
     control_plane_url: str = ""
     max_price_per_hour: float | None = None
-    image: str = ""  # AMI / image family / image URN; provider default when empty
+    machine_image: str = ""  # the job's boot image on this cloud (AMI, GCE image, URN); empty: the provider's
     extra_tags: dict[str, str] = field(default_factory=dict)
 
 

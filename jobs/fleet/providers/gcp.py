@@ -152,7 +152,7 @@ class GcpProvider(Provider):
                     boot=True,
                     auto_delete=True,
                     initialize_params=c.AttachedDiskInitializeParams(
-                        source_image=request.image or self.config.image, disk_size_gb=self.config.disk_size_gb
+                        source_image=request.machine_image or self.config.image, disk_size_gb=self.config.disk_size_gb
                     ),
                 )
             ],
