@@ -313,6 +313,20 @@ if PRICE_REFRESH_S > 0:
             "options": {"expires": PRICE_REFRESH_S},
         }
 
+# Notifications (jobs.notify). Webhooks to loopback and private addresses are refused
+# unless allowed (a demo or test receiver on 127.0.0.1); link-local never (the metadata service).
+NOTIFY = {
+    "ALLOW_PRIVATE": env_bool("RESPAWN_NOTIFY_ALLOW_PRIVATE", False),
+    "TIMEOUT_S": env_float("RESPAWN_NOTIFY_TIMEOUT_S", 5.0),
+    "MAX_RETRIES": int(os.environ.get("RESPAWN_NOTIFY_MAX_RETRIES", 5)),
+    "BACKOFF_S": int(os.environ.get("RESPAWN_NOTIFY_BACKOFF_S", 2)),
+    "BACKOFF_MAX_S": int(os.environ.get("RESPAWN_NOTIFY_BACKOFF_MAX_S", 300)),
+}
+EMAIL_BACKEND = os.environ.get("RESPAWN_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("RESPAWN_EMAIL_FROM", "respawn@localhost")
+EMAIL_HOST = os.environ.get("RESPAWN_EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("RESPAWN_EMAIL_PORT", 25))
+
 LOG_FORMAT = os.environ.get("RESPAWN_LOG_FORMAT", "plain")
 if LOG_FORMAT not in ("plain", "json"):
     raise ImproperlyConfigured(f"RESPAWN_LOG_FORMAT must be 'plain' or 'json', not {LOG_FORMAT!r}")

@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import invitations, team_settings, token_pages, views
+from frontend import invitations, notifications, team_settings, token_pages, views
 from frontend.login import login_view
 
 urlpatterns = [
@@ -22,6 +22,12 @@ urlpatterns = [
     path("teams/<int:pk>/settings/members/<int:member_pk>/remove/", team_settings.member_remove,
          name="team-member-remove"),
     path("teams/<int:pk>/settings/limits/", team_settings.limits_change, name="team-limits"),
+    path("teams/<int:pk>/notifications/", notifications.notifications_page, name="team-notifications"),
+    path("teams/<int:pk>/notifications/new/", notifications.subscription_create, name="team-notification-create"),
+    path("teams/<int:pk>/notifications/<int:sub_pk>/test/", notifications.subscription_test,
+         name="team-notification-test"),
+    path("teams/<int:pk>/notifications/<int:sub_pk>/delete/", notifications.subscription_delete,
+         name="team-notification-delete"),
     path("prices/", views.prices, name="prices"),
     path("invitations/", invitations.invitations_page, name="invitations"),
     path("invitations/<int:invitation_pk>/accept/", invitations.invitation_accept, name="invitation-accept"),

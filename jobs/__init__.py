@@ -11,6 +11,8 @@
   database, budgets, and money as people read it.
 - `people/`: token authentication, personal and agent tokens, the permission
   table, team administration.
+- `notify/`: notifications (DESIGN §11): subscriptions, the rows a happening writes
+  (heard through `core.signals`), URL checks, and sending with retries.
 - `api/`: the REST API (people's and agents') and Prometheus `/metrics`.
 
 At the top, Django's and Celery's conventions: models, admin, apps, tasks (the

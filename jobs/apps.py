@@ -19,3 +19,7 @@ class JobsConfig(AppConfig):
         # Imported for what importing them registers: the OpenAPI auth schemes, and the
         # signal by which workers count task failures for /metrics.
         from jobs.api import metrics, schema  # noqa: F401
+        # Notifications are recorded in the transaction of what they tell of (DESIGN §11).
+        from jobs.notify import events
+
+        events.connect()

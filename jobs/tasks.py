@@ -17,6 +17,8 @@ from jobs.fleet import orchestration
 from jobs.fleet.providers.base import TransientError
 from jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
 from jobs.money import budget, refreshers
+from jobs.notify import events as notify_events
+from jobs.notify import sending
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +109,22 @@ def reconcile() -> int:
     orchestration.resend_lost_launches()
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():
         budget.warn_over_budget(team)
+    notify_events.sweep(now)
     orchestration.reap_orphans()
     orchestration.schedule()
     ProcessedEvent.objects.filter(received_at__lt=now - PROCESSED_EVENT_RETENTION).delete()
     return handled
+
+
+# A webhook or mail server that fails is tried again with growing pauses, then given up.
+NOTIFY_RETRY = dict(autoretry_for=(sending.DeliveryFailed,), retry_backoff=settings.NOTIFY["BACKOFF_S"],
+                    retry_backoff_max=settings.NOTIFY["BACKOFF_MAX_S"], max_retries=settings.NOTIFY["MAX_RETRIES"],
+                    retry_jitter=True)
+
+
+@shared_task(name="jobs.tasks.deliver_notification", bind=True, ignore_result=True, **NOTIFY_RETRY)
+def deliver_notification(self, delivery_id: int) -> None:
+    sending.attempt(delivery_id, last=self.request.retries >= self.max_retries)
 
 
 @shared_task(name="jobs.tasks.refresh_prices", ignore_result=True)

@@ -96,9 +96,17 @@ def test_the_core_imports_no_subsystem(imports):
 
 
 def test_subsystems_import_neither_the_api_nor_tasks_nor_the_dashboard(imports):
-    inner = ["jobs.core", "jobs.fleet", "jobs.money", "jobs.people", "jobs.models"]
+    inner = ["jobs.core", "jobs.fleet", "jobs.money", "jobs.people", "jobs.notify", "jobs.models"]
     wrong = {(module, name) for module, names in imports.items() if under(module, inner) for name in names
              if under(name, TOP_TIER)}
+    assert not wrong
+
+
+def test_nothing_the_notifications_build_on_imports_them(imports):
+    # jobs.notify hears of happenings through jobs.core.signals: its senders never import it.
+    wrong = {(module, name) for module, names in imports.items()
+             if under(module, ["jobs.core", "jobs.fleet", "jobs.money", "jobs.people", "jobs.models"])
+             for name in names if under(name, ["jobs.notify"])}
     assert not wrong
 
 

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, costs, invitations, teamadmin, tokens, views
+from jobs.api import agent, audit, costs, invitations, notifications, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -14,6 +14,8 @@ router.register("tokens", tokens.ApiTokenViewSet, basename="token")
 router.register(r"teams/(?P<team_pk>\d+)/members", teamadmin.MemberViewSet, basename="team-member")
 router.register("audit", audit.AuditEventViewSet, basename="audit")
 router.register("invitations", invitations.InvitationViewSet, basename="invitation")
+router.register("subscriptions", notifications.SubscriptionViewSet, basename="subscription")
+router.register("deliveries", notifications.DeliveryViewSet, basename="delivery")
 
 people_urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="auth-token"),

@@ -16,6 +16,7 @@ from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, 
 from jobs.core import nudges
 from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
+from jobs.core.signals import checkpoint_invalid
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, failure_message
 
@@ -249,6 +250,7 @@ def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str
             Job.objects.filter(pk=job.pk).update(newest_valid_checkpoint=checkpoint)
     elif result == ValidationResult.INVALID:
         log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}")
+        checkpoint_invalid.send(sender=Checkpoint, checkpoint=checkpoint)
 
 
 def record_prepare(instance: Instance, *, outcome: str, key: str, uri: str, seconds, message: str) -> None:

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.core.choices import InstanceState, JobStatus
+from jobs.core.signals import job_status_changed
 from jobs.models import Instance, InstanceEvent, Job, JobEvent
 
 
@@ -34,6 +35,7 @@ def transition_job(job_id: int, old: str, new: str, *, message: str = "", **fiel
         updated = Job.objects.filter(pk=job_id, status=old).update(status=new, updated_at=timezone.now(), **fields)
         if updated:
             JobEvent.objects.create(job_id=job_id, from_status=old, to_status=new, message=message)
+            job_status_changed.send(sender=Job, job_id=job_id, old=old, new=new, fields=fields)
     return bool(updated)
 
 

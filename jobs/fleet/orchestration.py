@@ -25,6 +25,7 @@ from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
 from jobs.core.services import (after_instance_ended, enqueue_terminate, give_up_registering, judge_failure, mark_lost,
                                 nudge_schedule, request_action)
+from jobs.core.signals import launch_held
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.fleet import placement as placements
 from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
@@ -121,6 +122,8 @@ def provision(job: Job) -> list[int]:
     chosen = choice.chosen
     over_budget = budget.hold_reason(team, budget.job_remaining_cost(chosen.usd_per_hour, job, job.nodes))
     if over_budget:
+        if not job.status_reason.startswith(budget.HOLD_PREFIX):  # told once per hold, not each pass
+            launch_held.send(sender=Job, job=job, reason=over_budget)
         _wait(job, over_budget)
         return []
     with transaction.atomic():

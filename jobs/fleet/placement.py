@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InterruptionKind, Market
+from jobs.core.choices import EndReason, InstanceState, InterruptionKind, Market
 from jobs.fleet.policies import market as market_policy
 from jobs.fleet.policies.expected_cost import (Option, PlacementDecision, PlacementEvent, choose_placement,
                                                spot_overhead_fraction)
@@ -176,18 +176,35 @@ def _markets(job: Job, now, found) -> list[str] | None:
     rate = estimate_rate([lt for k in spot_keys for lt in found.get(k, [])], RatePrior.from_bucket())
     cost = checkpoint_cost_s(job)
     interval = checkpoint_interval(checkpoint_cost_s=cost, rate=rate).seconds
-    remaining = remaining_work_s(job)
-    total = (job.total_steps or 0) * (seconds_per_step(job) or 0) or remaining
-    clock = market_policy.JobClock(
-        now=now.timestamp(), started_at=job.created_at.timestamp(), deadline=job.deadline.timestamp(),
-        total_work_s=total, remaining_work_s=remaining, unsaved_work_s=0.0, running=None,
-        spot_available=any(k not in blocked for k in spot_keys), restart_s=DEFAULT_RESTART_S,
-        checkpoint_cost_s=cost, on_demand_interval_s=settings.RESPAWN["DEFAULT_CHECKPOINT_INTERVAL_S"],
-        decision_period_s=settings.RECONCILE_INTERVAL_S)
+    clock = job_clock(job, now, spot_available=any(k not in blocked for k in spot_keys), cost=cost)
     overhead = spot_overhead_fraction(rate=rate, availability=estimate_availability(available_s=0, observed_s=0),
                                       restart_s=DEFAULT_RESTART_S, checkpoint_cost_s=cost, interval_s=interval)
     chosen = market_policy.deadline_aware(clock, spot_overhead_fraction=overhead)
     return [chosen] if chosen else None
+
+
+def job_clock(job: Job, now, *, spot_available: bool, running: str | None = None,
+              cost: float | None = None) -> market_policy.JobClock:
+    """Where a job with a deadline stands, as the market policies read it (`cost`: its
+    checkpoint cost, when the caller has it already)."""
+    remaining = remaining_work_s(job)
+    total = (job.total_steps or 0) * (seconds_per_step(job) or 0) or remaining
+    return market_policy.JobClock(
+        now=now.timestamp(), started_at=job.created_at.timestamp(), deadline=job.deadline.timestamp(),
+        total_work_s=total, remaining_work_s=remaining, unsaved_work_s=0.0, running=running,
+        spot_available=spot_available, restart_s=DEFAULT_RESTART_S,
+        checkpoint_cost_s=checkpoint_cost_s(job) if cost is None else cost,
+        on_demand_interval_s=settings.RESPAWN["DEFAULT_CHECKPOINT_INTERVAL_S"],
+        decision_period_s=settings.RECONCILE_INTERVAL_S)
+
+
+def deadline_slack_s(job: Job, now=None) -> float:
+    """Time that would be left at the job's deadline if it went on-demand now and stayed
+    there (market.on_demand_slack); negative: even the on-demand fallback misses it."""
+    now = now or timezone.now()
+    live = job.instances.filter(state__in=InstanceState.LIVE).values_list("market", flat=True).first()
+    return market_policy.on_demand_slack(job_clock(job, now, spot_available=False, running=live),
+                                         moving=live != Market.ON_DEMAND)
 
 
 def interval_for(instance: Instance) -> IntervalDecision:

@@ -13,12 +13,14 @@ from decimal import Decimal
 from django.utils import timezone
 
 from jobs.core.choices import InstanceState, JobStatus
+from jobs.core.signals import budget_warning
 from jobs.core.transitions import log_job_event
 from jobs.fleet.placement import remaining_work_s
 from jobs.models import Instance, Team
 from jobs.money.costs import CostError, team_month_cost
 
 HOUR = Decimal(3600)
+HOLD_PREFIX = "waiting: monthly budget"  # how a held job's status reason starts
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def hold_reason(team: Team, launch_cost: Decimal) -> str:
     projected = projection(team)
     if projected.allows(launch_cost):
         return ""
-    return (f"waiting: monthly budget (${projected.total:.2f} projected + ${launch_cost:.2f} for this job "
+    return (f"{HOLD_PREFIX} (${projected.total:.2f} projected + ${launch_cost:.2f} for this job "
             f"> ${projected.budget:.2f})")
 
 
@@ -80,4 +82,5 @@ def warn_over_budget(team: Team) -> bool:
     if warning:
         for job_id in team.jobs.filter(status__in=JobStatus.ACTIVE).values_list("pk", flat=True):
             log_job_event(job_id, f"budget warning: {warning}")
+        budget_warning.send(sender=Team, team=team, warning=warning)
     return bool(warning)

@@ -19,6 +19,8 @@ PERMISSIONS: dict[str, str] = {
     "interruption.view": Role.VIEWER,
     "team.manage": Role.ADMIN,
     "audit.view": Role.ADMIN,
+    "subscription.manage_team": Role.ADMIN,  # the team's notification subscriptions
+    "subscription.manage_own": Role.VIEWER,  # one's own: anyone who sees the team's jobs may be told of them
 }
 
 # Open to any signed-in person, whatever their teams: public list prices, their

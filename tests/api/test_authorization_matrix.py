@@ -6,7 +6,7 @@ from rest_framework.test import APIClient
 
 from jobs.core.audit import record_audit
 from jobs.core.choices import AuditAction, Role
-from jobs.models import ApiToken, Checkpoint, Invitation, InterruptionEvent
+from jobs.models import ApiToken, Checkpoint, Invitation, InterruptionEvent, Subscription
 from jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
 from tests.factories import make_instance, make_job, make_person, make_team_with_members
 
@@ -46,21 +46,31 @@ ENDPOINTS = [
     ("invitations-detail", "get", "/api/v1/invitations/{invitation}/", "invitation.respond", 200),
     ("invitations-accept", "post", "/api/v1/invitations/{invitation}/accept/", "invitation.respond", 200),
     ("invitations-decline", "post", "/api/v1/invitations/{invitation}/decline/", "invitation.respond", 204),
+    ("subscriptions-list", "get", "/api/v1/subscriptions/", "team.view", 200),
+    ("subscriptions-detail", "get", "/api/v1/subscriptions/{subscription}/", "team.view", 200),
+    ("subscriptions-create-team", "post", "/api/v1/subscriptions/", "subscription.manage_team", 201),
+    ("subscriptions-create-own", "post", "/api/v1/subscriptions/", "subscription.manage_own", 201),
+    ("subscriptions-test", "post", "/api/v1/subscriptions/{subscription}/test/", "subscription.manage_team", 202),
+    ("subscriptions-delete", "delete", "/api/v1/subscriptions/{subscription}/", "subscription.manage_team", 204),
 ]
 JOB_BODY = {"name": "x", "command": ["python", "t.py"]}
+SUBSCRIPTION_BODY = {"name": "x", "channel": "email", "email": "ops@example.com", "events": ["job.failed"]}
 BODIES = {
     "jobs-create": JOB_BODY,
     "tokens-create": {"name": "laptop"},
     "members-add": {"username": "newbie", "role": Role.VIEWER},
     "members-change": {"role": Role.MEMBER},
     "limits-change": {"max_concurrent_gpus": 4},
+    "subscriptions-create-team": {"scope": "team", **SUBSCRIPTION_BODY},
+    "subscriptions-create-own": {"scope": "personal", **SUBSCRIPTION_BODY},
 }
 # A person's token and invitation are theirs alone: the row's {token} belongs to the
 # member, its {invitation} (to the outsider's team) to the viewer.
 OWNERS = {"token.manage": Role.MEMBER, "invitation.respond": Role.VIEWER}
 WHO = [Role.VIEWER, Role.MEMBER, Role.ADMIN, "outsider", "anonymous"]
 LIST_ENDPOINTS = {name for name, _, url, _, _ in ENDPOINTS if "{" not in url and name.endswith("-list")}
-CREATE_ENDPOINTS = {"jobs-create", "tokens-create"}
+CREATE_ENDPOINTS = {"jobs-create", "tokens-create", "subscriptions-create-team", "subscriptions-create-own"}
+TEAM_IN_BODY = {"jobs-create", "subscriptions-create-team", "subscriptions-create-own"}
 
 
 def holds_somewhere(who, action):
@@ -94,7 +104,9 @@ def objects_of(setup):
     audit = record_audit(member, AuditAction.JOB_SUBMITTED, f"job:{job.pk}", team=setup.team)
     invitation = Invitation.objects.create(team=setup.other_team, user=setup.people[OWNERS["invitation.respond"]].user,
                                            role=Role.MEMBER, invited_by=setup.people["outsider"].user)
-    return {"invitation": invitation.pk, "job": job.pk, "instance": instance.pk, "checkpoint": checkpoint.pk, "interruption": interruption.pk,
+    subscription = Subscription.objects.create(team=setup.team, name="ops", channel="email", email="ops@example.com",
+                                               events=["job.failed"])
+    return {"subscription": subscription.pk, "invitation": invitation.pk, "job": job.pk, "instance": instance.pk, "checkpoint": checkpoint.pk, "interruption": interruption.pk,
             "team": setup.team.pk, "token": ApiToken.objects.get(user=member).pk, "audit": audit.pk,
             "viewer": setup.people[Role.VIEWER].user.username}
 
@@ -107,7 +119,7 @@ def test_authorization_matrix(db, name, method, url, action, success, who):
     client = APIClient()
     if who != "anonymous":
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {setup.people[who].token}")
-    body = {"team": setup.team.pk, **BODIES[name]} if name == "jobs-create" else BODIES.get(name)
+    body = {"team": setup.team.pk, **BODIES[name]} if name in TEAM_IN_BODY else BODIES.get(name)
     response = getattr(client, method)(url.format(**ids), body, format="json")
     expected = expected_status(action, who, success, name in LIST_ENDPOINTS, name in CREATE_ENDPOINTS)
     assert response.status_code == expected, response.content

@@ -1,0 +1,59 @@
+"""Which webhook URLs the control plane may call.
+
+A webhook is a request our servers make to an address a person typed, so an address
+inside our own network (the cloud's metadata service above all, which hands out the
+control plane's credentials) is refused: checked when the subscription is saved and
+again before each send, since a name can resolve elsewhere by then (DNS rebinding).
+Redirects are never followed (jobs.notify.sending), so a checked address cannot
+forward the request elsewhere either."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+# Metadata services not all in the link-local range (AWS's IPv6 one is a private address).
+METADATA = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200"))
+
+
+class UnsafeURL(ValueError):
+    """The URL may not be called; the message says why, for the person who typed it."""
+
+
+def refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """Why a webhook may not go to `ip`, or '' when it may."""
+    if ip.version == 6 and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    if ip in METADATA or ip.is_link_local:
+        return "a link-local or metadata-service address, never allowed"
+    if ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+        return "not an address a webhook can be sent to"
+    if ip.is_global or settings.NOTIFY["ALLOW_PRIVATE"]:
+        return ""
+    kind = "a loopback" if ip.is_loopback else "a private"
+    return f"{kind} address (this deployment allows only public ones: RESPAWN_NOTIFY_ALLOW_PRIVATE)"
+
+
+def check_url(url: str) -> None:
+    """Raise UnsafeURL unless `url` is http(s) and every address its host resolves to may be called."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise UnsafeURL("only http:// and https:// URLs can receive webhooks")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise UnsafeURL("the port is not a number from 0 to 65535") from None
+    host = parts.hostname
+    if not host:
+        raise UnsafeURL("the URL names no host")
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UnsafeURL(f"{host} does not resolve ({exc})") from None
+    for address in sorted(found):
+        why = refusal(ipaddress.ip_address(address.partition("%")[0]))
+        if why:
+            raise UnsafeURL(f"{host} resolves to {address}: {why}")
