@@ -26,6 +26,7 @@ PATH_LOGS = "logs"
 PATH_EXIT = "exit"
 PATH_PREPARE = "prepare"
 PATH_RENDEZVOUS = "rendezvous"  # GET: rank 0's address, for a rank that registered before rank 0 did
+PATH_SOURCE = "source"  # GET: the job's source archive (agents/sourcetree.py), whose SHA-256 the job spec pins
 
 MAX_LOG_LINES_PER_BATCH = 1000
 MAX_LOG_LINE_CHARS = 4096
@@ -162,6 +163,11 @@ class JobSpec:
     purpose: str = Purpose.TRAIN  # "post": `command` is the job's post command
     artifact_uri: str = ""  # the job's exported artifact (post instances only)
     artifact_digest: str = ""
+    # The job's code, put into working_dir before prepare and training (agents/agent/source.py):
+    # the archive `GET source` serves, checked against this hex SHA-256, or a git commit.
+    source_sha256: str = ""
+    source_git_url: str = ""
+    source_git_commit: str = ""
 
 
 @dataclass(kw_only=True)

@@ -280,6 +280,14 @@ RESPAWN = {
     # How the agents (and the reconciler's health probe) reach the API.
     "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
+    # Jobs' uploaded source archives, one file per SHA-256 (jobs.core.sources), and the most
+    # bytes an archive, or the files it unpacks to, may hold (the CLI checks the same variable).
+    "SOURCE_DIR": os.environ.get("RESPAWN_SOURCE_DIR", str(VAR_DIR / "sources")),
+    "SOURCE_MAX_BYTES": int(os.environ.get("RESPAWN_SOURCE_MAX_BYTES", 100 * 1024 * 1024)),
+    # Encrypts jobs' secret env values (jobs.core.secret_env): Fernet keys, comma-separated,
+    # the first encrypting; unset, a key made in SECRETS_KEY_FILE at first use.
+    "SECRETS_KEY": secret_from_env_or_file("RESPAWN_SECRETS_KEY", ""),
+    "SECRETS_KEY_FILE": str(VAR_DIR / "secrets.key"),
     "PROVIDER_CONFIG": PROVIDER_CONFIG,
     # GPUs the whole deployment may hold at once (an org's cloud quota); teams share it fairly.
     "MAX_CONCURRENT_GPUS": int(os.environ["RESPAWN_MAX_CONCURRENT_GPUS"]) if os.environ.get("RESPAWN_MAX_CONCURRENT_GPUS") else None,

@@ -20,8 +20,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from frontend import access, money, reads, selectors
 from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm
+from jobs.core import trackers
 from jobs.core.services import cancel_job
-from jobs.models import PriceQuote
+from jobs.models import Job, PriceQuote
 from jobs.money.costs import CostError, parse_month
 from jobs.people.permissions import can
 
@@ -127,7 +128,9 @@ def job_page(request, pk: int):
     summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
                                     may_cancel=can(request.user, "job.cancel", job["team_id"]))
     teams, interval = reads.batch(access.team_choices(request.user), reads.checkpoint_interval(job["id"]))
-    return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval)
+    tracker_links = trackers.links(Job.objects.only("pk", "created_at", "env").get(pk=pk))
+    return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval,
+                tracker_links=tracker_links)
 
 
 @json_view

@@ -45,6 +45,9 @@ FIELDS: dict[str, Field] = {
     "prepare_command": Field("argv"),
     "prepare_inputs": Field("strings"),
     "post_command": Field("argv"),
+    "source_archive": Field("str", maximum=71),  # "sha256:<hex>" of an uploaded archive; or --workdir
+    "source_git_url": Field("str", maximum=500),
+    "source_git_commit": Field("str", maximum=64),
     "nodes": Field("int", minimum=1, maximum=64),
     "accelerator": Field("str", maximum=50),
     "accelerator_count": Field("int", minimum=0),

@@ -6,6 +6,7 @@ timeout, 5xx, 429) or refused for good (any other 4xx: resending cannot help).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ import requests
 from agents.protocol import API_PREFIX
 
 log = logging.getLogger(__name__)
+
+DOWNLOAD_CHUNK_BYTES = 1 << 20
 
 DELIVERED = "delivered"
 RETRY = "retry"
@@ -43,16 +46,36 @@ class ControlPlaneClient:
         """A read (the rendezvous address); the same three outcomes as a report."""
         return self._call("GET", path, None)
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Outcome:
-        headers = {"Authorization": f"Bearer {self.agent_token}"} if self.agent_token else {}
+    def download(self, path: str, dest: str) -> tuple[Outcome, str]:
+        """GET `path` into the file `dest`, streamed: the outcome, and the hex SHA-256 of the
+        bytes written (empty unless delivered). A body cut short is a RETRY (requests
+        checks it against the Content-Length)."""
+        digest, size = hashlib.sha256(), 0
         try:
-            r = self.session.request(method, self.base_url + path, json=body, headers=headers, timeout=self.timeout)
+            with self.session.get(self.base_url + path, headers=self._auth(), timeout=self.timeout, stream=True) as r:
+                refused = _refusal(r)
+                if refused is not None:
+                    return refused, ""
+                with open(dest, "wb") as f:
+                    for chunk in r.iter_content(DOWNLOAD_CHUNK_BYTES):
+                        digest.update(chunk)
+                        f.write(chunk)
+                        size += len(chunk)
+        except requests.RequestException as exc:
+            return Outcome(RETRY, detail=f"{type(exc).__name__}: {exc}"), ""
+        return Outcome(DELIVERED, r.status_code, detail=f"{size} bytes"), digest.hexdigest()
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.agent_token}"} if self.agent_token else {}
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Outcome:
+        try:
+            r = self.session.request(method, self.base_url + path, json=body, headers=self._auth(), timeout=self.timeout)
         except requests.RequestException as exc:
             return Outcome(RETRY, detail=f"{type(exc).__name__}: {exc}")
-        if r.status_code >= 500 or r.status_code == 429:
-            return Outcome(RETRY, r.status_code, detail=r.text[:2000])
-        if r.status_code >= 400:
-            return Outcome(REFUSED, r.status_code, detail=r.text[:2000])
+        refused = _refusal(r)
+        if refused is not None:
+            return refused
         try:
             answer = r.json()
         except ValueError:
@@ -61,3 +84,12 @@ class ControlPlaneClient:
             log.warning("control plane answered %s %s with a body that is not a JSON object: %r", r.status_code, path, r.text[:2000])
             answer = None
         return Outcome(DELIVERED, r.status_code, answer, r.text[:2000])
+
+
+def _refusal(r: requests.Response) -> Outcome | None:
+    """The outcome of an answer that is no success: RETRY for 5xx and 429, REFUSED for other 4xx."""
+    if r.status_code >= 500 or r.status_code == 429:
+        return Outcome(RETRY, r.status_code, detail=r.text[:2000])
+    if r.status_code >= 400:
+        return Outcome(REFUSED, r.status_code, detail=r.text[:2000])
+    return None

@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 import requests
 
 from agents import __version__, protocol
-from agents.agent import EXIT_INSTANCE_ENDED, prepare, session
+from agents.agent import EXIT_INSTANCE_ENDED, prepare, session, source
 from agents.agent.channel import (
     ChannelPaths,
     CheckpointsTail,
@@ -342,6 +342,10 @@ class Agent:
             env = trainer_env(job, self.paths.env())
         except ValueError as exc:
             return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
+        if source.wanted(job):
+            ended = self._put_source_in_place()
+            if ended is not None:
+                return ended
         if job.prepare_command:
             ended = self._prepare(env)
             if ended is not None:
@@ -453,11 +457,11 @@ class Agent:
                     self._agent_line(f"rank 0's rendezvous address: {addr}")
                     return None
                 if outcome.kind == REFUSED:
-                    return self._rendezvous_failed(f"the control plane refused the rendezvous call (HTTP {outcome.status}): {outcome.detail[:500]}")
+                    return self._setup_failed(f"the control plane refused the rendezvous call (HTTP {outcome.status}): {outcome.detail[:500]}")
                 if outcome.kind == DELIVERED and not isinstance(addr, str):
                     log.warning("rendezvous answer with an unusable rendezvous_addr, ignored: %r", outcome.answer)
                 if now >= give_up:
-                    return self._rendezvous_failed(f"rank {job.rank} got no rendezvous address within {self.config.register_timeout_s}s: rank 0 did not register")
+                    return self._setup_failed(f"rank {job.rank} got no rendezvous address within {self.config.register_timeout_s}s: rank 0 did not register")
                 next_poll = time.monotonic() + self.heartbeat_interval_s
             try:
                 event = self.events.get(timeout=max(0.0, min(self.config.tick_s, next_poll - time.monotonic())))
@@ -468,7 +472,46 @@ class Agent:
             self._report_notice_outcome()
         return self._exit_report(None)
 
-    def _rendezvous_failed(self, message: str) -> protocol.ExitReport:
+    def _put_source_in_place(self) -> protocol.ExitReport | None:
+        """The job's code into working_dir (agents.agent.source), in a thread while this one
+        heartbeats (a long download must not look like a lost VM) and handles notices. A
+        setup failure saying why when it cannot be done; an exit report when a notice or a
+        stop came first."""
+        job = self.job
+        assert job is not None
+        self._agent_line(f"putting the job's code in place: {source.describe(job)}")
+        done: dict[str, str] = {}
+
+        def put() -> None:
+            try:
+                done["dir"] = source.put_in_place(job, self.client, self.config.work_dir, backoff=self._backoff(),
+                                                  give_up_s=self.config.register_timeout_s)
+            except source.SourceFailed as exc:
+                done["failed"] = str(exc)
+
+        worker = threading.Thread(target=put, name="source", daemon=True)
+        worker.start()
+        next_heartbeat = time.monotonic()
+        while worker.is_alive() and not (self.notice or self.stopped_by_control_plane):
+            if time.monotonic() >= next_heartbeat:
+                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                next_heartbeat = time.monotonic() + self.heartbeat_interval_s
+            try:
+                self._handle(self.events.get(timeout=self.config.tick_s))
+            except queue.Empty:
+                continue
+        if worker.is_alive():  # a notice or a stop came first; the thread dies with the agent
+            if self.notice is not None:
+                self._report_notice_outcome()
+            return self._exit_report(None)
+        if "dir" not in done:
+            return self._setup_failed(f"setup failed: {done.get('failed', 'the source step ended without a word')}")
+        job.working_dir = done["dir"]
+        self._save_session()  # a restarted agent runs the trainer there too
+        self._agent_line(f"the job's code is in {job.working_dir}")
+        return None
+
+    def _setup_failed(self, message: str) -> protocol.ExitReport:
         self._agent_line(message)
         self._ship_logs(final=True)
         return self._setup_failure(output_tail(self.log_path), message)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 
-from agents import protocol
+from agents import protocol, trackers
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +25,11 @@ AGENT_ONLY_ENV = ("RESPAWN_BOOTSTRAP_TOKEN", "RESPAWN_BOOTSTRAP_TOKEN_FILE", "RE
 
 
 def trainer_env(job: protocol.JobSpec, channel_env: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
-    """The trainer's environment: the agent's, the job's own, then the channel contract."""
+    """The trainer's environment: the agent's, the job's own, the job's tracker run identity
+    (where the job's env does not set it), then the channel contract."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in AGENT_ONLY_ENV}
     env.update({str(k): str(v) for k, v in job.env.items()})
+    env.update(trackers.identity_env(job.run_id, job.env))
     env.update(channel_env)
     env["PYTHONUNBUFFERED"] = "1"  # output reaches the log (and the dashboard) as it is printed
     env[protocol.ENV_CHECKPOINT_URI] = job.checkpoint_uri

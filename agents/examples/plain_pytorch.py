@@ -8,7 +8,12 @@ It shows the whole framework-agnostic contract (agents/protocol.py, end):
 - saves model, optimizer, step and RNG state with torch.save into a temp file,
   fsync, rename (a checkpoint exists only once complete), then appends one JSON
   line per commit to RESPAWN_CHECKPOINTS_FILE and keeps RESPAWN_STATUS_FILE
-  current (replaced atomically) so the agent can heartbeat and report.
+  current (replaced atomically) so the agent can heartbeat and report;
+- logs its loss by step to W&B and/or MLflow when the environment names them
+  (WANDB_PROJECT or WANDB_MODE; MLFLOW_TRACKING_URI): the agent sets WANDB_RUN_ID,
+  WANDB_RESUME and MLFLOW_RUN_ID to the job's one run, which `wandb.init()` and
+  `mlflow.start_run()` read themselves, and the script logs only the steps after the
+  one it resumed at, so a relaunched job's run holds each step once.
 
 Run: `python -m agents.examples.plain_pytorch --steps 500` (checkpoints in
 ./checkpoints unless RESPAWN_CHECKPOINT_URI says otherwise). Kill it any way you
@@ -144,6 +149,34 @@ def notice_given() -> bool:
     return bool(path) and os.path.exists(path)
 
 
+class Trackers:
+    """The experiment trackers the environment names; none when it names none."""
+
+    def __init__(self, config: dict):
+        self.wandb_run = self.mlflow = None
+        if os.environ.get("WANDB_PROJECT") or os.environ.get("WANDB_MODE"):
+            import wandb
+
+            self.wandb_run = wandb.init(config=config)
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            import mlflow
+
+            mlflow.start_run()
+            self.mlflow = mlflow
+
+    def log(self, step: int, loss: float) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.log({"loss": loss}, step=step)
+        if self.mlflow is not None:
+            self.mlflow.log_metric("loss", loss, step=step)
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+        if self.mlflow is not None:
+            self.mlflow.end_run()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=int(os.environ.get("RESPAWN_TOTAL_STEPS") or 500))
@@ -168,9 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     if step >= args.steps:
         print(f"already trained to step {step}", flush=True)
         return 0
+    trackers = Trackers(vars(args))
+    try:
+        return train(args, model, optimizer, directory, step, resume is not None, trackers)
+    finally:
+        trackers.close()
+
+
+def train(args, model, optimizer, directory: Path, step: int, resumed: bool, trackers: Trackers) -> int:
     interval = float(os.environ.get("RESPAWN_CHECKPOINT_INTERVAL_S") or 30)
     last_save = time.monotonic()
-    last_ckpt_step = step if resume else None
+    last_ckpt_step = step if resumed else None
     while step < args.steps:
         started = time.monotonic()
         x, y = batch_for(step, args.batch)
@@ -179,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
         step += 1
+        trackers.log(step, loss.item())
         write_status({"step": step, "loss": loss.item(), "samples_per_s": args.batch / max(time.monotonic() - started, 1e-9), "last_checkpoint_step": last_ckpt_step})
         if args.step_delay_s:
             time.sleep(args.step_delay_s)

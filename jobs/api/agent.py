@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 from agents import protocol
 from jobs.api import checkpoint_trust, parsing
 from jobs.api.errors import PayloadTooLarge, Unauthorized
-from jobs.core import services
+from jobs.core import services, trackers
 from jobs.core.choices import InstanceState
 from jobs.fleet import heartbeats
 from jobs.fleet.placement import refresh_interval
@@ -526,4 +526,5 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         purpose=instance.purpose,
         artifact_uri=job.artifact_uri if post else "",
         artifact_digest=job.artifact_digest if post else "",
+        run_id=trackers.run_id(job),
     )
