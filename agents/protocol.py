@@ -144,6 +144,8 @@ class JobSpec:
     command: list[str]
     working_dir: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # Set for the trainer like env, but never written to a log or report by the agent.
+    secret_env: dict[str, str] = field(default_factory=dict)
     checkpoint_uri: str = ""  # storage prefix for this job's checkpoints
     resume_from: str | None = None  # URI of the checkpoint to resume from, if any
     resume_step: int | None = None

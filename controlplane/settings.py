@@ -12,6 +12,11 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RESPAWN_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
+# The control plane's alone: the database, keys, queue and logs. Run as root, local VMs run
+# as users of their own (jobs.fleet.providers.local) and need the search bit to reach their
+# own directories in local-vms/ and checkpoints/; they can list nothing here, and every
+# other entry is 0600 or 0700.
+VAR_DIR.chmod(0o711 if os.geteuid() == 0 else 0o700)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -99,6 +104,11 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("DATABASE_URL", f"sqlite:///{VAR_DIR / 'respawn.sqlite3'}")
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Every job's env is in it: owner-only before SQLite first opens it (its -wal and -shm
+    # files take the database file's mode).
+    if DATABASES["default"]["NAME"] not in ("", ":memory:"):
+        os.close(os.open(DATABASES["default"]["NAME"], os.O_WRONLY | os.O_CREAT, 0o600))
+        os.chmod(DATABASES["default"]["NAME"], 0o600)
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets the web process read while a worker writes; IMMEDIATE takes the
@@ -217,6 +227,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # Its own variable so that processes with different var dirs (a test and the worker
     # it starts) can still share one queue.
     _broker_dir = Path(os.environ.get("RESPAWN_BROKER_DIR", VAR_DIR / "broker"))
+    _broker_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the tasks' arguments are ours alone
     for sub in ("queue", "processed", "control"):
         (_broker_dir / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -280,6 +291,10 @@ RESPAWN = {
     # How the agents (and the reconciler's health probe) reach the API.
     "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
+    # Encrypts jobs' secret env values (jobs.core.secret_env): Fernet keys, comma-separated,
+    # the first encrypting; unset, a key made in SECRETS_KEY_FILE at first use.
+    "SECRETS_KEY": secret_from_env_or_file("RESPAWN_SECRETS_KEY", ""),
+    "SECRETS_KEY_FILE": str(VAR_DIR / "secrets.key"),
     # Jobs' uploaded source archives, one file per SHA-256 (jobs.core.sources), and the most
     # bytes an archive, or the files it unpacks to, may hold (the CLI checks the same variable).
     "SOURCE_DIR": os.environ.get("RESPAWN_SOURCE_DIR", str(VAR_DIR / "sources")),

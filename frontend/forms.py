@@ -46,6 +46,14 @@ class DashboardForm(forms.Form):
                 self.add_error(field if field in self.fields else None, f"{field}: {message}")
 
 
+class SecretLines(forms.Textarea):
+    """Never sends what was typed back to the browser, not even to correct it: a
+    refused form comes back with this field empty."""
+
+    def format_value(self, value):
+        return None
+
+
 class SubmitJobForm(DashboardForm):
     name = forms.CharField(max_length=200)
     command = forms.CharField(max_length=2000, help_text="As you would type it in a shell, e.g. python train.py --lr 3e-4")
@@ -57,6 +65,20 @@ class SubmitJobForm(DashboardForm):
     checkpoint_interval_s = forms.FloatField(required=False, min_value=1, label="Checkpoint interval (s)",
                                              help_text="Empty: chosen from measured checkpoint cost and interruption rate")
     priority = forms.IntegerField(initial=0, min_value=-100, max_value=100)
+    secret_env = forms.CharField(
+        required=False, max_length=20000, label="Secret environment", widget=SecretLines(attrs={"rows": 2, "autocomplete": "off"}),
+        help_text="One NAME=value a line: stored encrypted, given only to the job's VMs, never shown again")
+
+    def clean_secret_env(self):
+        values = {}
+        for number, line in enumerate(self.cleaned_data["secret_env"].splitlines(), 1):
+            name, sep, value = line.partition("=")
+            if not line.strip():
+                continue
+            if not sep or not name.strip():
+                raise forms.ValidationError(f"line {number} is not NAME=value")
+            values[name.strip()] = value
+        return values
 
     def clean_command(self):
         try:

@@ -94,8 +94,11 @@ def check_job_spec(job: protocol.JobSpec) -> None:
             raise ValueError(f"job.{name} must be a list of non-empty strings, got {value!r}")
     if job.purpose not in protocol.Purpose.ALL:
         raise ValueError(f"job.purpose must be one of {protocol.Purpose.ALL}, got {job.purpose!r}")
-    if not isinstance(job.env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in job.env.items()):
-        raise ValueError(f"job.env must map strings to strings, got {job.env!r}")
+    for name in ("env", "secret_env"):
+        value = getattr(job, name)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            # Never the value itself: a secret's would reach the agent's log.
+            raise ValueError(f"job.{name} must map strings to strings, got names {sorted(map(str, value)) if isinstance(value, dict) else type(value).__name__}")
     for name in ("heartbeat_interval_s", "notice_budget_s"):
         if not _is_number(getattr(job, name)) or getattr(job, name) <= 0:
             raise ValueError(f"job.{name} must be a number > 0, got {getattr(job, name)!r}")

@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 from agents import protocol
 from jobs.api import checkpoint_trust, parsing
 from jobs.api.errors import PayloadTooLarge, Unauthorized
-from jobs.core import services, trackers
+from jobs.core import secret_env, services, trackers
 from jobs.core.choices import InstanceState
 from jobs.fleet import heartbeats
 from jobs.fleet.placement import refresh_interval
@@ -504,6 +504,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         command=job.post_command if post else job.command,
         working_dir=job.working_dir,
         env=job.env,
+        secret_env=secret_env.unseal(job.secret_env),  # here only: the answer to a live instance of the job
         checkpoint_uri=checkpoint_trust.job_storage_uri(job),
         resume_from=resume.uri if resume else None,
         resume_step=resume.step if resume else None,

@@ -109,6 +109,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "team", "owner", "name", "command", "working_dir", "machine_image", "container_image", "env",
+            "secret_env",
             "prepare_command", "prepare_inputs", "post_command", "nodes", "accelerator", "accelerator_count",
             "instance_types", "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions",
             "deadline", "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
@@ -132,12 +133,16 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "validation_tolerance": {"min_value": 0},
             "env": {"help_text": "Environment of the job's process, names to values. To a viewer of the team who "
                                  "is not the job's owner, every value reads null."},
+            "secret_env": {"help_text": "Secret environment of the job's process, names to values: stored encrypted "
+                                        "and given only to the job's live VMs. Read back, every value is null, for "
+                                        "everyone."},
         }
 
     def to_representation(self, job):
         data = super().to_representation(job)
         if not may_read_env_values(self.context["request"].user, job):
             data["env"] = dict.fromkeys(data["env"])
+        data["secret_env"] = dict.fromkeys(job.secret_env)  # stored encrypted; never given back to anyone
         return data
 
     def validate_command(self, value):
@@ -154,6 +159,9 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
     def validate(self, attrs):
         self._refuse_unplaceable(attrs)
+        both = sorted(set(attrs.get("env") or {}) & set(attrs.get("secret_env") or {}))
+        if both:
+            raise serializers.ValidationError({"secret_env": [f"{', '.join(both)} also in env: name each once"]})
         if attrs.get("prepare_inputs") and not attrs.get("prepare_command"):
             raise serializers.ValidationError({"prepare_inputs": ["prepare_inputs needs a prepare_command"]})
         return attrs
@@ -204,13 +212,16 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         if errors:
             raise serializers.ValidationError(errors)
 
-    def validate_env(self, value):
+    def validate_env(self, value, field="env"):
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise serializers.ValidationError("env must be an object of string to string")
+            raise serializers.ValidationError(f"{field} must be an object of string to string")
         problem = env_problem(value)
         if problem:
             raise serializers.ValidationError(problem)
         return value
+
+    def validate_secret_env(self, value):
+        return self.validate_env(value, "secret_env")
 
     def validate_machine_image(self, value):
         if not isinstance(value, dict):

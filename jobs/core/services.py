@@ -13,7 +13,7 @@ from django.db.models import F, Q, Sum
 from django.utils import timezone
 
 from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
-from jobs.core import nudges
+from jobs.core import nudges, secret_env
 from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.core.signals import checkpoint_invalid
@@ -62,7 +62,7 @@ def enqueue_terminate(instance_id: int) -> None:
 def create_job(**fields) -> Job:
     """Every door that submits (API, dashboard, demo) comes here: the job, its first
     event and its audit row commit together."""
-    job = Job.objects.create(**fields)
+    job = Job.objects.create(**{**fields, "secret_env": secret_env.seal(fields.get("secret_env") or {})})
     log_job_event(job.pk, f"submitted by {job.owner}")
     audit_job_submitted(job.owner, job)
     nudge_schedule()
