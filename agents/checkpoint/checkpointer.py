@@ -79,7 +79,11 @@ class CheckpointConfig:
     pace_fraction: float = 0.5
     """A periodic persist is spread over this fraction of the interval."""
     notice_budget_s: float = 25.0
-    """Time a notice save has when no deadline is given."""
+    """Time a notice save has when neither `save(deadline=)` nor the agent's notice file gives one."""
+    agree_every_steps: int = 1
+    """In a gang, ranks agree (stop, save now, save due, commit) every this many steps,
+    without blocking a step (agents/checkpoint/distributed.py); a stop seen by one rank
+    reaches all within 2 x this - 1 steps. Raise it when steps are short and ranks drift."""
     validation: ValidationSettings | None = None
     """Model and batch factories: reference loss at save, validation on resume."""
     validate_on_resume: bool = True
@@ -120,6 +124,8 @@ class CheckpointConfig:
             raise ConfigError(f"pace_fraction={self.pace_fraction} must be in (0, 1]")
         if self.write_live_fraction is not None and not 0 <= self.write_live_fraction <= 1:
             raise ConfigError(f"write_live_fraction={self.write_live_fraction} must be in [0, 1]")
+        if self.agree_every_steps < 1:
+            raise ConfigError(f"agree_every_steps={self.agree_every_steps} must be >= 1")
         if self.notice_budget_s <= 0:
             raise ConfigError(f"notice_budget_s={self.notice_budget_s} must be > 0")
 
@@ -178,7 +184,7 @@ class _Persist:
     error: BaseException | None = None
 
 
-# Columns of the table ranks exchange every step.
+# Columns of the table ranks agree on (agents/checkpoint/distributed.py).
 _STOP, _NOW, _DUE, _BUSY, _WRITTEN_STEP, _FAILED_STEP = range(6)
 
 
@@ -206,7 +212,7 @@ class Checkpointer:
         self._live_fraction = config.write_live_fraction
         if self._live_fraction is None:
             self._live_fraction = LOCAL_LIVE_FRACTION if isinstance(self.storage, LocalStorage) else 0.0
-        self.coord = Coordinator()
+        self.coord = Coordinator(config.agree_every_steps)
         self.rank = self.coord.rank
         self._buffers = SnapshotBuffers(config.num_files)
         self._reference = ReferenceLoss(config.validation) if config.validation is not None and self.rank == 0 else None
@@ -281,12 +287,19 @@ class Checkpointer:
         if new_interval:
             self._interval_s = new_interval
         self._finish_late_persist()
-        table = self.coord.exchange(self._status_row(step))
-        self._settle_inflight(table)
+        outcome = self._decide(step, kind, deadline, self.coord.agreed(self._status_row(step)))
+        self.coord.share(self._status_row(step))
+        return outcome
+
+    def _decide(self, step: int, kind: str | None, deadline, table: list[list[int]] | None) -> SaveOutcome | None:
+        """Act on the ranks' agreed table; in a gang it is None on the steps that read
+        none, when only the caller's own `kind` can start a save."""
+        if table is not None:
+            self._settle_inflight(table)
         # Alone, a persist that just finished frees the slot at once; in a gang all
         # ranks must decide from the same table.
-        busy = any(row[_BUSY] for row in table) if self.coord.world_size > 1 else self._inflight is not None
-        stop = any(row[_STOP] for row in table)
+        busy = any(row[_BUSY] for row in table) if table is not None and self.coord.world_size > 1 else self._inflight is not None
+        stop = table is not None and any(row[_STOP] for row in table)
         if stop or kind in (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL):
             if stop and not self.should_stop:
                 # A gang's other ranks stop because one rank was asked to: their agents
@@ -295,7 +308,7 @@ class Checkpointer:
             self._stop_seen = False
             self.should_stop = self.should_stop or stop
             return self._save_now(step, kind or protocol.CheckpointKind.NOTICE, self._deadline(deadline, kind))
-        wanted = any(row[_NOW] for row in table) or table[0][_DUE] or kind == protocol.CheckpointKind.PERIODIC
+        wanted = kind == protocol.CheckpointKind.PERIODIC or table is not None and (any(row[_NOW] for row in table) or table[0][_DUE])
         if wanted and not busy and step != self._last_saved_step:
             self._now_seen = False
             return self._start_periodic(step)

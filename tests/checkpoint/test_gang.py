@@ -31,21 +31,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_gang(root: str) -> list[int]:
-    """Fork one process per rank running tiny_gang to STEPS (resuming if it can)."""
+def fork_ranks(world: int, run_rank) -> list[int]:
+    """Fork one process per rank running `run_rank(rank, port)` (port: free, for rank 0's
+    store); a rank exits 0 when it returns, 1 when it raises."""
     port = free_port()
     pids = []
-    for rank in range(WORLD):
+    for rank in range(world):
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the Checkpointer installs its handler
                 torch.set_num_threads(1)
-                init_process_group("gloo", timeout_s=30, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-                ckpt = tiny_gang.train(config(root, every_steps=10, handle_signals=True), STEPS)
-                Path(root, f"exit-rank{rank}.json").write_text(json.dumps({"stopped": ckpt.should_stop, "step": ckpt.last_outcome.step}))
-                leave_process_group()
+                run_rank(rank, port)
                 code = 0
             except BaseException as exc:
                 print(f"rank {rank} failed: {type(exc).__name__}: {exc}", flush=True)
@@ -53,6 +50,19 @@ def start_gang(root: str) -> list[int]:
                 os._exit(code)
         pids.append(pid)
     return pids
+
+
+def start_gang(root: str) -> list[int]:
+    """Fork one process per rank running tiny_gang to STEPS (resuming if it can)."""
+
+    def run_rank(rank: int, port: int) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # until the Checkpointer installs its handler
+        init_process_group("gloo", timeout_s=30, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+        ckpt = tiny_gang.train(config(root, every_steps=10, handle_signals=True), STEPS)
+        Path(root, f"exit-rank{rank}.json").write_text(json.dumps({"stopped": ckpt.should_stop, "step": ckpt.last_outcome.step}))
+        leave_process_group()
+
+    return fork_ranks(WORLD, run_rank)
 
 
 def wait_all(pids: list[int]) -> list[int]:
