@@ -170,6 +170,8 @@ class JobSpec:
     source_sha256: str = ""
     source_git_url: str = ""
     source_git_commit: str = ""
+    # The job's experiment-tracker run id, the same for every VM of the job (agents/trackers.py).
+    run_id: str = ""
 
 
 @dataclass(kw_only=True)
@@ -307,6 +309,10 @@ ENV_PREPARE_URI = "RESPAWN_PREPARE_URI"  # where those outputs are stored durabl
 ENV_ARTIFACT_URI = "RESPAWN_ARTIFACT_URI"  # post step: the job's exported artifact
 ENV_ARTIFACT_DIGEST = "RESPAWN_ARTIFACT_DIGEST"  # post step: its digest ("sha256:<hex>")
 # Gangs use torch.distributed's own variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+# The job's experiment-tracker run (agents/trackers.py): the same on every VM of the job, and the
+# tag an MLflow run carries so that every VM finds the one the first made.
+ENV_RUN_ID = "RESPAWN_RUN_ID"
+MLFLOW_RUN_TAG = "respawn_run_id"
 
 # Signals the agent sends the trainer. Handlers only set a flag; the save happens
 # at the next safe point of the training loop.

@@ -30,13 +30,15 @@ import os
 import queue
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta
 
 import requests
 
-from agents import __version__, protocol
+from agents import __version__, protocol, trackers
 from agents.agent import EXIT_INSTANCE_ENDED, prepare, session, source
 from agents.agent.channel import (
     ChannelPaths,
@@ -361,6 +363,8 @@ class Agent:
                 env.update(gang_env(job))
             except ValueError as exc:
                 return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
+        if trackers.wants_mlflow_run(env, job.env):
+            self._find_mlflow_run(env)
         try:
             if self.checkpoint_interval_s:
                 write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
@@ -661,6 +665,26 @@ class Agent:
             write_json_atomic(self.log_position_path, self.logs.position())
             if not final:
                 return
+
+    def _find_mlflow_run(self, env: dict[str, str]) -> None:
+        """Set MLFLOW_RUN_ID to the job's MLflow run (agents.trackers), in a child process with a
+        time limit: a slow or absent tracking server must not hold the VM. Without it the
+        trainer still runs, logging to a run of its own, and the job's output says why."""
+        argv = [sys.executable, "-m", "agents.trackers", "mlflow-run", *(["--wait"] if self.job.rank > 0 else [])]
+        try:
+            done = subprocess.run(argv, env=env, cwd=self.job.working_dir or None, capture_output=True, text=True,
+                                  timeout=trackers.MLFLOW_RESOLVE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._agent_line(f"the MLflow tracking server did not answer within {trackers.MLFLOW_RESOLVE_TIMEOUT_S:.0f}s; "
+                             "this VM's trainer logs to an MLflow run of its own")
+            return
+        run_id = done.stdout.strip()
+        if done.returncode != 0 or not run_id:
+            why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1][:300]
+            self._agent_line(f"could not find or create the job's MLflow run ({why}); this VM's trainer logs to an MLflow run of its own")
+            return
+        env["MLFLOW_RUN_ID"] = run_id
+        self._agent_line(f"MLflow run {run_id} ({trackers.MLFLOW_TAG}={env[trackers.ENV_RUN_ID]})")
 
     def _agent_line(self, message: str) -> None:
         """A line in the job's output (shipped with it), so users see what the agent did and why."""
