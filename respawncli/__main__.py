@@ -19,6 +19,7 @@ examples:
   respawn login --url https://respawn.example.com --username alice
   respawn submit job.yaml                 # see docs/job-spec.example.yaml
   respawn submit job.yaml --dry-run       # check the file only
+  respawn submit job.yaml --workdir .     # ship this directory as the job's code
   respawn ls --status running --status queued
   respawn ls --team vision --json | jq '.[].id'
   respawn show 42
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("submit", commands.submit, "check a job file and submit it", "respawn submit job.yaml")
     p.add_argument("file", help="job-spec YAML (documented in docs/job-spec.example.yaml)")
     p.add_argument("--dry-run", action="store_true", help="only check the file; submit nothing")
+    p.add_argument("--workdir", metavar="DIR",
+                   help="upload DIR as the job's code (minus what .gitignore and .respawnignore leave out; at most "
+                        "RESPAWN_SOURCE_MAX_BYTES, default 100 MiB); the VM unpacks it into working_dir. A tree "
+                        "uploaded before is not sent again")
 
     p = command("ls", commands.ls, "list jobs, newest first", "respawn ls --status running --owner alice")
     p.add_argument("--status", action="append", choices=JOB_STATUSES, help="only this status (repeatable)")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from jobs.money.text import savings_text, usd
+from respawncli import workdir
 from respawncli.api import Api, FieldErrors
 from respawncli.config import Credentials, load_credentials, save_credentials, server_url
 from respawncli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
@@ -23,6 +24,7 @@ JOB_COLUMNS = [
     ("NODES", "nodes"), ("STEP", lambda j: f"{j['last_step']}/{j['total_steps'] or '?'}"),
     ("PRIO", "priority"), ("CREATED", "created_at"), ("REASON", "status_reason"),
 ]
+SOURCE_FIELDS = ("source_archive", "source_git_url", "source_git_commit")  # a job's code, besides --workdir
 TOKEN_COLUMNS = [
     ("ID", "id"), ("NAME", "name"), ("PREFIX", "prefix"), ("CREATED", "created_at"), ("EXPIRES", "expires_at"),
     ("LAST USED", "last_used_at"), ("REVOKED", "revoked_at"), ("", lambda t: "(this one)" if t["current"] else ""),
@@ -74,11 +76,63 @@ def submit(args) -> int:
         spec = load_job_spec(Path(args.file))
     except InvalidSpec as e:
         raise CliError(f"{args.file} is not a valid job file; nothing was submitted", EXIT_BAD_INPUT, e.problems) from e
+    archive = _workdir_archive(args, spec)
+    try:
+        return _submit(args, spec, archive)
+    finally:
+        if archive is not None:
+            archive.path.unlink(missing_ok=True)
+
+
+def _workdir_archive(args, spec: JobSpec) -> workdir.Archive | None:
+    """--workdir's archive, built (and checked against the size limit) before anything is sent."""
+    if not args.workdir:
+        return None
+    named = [name for name in SOURCE_FIELDS if name in spec.body]
+    if named:
+        raise CliError(f"{spec.where(named[0])}: field '{named[0]}' names the job's code, and so does --workdir: "
+                       "give one of them; nothing was submitted", EXIT_BAD_INPUT)
+    return workdir.build(Path(args.workdir), workdir.max_bytes())
+
+
+def _secret_env(args, spec: JobSpec) -> dict[str, str]:
+    """--secret NAME=value and --secret-from-env NAME, checked before anything is sent.
+    No message holds a value."""
+    secrets = {}
+    for given in args.secret:
+        name, sep, value = given.partition("=")
+        if not sep or not name:
+            raise CliError(f"--secret {name or '…'}: give NAME=value; nothing was submitted", EXIT_BAD_INPUT)
+        secrets[name] = value
+    for name in args.secret_from_env:
+        if name not in os.environ:
+            raise CliError(f"--secret-from-env {name}: no such variable in this shell; nothing was submitted",
+                           EXIT_BAD_INPUT)
+        secrets[name] = os.environ[name]
+    problem = env_problem(secrets)
+    if problem:
+        raise CliError(f"--secret: {problem}; nothing was submitted", EXIT_BAD_INPUT)
+    both = sorted(set(secrets) & set(spec.body.get("env") or {}))
+    if both:
+        raise CliError(f"--secret {', '.join(both)}: also in the job file's env, name each once; nothing was "
+                       "submitted", EXIT_BAD_INPUT)
+    return secrets
+
+
+def _submit(args, spec: JobSpec, archive: workdir.Archive | None) -> int:
+    body = dict(spec.body)
+    if archive is not None:
+        body["source_archive"] = archive.digest
     if args.dry_run:
-        print_json(spec.body) if args.json else print(f"{args.file} is a valid job file (not submitted: --dry-run)")
+        shipped = (f"; --workdir: {archive.files} files, {archive.bytes} bytes as {archive.digest}"
+                   if archive is not None else "")
+        print_json(body) if args.json else print(f"{args.file} is a valid job file{shipped} "
+                                                 "(not submitted: --dry-run)")
         return EXIT_OK
     client = api(args)
-    body = {**spec.body, "team": resolve_team(client, spec.body["team"], spec)}
+    body["team"] = resolve_team(client, spec.body["team"], spec)
+    if archive is not None:
+        workdir.ship(client, archive, body["team"])
     try:
         job = client.post("jobs/", body)
     except FieldErrors as e:

@@ -13,17 +13,19 @@ import math
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Q
-from django.http import HttpResponse
+from django.http import FileResponse, HttpResponse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import exceptions, fields, negotiation, permissions, renderers, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents import protocol
+from agents.sourcetree import MEDIA_TYPE
 from jobs.api import checkpoint_trust, parsing
 from jobs.api.errors import PayloadTooLarge, Unauthorized
-from jobs.core import secret_env, services, trackers
+from jobs.core import secret_env, services, sources, trackers
 from jobs.core.choices import InstanceState
 from jobs.fleet import heartbeats
 from jobs.fleet.placement import refresh_interval
@@ -410,6 +412,23 @@ class RendezvousView(AgentView):
         return Response(protocol.to_dict(protocol.RendezvousAnswer(rendezvous_addr=self.instance.rendezvous_addr)))
 
 
+class SourceView(AgentView):
+    """The job's source archive, as uploaded (jobs.core.sources); the agent checks it against
+    the SHA-256 its job spec pins before unpacking it. 404 when the job has none."""
+
+    @extend_schema(responses={(200, MEDIA_TYPE): OpenApiTypes.BINARY, 404: None})
+    def get(self, request):
+        archive = self.instance.job.source_archive
+        if archive is None:
+            raise exceptions.NotFound("This job has no source archive.")
+        try:
+            return FileResponse(open(sources.stored_path(archive.sha256), "rb"), content_type=MEDIA_TYPE)
+        except FileNotFoundError:
+            log.error("source archive sha256:%s of job %s is not in storage", archive.sha256, archive.pk)
+            raise exceptions.NotFound(f"The source archive sha256:{archive.sha256} is missing from this control "
+                                      "plane's storage.") from None
+
+
 class PrepareReportSerializer(ReportSerializer):
     outcome = serializers.ChoiceField(choices=protocol.PrepareOutcome.ALL)
     key = serializers.RegexField(r"^[0-9a-f]{0,64}$", required=False, allow_blank=True, default="")
@@ -527,5 +546,8 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         purpose=instance.purpose,
         artifact_uri=job.artifact_uri if post else "",
         artifact_digest=job.artifact_digest if post else "",
+        source_sha256=job.source_archive.sha256 if job.source_archive_id else "",
+        source_git_url=job.source_git_url,
+        source_git_commit=job.source_git_commit,
         run_id=trackers.run_id(job),
     )

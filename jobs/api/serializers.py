@@ -8,13 +8,14 @@ from urllib.parse import urlparse
 
 from django.conf import settings
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter
+from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import serializers
 
+from agents.sourcetree import DIGEST_PREFIX, DIGEST_RE
 from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
 from jobs.fleet import catalog
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, Team
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, SourceArchive, Team
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawncli.names import closest_name
 from respawncli.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
@@ -22,6 +23,21 @@ from respawncli.spec_text import container_image_problem, env_problem, machine_i
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
 STORAGE_SCHEMES = ("", "file", "s3", "gs", "az")
+GIT_SCHEMES = ("https", "http", "ssh", "git", "file")  # never ext:: (git runs its command)
+GIT_COMMIT_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+@extend_schema_field({"type": "string", "nullable": True, "pattern": DIGEST_RE.pattern,
+                      "description": "The job's code: \"sha256:<hex>\" of an archive uploaded to its team "
+                                     "(PUT /api/v1/sources/{digest}/); its VMs unpack it into working_dir."})
+class SourceArchiveField(serializers.Field):
+    def to_representation(self, archive):
+        return DIGEST_PREFIX + archive.sha256
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not DIGEST_RE.match(data):
+            raise serializers.ValidationError('must be "sha256:" and 64 lowercase hex digits')
+        return data[len(DIGEST_PREFIX):]
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -101,6 +117,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
     )
     # Declared so the schema lists "" (not failed); a read-only model field loses allow_blank.
     failure_cause = serializers.ChoiceField(choices=FailureCause.CHOICES, allow_blank=True, read_only=True)
+    source_archive = SourceArchiveField(required=False, allow_null=True)
     failure_headline = serializers.CharField(
         read_only=True, help_text="The failure in one line, never cut: for the user's code its exit code and last "
                                   "exception line; the rest of failure_message is the end of the output.")
@@ -115,6 +132,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "deadline", "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
             "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_tolerance",
             "max_preemptions", "max_restarts",
+            "source_archive", "source_git_url", "source_git_commit",
             "status", "status_reason", "failure_cause", "failure_headline", "failure_message", "preemptions",
             "failure_restarts", "last_step", "newest_checkpoint_step", "newest_valid_checkpoint_step", "artifact_uri",
             "artifact_digest", "created_at", "updated_at", "finished_at",
@@ -159,12 +177,47 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
     def validate(self, attrs):
         self._refuse_unplaceable(attrs)
+        attrs["source_archive"] = self._source_archive(attrs)
         both = sorted(set(attrs.get("env") or {}) & set(attrs.get("secret_env") or {}))
         if both:
             raise serializers.ValidationError({"secret_env": [f"{', '.join(both)} also in env: name each once"]})
         if attrs.get("prepare_inputs") and not attrs.get("prepare_command"):
             raise serializers.ValidationError({"prepare_inputs": ["prepare_inputs needs a prepare_command"]})
         return attrs
+
+    def _source_archive(self, attrs) -> SourceArchive | None:
+        """The job's code: one of its team's uploaded archives, or a git URL and commit, or neither."""
+        sha256, url, commit = (attrs.get(f) for f in ("source_archive", "source_git_url", "source_git_commit"))
+        if sha256 and (url or commit):
+            raise serializers.ValidationError({"source_archive": [
+                "a job's code is an archive or a git commit, not both: leave source_git_url and source_git_commit "
+                "empty"]})
+        if bool(url) != bool(commit):
+            missing = "source_git_commit" if url else "source_git_url"
+            raise serializers.ValidationError({missing: [f"{missing} is needed too: a git source is a URL and a "
+                                                         "commit"]})
+        if not sha256:
+            return None
+        archive = SourceArchive.objects.filter(team=attrs["team"], sha256=sha256).first()
+        if archive is None:
+            raise serializers.ValidationError({"source_archive": [
+                f"team {attrs['team'].name} has no archive sha256:{sha256}: upload it first (PUT "
+                f"/api/v1/sources/sha256:{sha256}/?team={attrs['team'].pk}, or `respawn submit --workdir DIR`)"]})
+        return archive
+
+    def validate_source_git_url(self, value):
+        parsed = urlparse(value)
+        if value and (parsed.scheme not in GIT_SCHEMES or not (parsed.netloc or parsed.scheme == "file")
+                      or not parsed.path or any(c.isspace() or ord(c) < 32 for c in value)):
+            raise serializers.ValidationError(f"source_git_url must be a {', '.join(GIT_SCHEMES)} URL of a "
+                                              "repository, e.g. https://github.com/org/repo.git")
+        return value
+
+    def validate_source_git_commit(self, value):
+        if value and not GIT_COMMIT_RE.match(value):
+            raise serializers.ValidationError("source_git_commit must be a full commit id (40 or 64 lowercase hex "
+                                              "digits): a branch or tag could move between the job's VMs")
+        return value
 
     def validate_instance_types(self, value):
         return _string_list(value, "instance_types")

@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, costs, invitations, notifications, teamadmin, tokens, views
+from jobs.api import agent, audit, costs, invitations, notifications, sources, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -23,6 +23,7 @@ people_urlpatterns = [
     path("jobs/<int:pk>/cost/", costs.JobCostView.as_view(), name="job-cost"),
     path("teams/<int:pk>/cost/", costs.TeamCostView.as_view(), name="team-cost"),
     path("teams/<int:team_pk>/limits/", teamadmin.TeamLimitsView.as_view(), name="team-limits"),
+    path("sources/<str:digest>/", sources.SourceView.as_view(), name="source"),
     *router.urls,
 ]
 
@@ -36,4 +37,5 @@ agent_urlpatterns = [
     path("exit", agent.ExitView.as_view(), name="agent-exit"),
     path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
     path("rendezvous", agent.RendezvousView.as_view(), name="agent-rendezvous"),
+    path("source", agent.SourceView.as_view(), name="agent-source"),
 ]
