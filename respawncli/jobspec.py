@@ -65,6 +65,7 @@ FIELDS: dict[str, Field] = {
     "validation_enabled": Field("bool"),
     "validation_model_factory": Field("factory"),
     "validation_batch_factory": Field("factory"),
+    "validation_eval_fn": Field("factory"),
     "validation_tolerance": Field("number", minimum=0),
     "max_preemptions": Field("int", minimum=0),
     "max_restarts": Field("int", minimum=0),

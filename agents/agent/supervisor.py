@@ -39,6 +39,7 @@ def trainer_env(job: protocol.JobSpec, channel_env: dict[str, str], base: dict[s
         protocol.ENV_TOTAL_STEPS: job.total_steps,
         protocol.ENV_VALIDATION_MODEL_FACTORY: job.validation.model_factory,
         protocol.ENV_VALIDATION_BATCH_FACTORY: job.validation.batch_factory,
+        protocol.ENV_VALIDATION_EVAL_FN: job.validation.eval_fn,
         protocol.ENV_ARTIFACT_URI: job.artifact_uri,  # set for the post step only
         protocol.ENV_ARTIFACT_DIGEST: job.artifact_digest,
     }

@@ -1,9 +1,11 @@
 """Validates each committed checkpoint in a separate, low-priority process.
 
 The checkpoint library's validate entry point reloads the checkpoint into a
-fresh model (the job's model and validation-batch factories) and prints its
-verdict as a JSON object (`result`, `loss`, `reference_loss`, `message`) on
-the last line of its output. One validation runs at a time, under `nice`, so
+fresh model (the job's model and validation-batch factories, and its eval_fn)
+on the training GPU when there is one, and prints its verdict as a JSON object
+(`result`, `loss`, `reference_loss`, `message`) on the last line of its output.
+A validator that fails (no verdict, or `error`: the eval_fn raised, returned a
+non-finite number) is reported as `error` with its cause, never as `invalid`. One validation runs at a time, under `nice`, so
 it never competes with training for the CPU; the result is reported as soon as
 it is known, so a bad checkpoint is known before it is needed. When checkpoints
 commit faster than they validate, only the newest waiting one is validated
@@ -28,8 +30,9 @@ from agents.agent.supervisor import die_with_parent
 
 log = logging.getLogger(__name__)
 
-# `{uri}`, `{model_factory}`, `{batch_factory}` and `{tolerance}` are filled in per checkpoint.
-DEFAULT_COMMAND = f"{shlex.quote(sys.executable)} -m agents.checkpoint.validate {{uri}} --model-factory {{model_factory}} --batch-factory {{batch_factory}} --tolerance {{tolerance}}"
+# `{uri}`, `{model_factory}`, `{batch_factory}`, `{eval_fn}` and `{tolerance}` are filled in per checkpoint.
+DEFAULT_COMMAND = (f"{shlex.quote(sys.executable)} -m agents.checkpoint.validate {{uri}} --model-factory {{model_factory}} "
+                   "--batch-factory {batch_factory} --eval-fn={eval_fn} --tolerance {tolerance}")
 NICENESS = 19
 MAX_MESSAGE_CHARS = 500  # what the control plane stores
 
@@ -42,22 +45,23 @@ class _Running:
     output: "tempfile._TemporaryFileWrapper"
 
 
-def parse_verdict(output: str, exit_code: int) -> protocol.ValidationReport | None:
-    """The verdict on the last JSON line of the validator's output; None when there is none."""
+def parse_verdict(output: str, exit_code: int) -> tuple[protocol.ValidationReport | None, bool]:
+    """The verdict on the last JSON line of the validator's output (None when there is
+    none), and whether it says the checkpoint could not be read."""
     for line in reversed(output.strip().splitlines()):
         try:
             doc = json.loads(line)
         except ValueError:
             continue
-        if isinstance(doc, dict) and doc.get("result") in (protocol.ValidationResult.VALID, protocol.ValidationResult.INVALID):
+        if isinstance(doc, dict) and doc.get("result") in protocol.ValidationResult.FROM_AGENT:
             loss, ref = doc.get("loss"), doc.get("reference_loss")
             return protocol.ValidationReport(
                 result=doc["result"],
                 loss=float(loss) if isinstance(loss, (int, float)) else None,
                 reference_loss=float(ref) if isinstance(ref, (int, float)) else None,
                 message=str(doc.get("message", ""))[:MAX_MESSAGE_CHARS],
-            )
-    return None
+            ), doc.get("unreadable") is True
+    return None, False
 
 
 class Validator:
@@ -86,28 +90,29 @@ class Validator:
             output = self._running.output.read().decode("utf-8", errors="replace")
             self._running.output.close()
             running, self._running = self._running, None
-            self._conclude(running, parse_verdict(output, code), output, code)
+            self._conclude(running, *parse_verdict(output, code), output, code)
         if self._waiting is not None:
             report, self._waiting = self._waiting, None
             self._start(report)
 
-    def _conclude(self, running: "_Running", verdict: protocol.ValidationReport | None, output: str, code: int) -> None:
-        if verdict is None and running.step < self._newest_step:
+    def _conclude(self, running: "_Running", verdict: protocol.ValidationReport | None, unreadable: bool, output: str, code: int) -> None:
+        if (verdict is None or unreadable) and running.step < self._newest_step:
             log.info("checkpoint at step %d could not be validated after a newer one committed (rotated away?): %s", running.step, output[-300:])
             return
         if verdict is None:
-            verdict = protocol.ValidationReport(result=protocol.ValidationResult.INVALID, message=f"validator exited {code} without a verdict: {output[-400:]}"[:MAX_MESSAGE_CHARS])
+            verdict = protocol.ValidationReport(result=protocol.ValidationResult.ERROR, message=f"validator exited {code} without a verdict: {output[-400:]}"[:MAX_MESSAGE_CHARS])
         self.on_result(running.checkpoint_id, verdict)
 
     def _start(self, report: protocol.CheckpointReport) -> None:
-        values = {"uri": report.uri, "model_factory": self.spec.model_factory, "batch_factory": self.spec.batch_factory, "tolerance": self.spec.tolerance}
+        values = {"uri": report.uri, "model_factory": self.spec.model_factory, "batch_factory": self.spec.batch_factory,
+                  "eval_fn": self.spec.eval_fn, "tolerance": self.spec.tolerance}
         argv = ["nice", "-n", str(NICENESS), *(arg.format(**values) for arg in shlex.split(self.command))]
         output = tempfile.TemporaryFile()
         try:
             proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
         except OSError as exc:
             output.close()
-            self.on_result(report.checkpoint_id, protocol.ValidationReport(result=protocol.ValidationResult.INVALID, message=f"could not start the validator {argv}: {exc}"[:MAX_MESSAGE_CHARS]))
+            self.on_result(report.checkpoint_id, protocol.ValidationReport(result=protocol.ValidationResult.ERROR, message=f"could not start the validator {argv}: {exc}"[:MAX_MESSAGE_CHARS]))
             return
         self._running = _Running(report.checkpoint_id, report.step, proc, output)
 

@@ -33,7 +33,11 @@ Public API (everything else in this package is internal):
   RESPAWN_CHECKPOINT_INTERVAL_S, RESPAWN_RESUME_FROM, RESPAWN_CONTROL_FILE (polled
   for `checkpoint_interval_s`), RESPAWN_NOTICE_FILE (`deadline`), RESPAWN_CHECKPOINTS_FILE
   (one CheckpointReport JSON line per commit), RESPAWN_MODEL_FACTORY /
-  RESPAWN_BATCH_FACTORY (validation), RESPAWN_PG_TIMEOUT_S (gangs).
+  RESPAWN_BATCH_FACTORY / RESPAWN_EVAL_FN (validation), RESPAWN_PG_TIMEOUT_S (gangs).
+- Validation: `ValidationSettings(model_factory, batch_factory, tolerance, eval_fn="")`,
+  each `module:function`; `eval_fn(model, batch) -> float` is the user's loss, else
+  `default_loss` (agents/checkpoint/validation.py: classifiers, regression, causal LMs,
+  dict / ModelOutput outputs, dict batches as **kwargs). Verdicts: valid, invalid, error.
 - `validate(uri)` -> Verdict; `python -m agents.checkpoint.validate <uri>` prints it as JSON.
 - `export_weights(ref)` writes model.safetensors from a checkpoint recorded valid.
 - `init_process_group(timeout_s=...)`: gloo/nccl with a short timeout; under
@@ -44,7 +48,7 @@ Public API (everything else in this package is internal):
   that is what lets snapshots reuse one set of (pinned) host buffers, persists be paced
   chunk by chunk, and digests be computed while writing, which DCP's async_save does not offer.
 - Errors: CheckpointError and its subclasses CorruptCheckpointError,
-  IncompatibleCheckpointError, ExportRefusedError, FactoryError; ConfigError for
+  IncompatibleCheckpointError, ExportRefusedError, FactoryError, EvalError; ConfigError for
   bad settings; storage.UnknownSchemeError for an unknown URI scheme.
 """
 
@@ -55,8 +59,8 @@ import importlib
 _EXPORTS = {
     ".checkpointer": ("CheckpointConfig", "Checkpointer", "SaveOutcome"),
     ".distributed": ("init_process_group", "leave_process_group"),
-    ".errors": ("CheckpointError", "ConfigError", "CorruptCheckpointError", "ExportRefusedError", "FactoryError",
-                "IncompatibleCheckpointError"),
+    ".errors": ("CheckpointError", "ConfigError", "CorruptCheckpointError", "EvalError", "ExportRefusedError",
+                "FactoryError", "IncompatibleCheckpointError"),
     ".export": ("Artifact", "export_weights"),
     ".reader": ("CheckpointRef", "ref_from_uri"),
     ".resume": ("Resumed", "Skipped"),

@@ -55,7 +55,7 @@ from .snapshot import SnapshotBuffers
 from .state import TrainState
 from .storage import Storage, open_storage
 from .storage.local import LocalStorage
-from .validation import ReferenceLoss, ValidationSettings, Verdict, mark, validate_loaded
+from .validation import ReferenceLoss, ValidationSettings, Verdict, judge, mark
 
 DEFAULT_INTERVAL_S = 600.0
 LOCAL_LIVE_FRACTION = 0.5
@@ -144,7 +144,8 @@ class CheckpointConfig:
         model_factory = env.get(protocol.ENV_VALIDATION_MODEL_FACTORY)
         batch_factory = env.get(protocol.ENV_VALIDATION_BATCH_FACTORY)
         if model_factory and batch_factory:
-            values["validation"] = ValidationSettings(model_factory, batch_factory)
+            values["validation"] = ValidationSettings(model_factory, batch_factory,
+                                                      eval_fn=env.get(protocol.ENV_VALIDATION_EVAL_FN, ""))
         values.update(overrides)
         return cls(**values)
 
@@ -488,8 +489,6 @@ class Checkpointer:
                                       job.pace, job.cancel, complete_snapshot, release_live)
         if reference is not None:
             reference.join()
-            if "reference_loss" not in job.meta:
-                raise CheckpointError(f"reference loss of step {job.step} could not be computed (see the error above)")
         job.entries = {name: written[f"{ckpt}/{name}"] for name in names}
         if self.rank > 0:
             body = job.meta | {"files": {n: e.to_json() for n, e in job.entries.items()}}
@@ -505,8 +504,11 @@ class Checkpointer:
                 persist.lower_priority()  # a periodic save's forward pass yields to training too
             try:
                 job.meta["reference_loss"] = self._reference.loss(self._snapshot_weights(job.meta))
-            except Exception as exc:  # the persist raises for it after join
-                print(f"respawn checkpoint: reference loss failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            except Exception as exc:
+                # The checkpoint still commits (a failing eval_fn must not stop saves); its
+                # validation then ends in `error` naming this, and condemns nothing.
+                job.meta["reference_error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
+                print(f"respawn checkpoint: reference loss of step {job.step} failed: {job.meta['reference_error']}", file=sys.stderr)
 
         thread = threading.Thread(target=compute, name=f"ckpt-reference-{job.step}", daemon=True)
         thread.start()
@@ -637,7 +639,7 @@ class Checkpointer:
             return None
         ref = CheckpointRef(self.storage, layout.step_dir(step))
         loaded = load(ref)
-        self._record_verdict(loaded, validate_loaded(loaded, self.config.validation))
+        self._record_verdict(loaded, judge(loaded, self.config.validation))  # export refuses all but `valid`
         artifact = export_weights(ref)
         # The agent ships the artifact with its exit report (agents/protocol.py channel).
         trainer.report(step, force=True, artifact_uri=artifact.uri, artifact_digest=artifact.digest)

@@ -28,5 +28,10 @@ class FactoryError(CheckpointError):
     """A `module:function` factory could not be imported or called."""
 
 
+class EvalError(CheckpointError):
+    """The evaluation itself failed: the eval_fn (or the default loss) raised or returned
+    a non-finite number. The check failed, not the checkpoint: its verdict is `error`."""
+
+
 class ConfigError(ValueError):
     """A configuration field has a value the library cannot work with."""

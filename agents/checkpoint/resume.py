@@ -6,10 +6,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, EvalError
 from .reader import CheckpointRef, LoadedCheckpoint, list_checkpoints, load, ref_from_uri
 from .storage import Storage
-from .validation import ValidationSettings, Verdict, mark, validate_loaded
+from .validation import ValidationSettings, Verdict, judge, mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +69,14 @@ def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
     except CorruptCheckpointError as exc:
         mark(ref, Verdict(False, None, None, str(exc)))
         return None, f"corrupt: {exc}"
-    if validation is not None and not verdict:
-        verdict_now = validate_loaded(loaded, validation)
+    # A recorded `error` is checked again: the eval_fn may be fixed, and a check that cannot
+    # run says nothing about the checkpoint, so it stops the resume (naming why) rather than
+    # falling back to older ones it would fail on alike.
+    if validation is not None and (not verdict or verdict.get("result") == "error"):
+        verdict_now = judge(loaded, validation)
         record(loaded, verdict_now)
+        if verdict_now.error:
+            raise EvalError(f"cannot validate {ref.uri} to resume from it: {verdict_now.message}")
         if not verdict_now.valid:
             return None, f"failed validation: {verdict_now.message}"
     return loaded, ""

@@ -1,8 +1,11 @@
 """`python -m agents.checkpoint.validate <checkpoint-uri>`: validate in a separate process.
 
 Prints one JSON object (protocol.ValidationReport fields: result, loss,
-reference_loss, message) and exits 0 when valid, 1 when invalid, 2 when the
-checkpoint cannot be read or its factories cannot be used.
+reference_loss, message) and exits 0 when valid, 1 when invalid (the loss differs
+from the reference, or the checkpoint is corrupt: then `unreadable` is true too, as
+it is for one rotated away meanwhile), 2 when the check itself failed (`error`: a
+factory or eval_fn that cannot be used, raises or returns a non-finite number, a
+checkpoint of another model).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import argparse
 import json
 import sys
 
-from agents.checkpoint import CheckpointError, ValidationSettings, validate
+from agents.checkpoint import CheckpointError, CorruptCheckpointError, ValidationSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,19 +22,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("uri", help="checkpoint URI, <root>/step-NNNNNNNN")
     parser.add_argument("--model-factory", help="module:function (default: the one stored in the checkpoint)")
     parser.add_argument("--batch-factory", help="module:function (default: the one stored in the checkpoint)")
+    parser.add_argument("--eval-fn", default="", help="module:function, eval_fn(model, batch) -> float "
+                        "(default: the one stored in the checkpoint, else the default loss)")
     parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--device", default="auto", help="torch device of the check; auto: the GPU when there is one")
     parser.add_argument("--no-record", action="store_true", help="do not write VALIDATION.json")
     args = parser.parse_args(argv)
-    settings = None
+    from agents.checkpoint.reader import load, ref_from_uri
+    from agents.checkpoint.validation import judge, mark, training_device
+
     try:
+        settings = None
         if args.model_factory or args.batch_factory:
-            settings = ValidationSettings(args.model_factory or "", args.batch_factory or "", args.tolerance)
-        verdict = validate(args.uri, settings, record=not args.no_record)
+            settings = ValidationSettings(args.model_factory or "", args.batch_factory or "", args.tolerance, args.eval_fn)
+        ref = ref_from_uri(args.uri)
+        loaded = load(ref)
+    except CorruptCheckpointError as exc:
+        print(json.dumps({"result": "invalid", "message": str(exc), "unreadable": True}))
+        return 1
     except CheckpointError as exc:
         print(json.dumps({"result": "error", "message": str(exc)}))
         return 2
+    try:
+        verdict = judge(loaded, settings, training_device() if args.device == "auto" else args.device)
+    except CheckpointError as exc:  # a checkpoint of another model: the check cannot run, nothing is condemned
+        print(json.dumps({"result": "error", "message": str(exc)}))
+        return 2
+    if not args.no_record:
+        mark(ref, verdict)
     print(json.dumps(verdict.to_json()))
-    return 0 if verdict.valid else 1
+    return 0 if verdict.valid else 2 if verdict.error else 1
 
 
 if __name__ == "__main__":

@@ -1,10 +1,17 @@
 """Validation (DESIGN §6): does a checkpoint's model reproduce the loss it had when saved?
 
 The user names two factories, `module:function` each: one returns a fresh
-`nn.Module`, the other the fixed-seed validation batch `(inputs, targets)`.
-The loss is cross-entropy when the targets are integers, mean squared error
-otherwise. At save time the reference loss is computed from the snapshot without
-disturbing training (see ReferenceLoss), so exact resume holds with validation on.
+`nn.Module`, the other the fixed-seed validation batch, and optionally an
+`eval_fn(model, batch) -> float` (also `module:function`). Without one, the
+default loss (`default_loss`) covers classifiers, regression, causal LMs and
+models that compute their own loss. At save time the reference loss is computed
+from the snapshot without disturbing training (see ReferenceLoss), so exact
+resume holds with validation on.
+
+A verdict is `valid`, `invalid` (the loss differs from the reference) or `error`:
+the check itself failed (the eval_fn raised or returned a non-finite number, the
+reference could not be computed at save). An `error` condemns nothing: the
+checkpoint is neither resumed past nor rotated away as invalid.
 """
 
 from __future__ import annotations
@@ -13,8 +20,8 @@ import importlib
 import json
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -22,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import layout
-from .errors import FactoryError, IncompatibleCheckpointError
+from .errors import EvalError, FactoryError, IncompatibleCheckpointError
 from .reader import CheckpointRef, LoadedCheckpoint, load
 
 
@@ -31,17 +38,19 @@ class ValidationSettings:
     model_factory: str
     batch_factory: str
     tolerance: float = 1e-4
+    eval_fn: str = ""  # module:function, eval_fn(model, batch) -> float; empty: default_loss
 
     def __post_init__(self):
-        for name in ("model_factory", "batch_factory"):
+        for name in ("model_factory", "batch_factory", "eval_fn"):
             value = getattr(self, name)
-            if value.count(":") != 1 or not all(value.split(":")):
+            if (value or name != "eval_fn") and (value.count(":") != 1 or not all(value.split(":"))):
                 raise FactoryError(f"{name} {value!r} must look like 'package.module:function'")
         if not self.tolerance >= 0:
             raise FactoryError(f"validation tolerance must be >= 0, got {self.tolerance}")
 
     def to_json(self) -> dict:
-        return {"model_factory": self.model_factory, "batch_factory": self.batch_factory, "tolerance": self.tolerance}
+        return {"model_factory": self.model_factory, "batch_factory": self.batch_factory, "tolerance": self.tolerance,
+                "eval_fn": self.eval_fn}
 
 
 @dataclass(frozen=True)
@@ -50,10 +59,15 @@ class Verdict:
     loss: float | None
     reference_loss: float | None
     message: str = ""
+    error: bool = False  # the check itself failed: neither valid nor invalid
+
+    @classmethod
+    def failed_check(cls, exc: Exception, reference_loss: float | None = None) -> "Verdict":
+        return cls(False, None, reference_loss, str(exc), error=True)
 
     @property
     def result(self) -> str:
-        return "valid" if self.valid else "invalid"
+        return "error" if self.error else "valid" if self.valid else "invalid"
 
     def to_json(self) -> dict:
         return {"result": self.result, "loss": self.loss, "reference_loss": self.reference_loss, "message": self.message}
@@ -80,14 +94,85 @@ def _call(spec: str):
         raise FactoryError(f"factory {spec!r} raised {type(exc).__name__}: {exc}") from exc
 
 
-def batch_loss(model: torch.nn.Module, batch) -> float:
-    inputs, targets = batch
-    device = next(model.parameters()).device
-    output = model(inputs.to(device))
-    targets = targets.to(device)
-    if targets.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        return float(F.cross_entropy(output, targets))
-    return float(F.mse_loss(output, targets))
+_INTEGER = (torch.int64, torch.int32, torch.int16, torch.uint8)
+IGNORE_INDEX = -100  # label positions not scored (padding), as Hugging Face models and F.cross_entropy use it
+
+
+def default_loss(model: torch.nn.Module, batch) -> float:
+    """The loss of `batch` under `model`, for the common shapes of training code:
+
+    - a batch is `(inputs, targets)` (inputs a tensor, or a dict passed as keyword
+      arguments) or a dict passed as keyword arguments (`model(**batch)`), whose
+      targets are its `labels`, else its `input_ids` (a causal LM scores its input);
+    - the output is a tensor, a tuple (its first element), a dict or a ModelOutput:
+      its own `loss` when it has one, else its `logits`;
+    - integer targets: cross-entropy; `[B, T, V]` logits with `[B, T]` targets are a
+      causal LM's, scored shifted (position t predicts token t+1), label -100 ignored;
+      floating targets: mean squared error.
+    Anything else needs an eval_fn."""
+    with torch.no_grad():
+        return _default_loss(model, batch)
+
+
+def _default_loss(model: torch.nn.Module, batch) -> float:
+    if isinstance(batch, Mapping):
+        output, targets = model(**batch), batch.get("labels", batch.get("input_ids"))
+    else:
+        inputs, targets = batch
+        output = model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+    own_loss, logits = _loss_and_logits(output)
+    if own_loss is not None:
+        return float(own_loss)
+    if targets is None:
+        raise EvalError("the batch gives no targets (no labels or input_ids) and the model's output no loss")
+    if targets.dtype not in _INTEGER:
+        return float(F.mse_loss(logits, targets))
+    if logits.dim() == 3 and targets.dim() == 2:
+        logits, targets = logits[:, :-1], targets[:, 1:]
+    return float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX))
+
+
+def _loss_and_logits(output) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if isinstance(output, torch.Tensor):
+        return None, output
+    if isinstance(output, Mapping):  # a dict, or a ModelOutput (an OrderedDict without its None fields)
+        return output.get("loss"), output.get("logits")
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return None, output[0]
+    raise EvalError(f"the default loss cannot read a model output of type {type(output).__name__}: give an eval_fn")
+
+
+def evaluate(settings: ValidationSettings, model: torch.nn.Module, batch) -> float:
+    """The settings' eval_fn (or default_loss) on `batch`, in eval mode without grad;
+    EvalError naming the function when it raises or gives no finite number."""
+    fn, name = (resolve(settings.eval_fn), f"eval_fn {settings.eval_fn!r}") if settings.eval_fn else (default_loss, "the default loss")
+    try:
+        with torch.no_grad():
+            value = fn(model, batch)
+        value = float(value)
+    except EvalError as exc:
+        raise EvalError(f"{name}: {exc}") from exc
+    except Exception as exc:
+        raise EvalError(f"{name} raised {type(exc).__name__}: {exc}") from exc
+    if not math.isfinite(value):
+        raise EvalError(f"{name} returned {value}, not a finite number")
+    return value
+
+
+def training_device() -> torch.device:
+    """Where the separate validation process runs its check: the training GPU when there is one."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def to_device(batch, device: torch.device):
+    """`batch` with every tensor in it (nested in dicts, tuples, lists) moved to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}  # a BatchEncoding too: it goes in as **kwargs
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
 
 
 class ReferenceLoss:
@@ -117,8 +202,7 @@ class ReferenceLoss:
         load_model_weights(self._model, weights, "the snapshot", assign=True)
         if has_meta_state(self._model):
             raise FactoryError(f"model factory {self.settings.model_factory!r}: the model has state outside its state_dict")
-        with torch.no_grad():
-            return batch_loss(self._model, self._batch)
+        return evaluate(self.settings, self._model, self._batch)
 
 
 def model_skeleton(model_factory: str) -> torch.nn.Module:
@@ -157,33 +241,54 @@ def _close_enough(loss: float, reference: float, tolerance: float) -> bool:
     return abs(loss - reference) <= tolerance * max(1.0, abs(reference))
 
 
-def validate(ref: CheckpointRef, settings: ValidationSettings | None = None, record: bool = True) -> Verdict:
+def validate(ref: CheckpointRef, settings: ValidationSettings | None = None, record: bool = True,
+             device: str | torch.device | None = None) -> Verdict:
     """Reload `ref` into a fresh model and compare its loss with the stored reference.
 
     Corrupt checkpoints raise CorruptCheckpointError, a model that does not fit
-    IncompatibleCheckpointError, an unusable factory FactoryError; a loss mismatch
-    returns an invalid Verdict. The verdict is recorded in VALIDATION.json when `record`."""
-    verdict = validate_loaded(load(ref), settings)
+    IncompatibleCheckpointError; a loss mismatch returns an invalid Verdict, a check
+    that could not run (unusable factory, failing eval_fn) an `error` one. The verdict
+    is recorded in VALIDATION.json when `record`."""
+    verdict = judge(load(ref), settings, device)
     if record:
         mark(ref, verdict)
     return verdict
 
 
-def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | None = None) -> Verdict:
+def judge(loaded: LoadedCheckpoint, settings: ValidationSettings | None = None,
+          device: str | torch.device | None = None) -> Verdict:
+    """validate_loaded, with a check that could not run as an `error` verdict naming why."""
+    try:
+        return validate_loaded(loaded, settings, device)
+    except (FactoryError, EvalError) as exc:
+        return Verdict.failed_check(exc, loaded.meta.get("reference_loss"))
+
+
+def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | None = None,
+                    device: str | torch.device | None = None) -> Verdict:
+    """The verdict on `loaded` with `settings` (default: the ones stored at save; an
+    eval_fn stored there is used when `settings` names none), the model and batch on
+    `device` (default CPU). FactoryError/EvalError when the check cannot run."""
     uri = loaded.ref.uri
+    stored = loaded.meta.get("validation")
     if settings is None:
-        stored = loaded.meta.get("validation")
         if not stored:
             raise FactoryError(f"checkpoint {uri} names no validation factories; pass them explicitly")
         settings = ValidationSettings(**stored)
+    elif not settings.eval_fn and stored and stored.get("eval_fn"):
+        settings = replace(settings, eval_fn=stored["eval_fn"])  # the script's own loss, named at save
     model = model_skeleton(settings.model_factory)
     load_model_weights(model, loaded.state["model"], uri, assign=True)
     if has_meta_state(model):  # as at save time (ReferenceLoss): the checkpoint cannot hold all of it
         raise FactoryError(f"model factory {settings.model_factory!r}: the model has state outside its state_dict")
-    with torch.no_grad():
-        model.eval()
-        loss = batch_loss(model, _call(settings.batch_factory))
+    model.eval()
+    batch = _call(settings.batch_factory)
+    if device is not None:
+        model, batch = model.to(device), to_device(batch, torch.device(device))
     reference = loaded.meta.get("reference_loss")
+    if reference is None and loaded.meta.get("reference_error"):
+        raise EvalError(f"checkpoint {uri} has no reference loss: at save, {loaded.meta['reference_error']}")
+    loss = evaluate(settings, model, batch)
     if reference is None:
         return Verdict(False, loss, None, f"checkpoint {uri} stores no reference loss")
     if _close_enough(loss, reference, settings.tolerance):

@@ -115,7 +115,7 @@ class CheckpointReportSerializer(ReportSerializer):
 
 
 class ValidationReportSerializer(ReportSerializer):
-    result = serializers.ChoiceField(choices=(protocol.ValidationResult.VALID, protocol.ValidationResult.INVALID))
+    result = serializers.ChoiceField(choices=protocol.ValidationResult.FROM_AGENT)
     loss = FiniteFloatField(required=False, allow_null=True, default=None)
     reference_loss = FiniteFloatField(required=False, allow_null=True, default=None)
     message = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
@@ -536,6 +536,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
             enabled=job.validation_enabled and not post,
             model_factory=job.validation_model_factory,
             batch_factory=job.validation_batch_factory,
+            eval_fn=job.validation_eval_fn,
             tolerance=job.validation_tolerance,
         ),
         rank=instance.rank,

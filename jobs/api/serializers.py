@@ -130,7 +130,8 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "prepare_command", "prepare_inputs", "post_command", "nodes", "accelerator", "accelerator_count",
             "instance_types", "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions",
             "deadline", "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
-            "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_tolerance",
+            "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_eval_fn",
+            "validation_tolerance",
             "max_preemptions", "max_restarts",
             "source_archive", "source_git_url", "source_git_commit",
             "status", "status_reason", "failure_cause", "failure_headline", "failure_message", "preemptions",
@@ -310,6 +311,9 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
     def validate_validation_batch_factory(self, value):
         return self._validate_factory(value, "validation_batch_factory")
+
+    def validate_validation_eval_fn(self, value):
+        return self._validate_factory(value, "validation_eval_fn")
 
     def create(self, validated_data):
         if not validated_data.get("checkpoint_uri"):

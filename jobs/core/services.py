@@ -251,6 +251,9 @@ def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str
     elif result == ValidationResult.INVALID:
         log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} failed validation: {message}")
         checkpoint_invalid.send(sender=Checkpoint, checkpoint=checkpoint)
+    elif result == ValidationResult.ERROR:
+        log_job_event(checkpoint.job_id, f"checkpoint at step {checkpoint.step} could not be validated "
+                                         f"(the check itself failed; the checkpoint is kept): {message}")
 
 
 def record_prepare(instance: Instance, *, outcome: str, key: str, uri: str, seconds, message: str) -> None:

@@ -40,7 +40,12 @@ def test_only_the_newest_waiting_checkpoint_is_validated():
     assert [(cid, r.result) for cid, r in results] == [("id-1", "valid"), ("id-3", "invalid")]
 
 
-def test_an_unreadable_superseded_checkpoint_is_not_called_invalid_but_a_crash_on_the_newest_is():
+def test_an_unreadable_superseded_checkpoint_is_not_called_invalid_and_a_crash_on_the_newest_is_an_error():
     results = run(checkpoint(1, "/c/gone-1"), checkpoint(2, "/c/crash-2"), wait_for=1)
-    assert [(cid, r.result) for cid, r in results] == [("id-2", "invalid")]
+    assert [(cid, r.result) for cid, r in results] == [("id-2", "error")]  # the check failed, not the checkpoint
     assert "segfault-ish" in results[0][1].message
+
+
+def test_a_failed_check_is_reported_as_an_error_with_its_cause():
+    [(cid, report)] = run(checkpoint(1, "/c/broken-1"), wait_for=1)
+    assert (cid, report.result, report.message) == ("id-1", "error", "eval_fn 'm:f' raised ValueError: boom")

@@ -7,7 +7,10 @@ import sys
 
 uri = sys.argv[1]
 if "gone" in uri:
-    print(json.dumps({"result": "error", "message": f"checkpoint {uri} has no MANIFEST.json"}))
+    print(json.dumps({"result": "invalid", "message": f"checkpoint {uri} has no MANIFEST.json", "unreadable": True}))
+    sys.exit(1)
+if "broken" in uri:
+    print(json.dumps({"result": "error", "message": "eval_fn 'm:f' raised ValueError: boom"}))
     sys.exit(2)
 if "crash" in uri:
     raise SystemExit("segfault-ish")

@@ -1,0 +1,63 @@
+"""A checkpoint's validation as the people see it (issue 18 item 1, DESIGN §11): the job's
+eval_fn reaches the VM, a check that failed is recorded `error` with its cause (not
+`invalid`) and leaves the checkpoint resumable, and one nothing can check says why."""
+
+import pytest
+
+from agents import protocol
+from jobs.core.choices import JobStatus
+from jobs.models import Checkpoint, Job, JobEvent
+from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
+from tests.api.clients import client_for
+from tests.factories import make_instance, make_job, make_team_with_members
+
+FACTORIES = {"validation_model_factory": "train:model", "validation_batch_factory": "train:batch"}
+
+
+@pytest.fixture
+def setup(db):
+    return make_team_with_members()
+
+
+def register(job) -> tuple[AgentClient, dict]:
+    answer = AgentClient().register(make_instance(job).bootstrap_token).json()
+    return AgentClient(answer["agent_token"]), answer["job"]
+
+
+def test_the_jobs_eval_fn_reaches_the_vm_and_a_failed_check_is_an_error_with_its_cause(setup):
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING, **FACTORIES,
+                   validation_eval_fn="train:perplexity")
+    agent, spec = register(job)
+    assert spec["validation"]["eval_fn"] == "train:perplexity"
+    agent.post("checkpoints", checkpoint_report(job, 100))
+    newer = checkpoint_report(job, 200)
+    agent.post("checkpoints", newer)
+    cause = "eval_fn 'train:perplexity' raised ValueError: labels out of range"
+    answer = agent.post(f"checkpoints/{newer.checkpoint_id}/validation", protocol.ValidationReport(result="error", message=cause))
+    assert answer.status_code == 200, answer.content
+    shown = client_for(setup.people["member"]).get(f"/api/v1/checkpoints/?job={job.pk}").json()
+    rows = {row["step"]: row for row in shown["results"]}
+    assert (rows[200]["validation"], rows[200]["validation_message"]) == ("error", cause)
+    assert JobEvent.objects.filter(job=job, message__contains="could not be validated").exists()
+    # Not condemned: the next VM still resumes from it (and its trainer checks it again).
+    agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=0))
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.PROVISIONING)
+    _, spec = register(job)
+    assert spec["resume_from"] == checkpoint_uri(job, 200)
+
+
+def test_a_checkpoint_nothing_can_check_says_why_it_was_not_validated(setup):
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING)
+    agent, _ = register(job)
+    agent.post("checkpoints", checkpoint_report(job, 100))
+    checkpoint = Checkpoint.objects.get(job=job)
+    assert checkpoint.validation == "skipped"
+    assert "names no validation model and batch factories" in checkpoint.validation_message
+
+
+def test_a_malformed_eval_fn_is_refused_naming_the_field(setup):
+    response = client_for(setup.people["member"]).post("/api/v1/jobs/", {
+        "team": setup.team.pk, "name": "lm", "command": ["python", "train.py"], **FACTORIES,
+        "validation_eval_fn": "perplexity"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"validation_eval_fn": ["validation_eval_fn must look like 'package.module:function'"]}
