@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -31,16 +30,9 @@ import torch.distributed as dist  # noqa: E402
 
 from agents.checkpoint import CheckpointConfig, Checkpointer, init_process_group  # noqa: E402
 from agents.examples import tiny  # noqa: E402
+from tests.checkpoint.ranks import fork_ranks, wait_all  # noqa: E402
 
 MAX_COORDINATION_RATIO = 0.01
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loop(steps: int, step_s: float, save=None) -> tuple[float, list[float]]:
@@ -59,7 +51,6 @@ def loop(steps: int, step_s: float, save=None) -> tuple[float, list[float]]:
 
 
 def coordination_rank(rank: int, world: int, port: int, args, out: Path) -> None:
-    torch.set_num_threads(1)
     init_process_group("gloo", timeout_s=60, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     step_s = args.step_ms / 1000
     with tempfile.TemporaryDirectory() as root:
@@ -85,27 +76,11 @@ def coordination_rank(rank: int, world: int, port: int, args, out: Path) -> None
     dist.destroy_process_group()
 
 
-def fork_ranks(world: int, body) -> None:
-    port = free_port()
-    pids = []
-    for rank in range(world):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                body(rank, port)
-                code = 0
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
-    if codes != [0] * world:
-        raise SystemExit(f"ranks exited with {codes}")
-
-
 def coordination(args) -> bool:
     with tempfile.TemporaryDirectory() as work:
-        fork_ranks(args.ranks, lambda rank, port: coordination_rank(rank, args.ranks, port, args, Path(work, f"{rank}.json")))
+        codes = wait_all(fork_ranks(args.ranks, lambda rank, port: coordination_rank(rank, args.ranks, port, args, Path(work, f"{rank}.json"))))
+        if codes != [0] * args.ranks:
+            raise SystemExit(f"ranks exited with {codes}")
         ranks = [json.loads(Path(work, f"{r}.json").read_text()) for r in range(args.ranks)]
     step_s = args.step_ms / 1000
     cost = max(r["in_save_s"] for r in ranks)

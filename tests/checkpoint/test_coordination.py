@@ -21,7 +21,7 @@ from agents.checkpoint.storage.local import LocalStorage
 from agents.examples import tiny
 
 from .conftest import config
-from .test_gang import fork_ranks, wait_all
+from .ranks import fork_ranks, wait_all
 
 WORLD = 2
 STEPS = 40
