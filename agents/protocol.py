@@ -23,6 +23,7 @@ PATH_NOTICE = "notice"
 PATH_CHECKPOINTS = "checkpoints"
 PATH_VALIDATION = "checkpoints/{checkpoint_id}/validation"
 PATH_LOGS = "logs"
+PATH_METRICS = "metrics"  # every step's loss and speed, in batches (the heartbeat carries only the latest)
 PATH_EXIT = "exit"
 PATH_PREPARE = "prepare"
 PATH_RENDEZVOUS = "rendezvous"  # GET: rank 0's address, for a rank that registered before rank 0 did
@@ -30,6 +31,7 @@ PATH_SOURCE = "source"  # GET: the job's source archive (agents/sourcetree.py), 
 
 MAX_LOG_LINES_PER_BATCH = 1000
 MAX_LOG_LINE_CHARS = 4096
+MAX_METRIC_POINTS_PER_BATCH = 1000  # and the agent sends at most one batch per heartbeat interval
 MAX_OUTPUT_TAIL_CHARS = 16384
 MAX_RAW_PAYLOAD_CHARS = 16384
 
@@ -149,6 +151,7 @@ class JobSpec:
     checkpoint_uri: str = ""  # storage prefix for this job's checkpoints
     resume_from: str | None = None  # URI of the checkpoint to resume from, if any
     resume_step: int | None = None
+    resume_validation: str = ""  # the control plane's verdict on `resume_from` (a ValidationResult), for the log
     total_steps: int | None = None
     checkpoint_interval_s: float | None = None
     checkpoint_every_steps: int | None = None
@@ -239,6 +242,19 @@ class LogBatch(Report):
 
 
 @dataclass(kw_only=True)
+class StepMetric:
+    step: int
+    time: str  # the trainer's clock (ISO 8601) when it reported the step
+    loss: float | None = None
+    samples_per_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class MetricsBatch(Report):
+    points: list[StepMetric]  # at most MAX_METRIC_POINTS_PER_BATCH, in the order the trainer reported them
+
+
+@dataclass(kw_only=True)
 class ExitReport(Report):
     reason: str
     exit_code: int | None = None
@@ -294,6 +310,7 @@ ENV_RESUME_FROM = "RESPAWN_RESUME_FROM"  # URI of the checkpoint to resume from 
 ENV_CHECKPOINT_INTERVAL_S = "RESPAWN_CHECKPOINT_INTERVAL_S"
 ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # trainer -> agent: JSON {step, loss, samples_per_s, ...}, replaced atomically;
 # "stopped": true once the trainer stopped on a stop request (in a gang, possibly another rank's)
+ENV_METRICS_FILE = "RESPAWN_METRICS_FILE"  # trainer -> agent: JSONL, one {step, loss, samples_per_s, time} per step
 ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, one CheckpointReport-shaped record per commit
 # trainer -> agent: JSONL, one ValidationReport-shaped record (with its checkpoint_id) per verdict the trainer
 # reached itself: the checkpoint it resumes from, the final one before exporting it

@@ -7,9 +7,15 @@ from __future__ import annotations
 import shlex
 
 from django import forms
+from django.conf import settings
 
 from jobs.api.serializers import KNOWN_CLOUDS, JobSerializer
 from jobs.core.choices import JobStatus
+
+
+def configured_clouds() -> list[str]:
+    """The clouds this deployment can launch on (RESPAWN_PROVIDERS), in the API's order."""
+    return [cloud for cloud in KNOWN_CLOUDS if cloud in settings.RESPAWN["PROVIDERS"]]
 
 
 class JobFilterForm(forms.Form):
@@ -59,7 +65,8 @@ class SubmitJobForm(DashboardForm):
     command = forms.CharField(max_length=2000, help_text="As you would type it in a shell, e.g. python train.py --lr 3e-4")
     total_steps = forms.IntegerField(required=False, min_value=1)
     instance_types = forms.CharField(required=False, max_length=500, help_text="Comma-separated, e.g. g5.xlarge, g6.xlarge")
-    allowed_clouds = forms.MultipleChoiceField(choices=[(c, c) for c in KNOWN_CLOUDS], required=False,
+    # Only what can launch: the API refuses the other clouds anyway (400 naming allowed_clouds).
+    allowed_clouds = forms.MultipleChoiceField(choices=lambda: [(c, c) for c in configured_clouds()], required=False,
                                                widget=forms.CheckboxSelectMultiple)
     max_price_per_hour = forms.DecimalField(required=False, min_value=0, decimal_places=4, label="Max price per hour (USD)")
     checkpoint_interval_s = forms.FloatField(required=False, min_value=1, label="Checkpoint interval (s)",

@@ -28,13 +28,14 @@ from django.db import connection, models
 
 from jobs.core.choices import InstanceState
 from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
-                         MetricPoint, PriceQuote, Team)
+                         MetricPoint, PriceQuote, StepPoint, Team)
 from jobs.money import costs
 
 JOB, INSTANCE, CHECKPOINT = Job._meta.db_table, Instance._meta.db_table, Checkpoint._meta.db_table
 EVENT, INTERRUPTION, LOG = JobEvent._meta.db_table, InterruptionEvent._meta.db_table, LogChunk._meta.db_table
 METRIC, TEAM, USER = MetricPoint._meta.db_table, Team._meta.db_table, User._meta.db_table
 MEMBERSHIP, QUOTE, DISK_QUOTE = Membership._meta.db_table, PriceQuote._meta.db_table, DiskPriceQuote._meta.db_table
+STEP = StepPoint._meta.db_table
 LIVE_STATES = tuple(sorted(InstanceState.LIVE))
 
 
@@ -213,10 +214,12 @@ def instances(job_id: int) -> Read:
 
 
 def checkpoint_interval(job_id: int) -> Read:
-    """The checkpoint interval the job's newest instance that has one was given."""
-    return Read(f"SELECT checkpoint_interval FROM {INSTANCE} WHERE job_id = %s AND checkpoint_interval IS NOT NULL "
-                "ORDER BY requested_at DESC, id DESC LIMIT 1", [job_id],
-                lambda rows: json.loads(rows[0][0]) if rows else None)
+    """The checkpoint interval the job's newest instance that has one was given, and
+    where that instance runs ({"interval", "where": market, zone, region}); None if none."""
+    return Read(f"SELECT checkpoint_interval, market, zone, region FROM {INSTANCE} WHERE job_id = %s "
+                "AND checkpoint_interval IS NOT NULL ORDER BY requested_at DESC, id DESC LIMIT 1", [job_id],
+                lambda rows: {"interval": json.loads(rows[0][0]),
+                              "where": dict(zip(("market", "zone", "region"), rows[0][1:]))} if rows else None)
 
 
 CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "validation", "validation_message", "reference_loss",
@@ -235,19 +238,37 @@ def interruptions(job_id: int) -> Read:
 
 
 def loss_points(job_id: int, most: int) -> Read:
-    """[step, loss] in time order: every n-th point, n from the count, so a long run
-    stays a bounded answer with its shape kept."""
+    """[step, loss, instance id] by instance (in launch order) and step: every step its
+    trainer reported (StepPoint), or for an instance that reported none (an older agent,
+    a trainer without the metrics file) its heartbeats' points. Every n-th point, n from
+    the count, so a long run stays a bounded answer with its shape kept."""
     return Read(
-        "SELECT step, loss FROM (SELECT step, loss, time, id, ROW_NUMBER() OVER (ORDER BY time, id) AS n, "
-        f"COUNT(*) OVER () AS total FROM {METRIC} WHERE job_id = %s AND loss IS NOT NULL) p "
-        "WHERE n %% (CASE WHEN total < %s THEN 1 ELSE total / %s END) = 0 ORDER BY time, id",
-        [job_id, 2 * most, most], lambda rows: [list(row) for row in rows])
+        "SELECT step, loss, instance_id FROM (SELECT step, loss, instance_id, "
+        "ROW_NUMBER() OVER (ORDER BY instance_id, step) AS n, COUNT(*) OVER () AS total FROM ("
+        f"SELECT instance_id, step, loss FROM {STEP} WHERE job_id = %s AND loss IS NOT NULL UNION ALL "
+        f"SELECT m.instance_id, m.step, m.loss FROM {METRIC} m WHERE m.job_id = %s AND m.loss IS NOT NULL "
+        f"AND NOT EXISTS (SELECT 1 FROM {STEP} s WHERE s.instance_id = m.instance_id)) u) p "
+        "WHERE n %% (CASE WHEN total < %s THEN 1 ELSE total / %s END) = 0 ORDER BY instance_id, step",
+        [job_id, job_id, 2 * most, most], lambda rows: [list(row) for row in rows])
 
 
-def newest_log_chunks(job_id: int, limit: int) -> Read:
-    return Read(f"SELECT l.instance_id, l.lines FROM {LOG} l JOIN {INSTANCE} i ON i.id = l.instance_id "
-                "WHERE i.job_id = %s ORDER BY l.created_at DESC, l.id DESC LIMIT %s", [job_id, limit],
-                lambda rows: [(instance_id, json.loads(lines)) for instance_id, lines in rows])
+CURVE_INSTANCE_COLUMNS = ("id", "end_reason", "last_step", "resume_step", "resume_validation")
+
+
+def curve_instances(job_id: int) -> Read:
+    """What `frontend.story.loss_marks` marks on the loss curve, per instance in launch order."""
+    return Read(f"SELECT i.id, i.end_reason, i.last_step, c.step, c.validation FROM {INSTANCE} i "
+                f"LEFT JOIN {CHECKPOINT} c ON c.id = i.resume_checkpoint_id WHERE i.job_id = %s "
+                "ORDER BY i.requested_at, i.id", [job_id], _named(*CURVE_INSTANCE_COLUMNS))
+
+
+def log_chunks_after(job_id: int, after: int, limit: int) -> Read:
+    """(chunk id, instance id, lines) of the job's log chunks past chunk `after`, in the
+    order they arrived, at most `limit` of them: the job page reads its log from the
+    first line on, a bounded answer at a time."""
+    return Read(f"SELECT l.id, l.instance_id, l.lines FROM {LOG} l JOIN {INSTANCE} i ON i.id = l.instance_id "
+                "WHERE i.job_id = %s AND l.id > %s ORDER BY l.id LIMIT %s", [job_id, after, limit],
+                lambda rows: [(pk, instance_id, json.loads(lines)) for pk, instance_id, lines in rows])
 
 
 def newest_events(job_id: int, limit: int) -> Read:

@@ -14,18 +14,18 @@ from django.urls import reverse
 from django.utils import timezone
 
 from frontend import money as store
-from frontend import reads
+from frontend import reads, story
 from frontend.money import display_money
-from jobs.core.choices import FailureCause, JobStatus
+from jobs.core.choices import FailureCause, JobStatus, Market
 from jobs.models import PriceQuote, Team, failure_headline
 from jobs.money import costs
 from jobs.money.text import savings_text
 
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history
-LOSS_POINTS = 400
-LOG_LINES = 200
-LOG_CHUNKS = 40  # newest chunks read for the tail; agents send bounded batches
+LOSS_POINTS = 2000
+LOG_CHUNKS = 100  # most chunks read for one answer of the log; agents send bounded batches
+LOG_CHARS = 1 << 20  # an answer of the log stops after the chunk that passes this many characters
 RECENT_ROWS = 50
 MARKED_CHECKPOINTS = 500
 URL_ID = 987654321  # stands in for a job's id in a reversed URL
@@ -122,12 +122,17 @@ def _markers(interruptions: list[dict], instances: list[dict], checkpoints: list
     return sorted(markers, key=lambda m: m["at"] or "")
 
 
-def _log_tail(chunks: list[tuple[int, list[str]]]) -> list[str]:
-    """`chunks`: newest first."""
-    lines = []
-    for instance_id, chunk in reversed(chunks):
+def job_log(job_id: int, after: int) -> dict:
+    """The job's log lines past chunk `after`, from its first line on, a bounded answer
+    at a time: `next` is the cursor to ask with next, `more` whether more is there now."""
+    chunks = reads.log_chunks_after(job_id, after, LOG_CHUNKS).run()
+    lines, chars, cursor, taken = [], 0, after, 0
+    for taken, (cursor, instance_id, chunk) in enumerate(chunks, start=1):
         lines.extend(f"[{instance_id}] {line}" for line in chunk)
-    return lines[-LOG_LINES:]
+        chars += sum(len(line) for line in chunk)
+        if chars > LOG_CHARS:
+            break
+    return {"lines": lines, "next": cursor, "more": len(chunks) == LOG_CHUNKS or taken < len(chunks)}
 
 
 def _checkpoints(newest_first: list[dict]) -> list[dict]:
@@ -180,9 +185,9 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
     job_id = job["id"]
     money = job_money(job, now, detail=True)
     summary = job_summary(job, money, may_cancel=may_cancel, now=now)
-    found, newest_checkpoints, interruptions, loss, chunks, events = reads.batch(
+    found, newest_checkpoints, interruptions, loss, curve, events = reads.batch(
         reads.instances(job_id), reads.newest_checkpoints(job_id, MARKED_CHECKPOINTS), reads.interruptions(job_id),
-        reads.loss_points(job_id, LOSS_POINTS), reads.newest_log_chunks(job_id, LOG_CHUNKS),
+        reads.loss_points(job_id, LOSS_POINTS), reads.curve_instances(job_id),
         reads.newest_events(job_id, RECENT_ROWS))
     instances, checkpoints = _instances(found, money), _checkpoints(newest_checkpoints)
     interval = next((i["checkpoint_interval"] for i in reversed(found) if i["checkpoint_interval"] is not None), None)
@@ -193,9 +198,9 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
         "instances": instances,
         "markers": _markers(interruptions, instances, checkpoints),
         "loss": loss,
+        "loss_marks": story.loss_marks(curve),
         "cost_curve": [] if isinstance(money, str) else money["curve"],
         "checkpoints": listed,
-        "log": _log_tail(chunks),
         "events": [{"at": _iso(e["created_at"]), "from": e["from_status"], "to": e["to_status"],
                     "message": e["message"]} for e in reversed(events)],
         "as_of": now.isoformat(),
@@ -248,3 +253,31 @@ def latest_prices(*, provider: str = "", instance_type: str = ""):
     if instance_type:
         quotes = quotes.filter(instance_type__icontains=instance_type)
     return quotes.order_by("provider", "instance_type", "region", "zone", "market")
+
+
+def price_rows(quotes, launchable: list[str]) -> list[dict]:
+    """`quotes` (from `latest_prices`) as one row per (cloud, region, zone, type): the spot
+    price beside the on-demand one (the zone's own, else the region's, as the price book
+    reads them) and the discount. What this deployment can launch (`launchable`, in
+    that order) comes first. A region-wide on-demand price shown beside its zones' spot
+    prices has no row of its own."""
+    by_key = {(q.provider, q.region, q.zone, q.instance_type, q.market): q for q in quotes}
+    zoned = {(p, r, t) for (p, r, z, t, _m) in by_key if z}
+    rows = {}
+    for provider, region, zone, instance_type, market in by_key:
+        if not zone and market == Market.ON_DEMAND and (provider, region, instance_type) in zoned:
+            continue
+        spot = by_key.get((provider, region, zone, instance_type, Market.SPOT))
+        on_demand = (by_key.get((provider, region, zone, instance_type, Market.ON_DEMAND))
+                     or by_key.get((provider, region, "", instance_type, Market.ON_DEMAND)))
+        discount = (round(100 * (1 - spot.usd_per_hour / on_demand.usd_per_hour))
+                    if spot and on_demand and on_demand.usd_per_hour > 0 else None)
+        shown = spot or on_demand
+        rows[(provider, region, zone, instance_type)] = {
+            "provider": provider, "region": region, "zone": zone, "instance_type": instance_type,
+            "spot": spot and spot.usd_per_hour, "on_demand": on_demand and on_demand.usd_per_hour,
+            "discount_pct": discount, "observed_at": shown.observed_at, "source": shown.source,
+            "launchable": provider in launchable}
+    rank = {provider: n for n, provider in enumerate(launchable)}
+    return sorted(rows.values(), key=lambda row: (rank.get(row["provider"], len(rank)), row["provider"],
+                                                  row["instance_type"], row["region"], row["zone"]))

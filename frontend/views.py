@@ -18,8 +18,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from frontend import access, money, reads, selectors
-from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm
+from frontend import access, money, reads, selectors, story
+from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm, configured_clouds
 from jobs.core import trackers
 from jobs.core.services import cancel_job
 from jobs.models import Job, PriceQuote
@@ -128,6 +128,7 @@ def job_page(request, pk: int):
     summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
                                     may_cancel=can(request.user, "job.cancel", job["team_id"]))
     teams, interval = reads.batch(access.team_choices(request.user), reads.checkpoint_interval(job["id"]))
+    interval = interval and story.interval_words(**interval)
     tracker_links = trackers.links(Job.objects.only("pk", "created_at", "env").get(pk=pk))
     return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval,
                 tracker_links=tracker_links)
@@ -137,6 +138,20 @@ def job_page(request, pk: int):
 def job_json(request, pk: int):
     job = access.scoped_job_row(request.user, pk)
     return JsonResponse(selectors.job_status(job, may_cancel=can(request.user, "job.cancel", job["team_id"])))
+
+
+MAX_CURSOR = 2**63 - 1
+
+
+@json_view
+def job_log_json(request, pk: int):
+    """The job's log from its first line on (`after`: the `next` of the previous answer)."""
+    job = access.scoped_job_row(request.user, pk)
+    raw = request.GET.get("after", "0")
+    if not (raw.isascii() and raw.isdigit() and int(raw) <= MAX_CURSOR):
+        message = f"after must be a whole number from 0 to {MAX_CURSOR}"
+        return JsonResponse({"detail": message, "errors": {"after": [message]}}, status=400)
+    return JsonResponse(selectors.job_log(job["id"], int(raw)))
 
 
 @require_POST
@@ -227,8 +242,9 @@ def prices(request):
         message = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
         return page(request, "frontend/error.html", http_status=400, message=message)
     provider, instance_type = form.cleaned_data["provider"], form.cleaned_data["type"]
-    quotes = selectors.latest_prices(provider=provider, instance_type=instance_type)
-    current = Paginator(quotes, 100).get_page(request.GET.get("page") or 1)
+    launchable = configured_clouds()
+    rows = selectors.price_rows(selectors.latest_prices(provider=provider, instance_type=instance_type), launchable)
+    current = Paginator(rows, 100).get_page(request.GET.get("page") or 1)
     providers = PriceQuote.objects.order_by("provider").values_list("provider", flat=True).distinct()
     return page(request, "frontend/prices.html", quotes=current, provider=provider, instance_type=instance_type,
-                providers=providers)
+                providers=providers, launchable=launchable)

@@ -14,6 +14,7 @@ import math
 import os
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ CHECKPOINTS_NAME = "checkpoints.jsonl"
 VALIDATIONS_NAME = "validations.jsonl"
 CONTROL_NAME = "control.json"
 NOTICE_NAME = "notice.json"
+METRICS_NAME = "metrics.jsonl"
 CHECKPOINT_EVENTS = uuid.UUID("6f1d0b6e-5a55-4c1e-9a43-0c5e3c1f2b7d")  # namespace of checkpoint reports' event_ids
 
 
@@ -36,13 +38,14 @@ class ChannelPaths:
     validations: str
     control: str
     notice: str
+    metrics: str
 
     @classmethod
     def in_dir(cls, directory: str) -> "ChannelPaths":
         os.makedirs(directory, mode=0o700, exist_ok=True)
         d = Path(directory)
         return cls(str(d / STATUS_NAME), str(d / CHECKPOINTS_NAME), str(d / VALIDATIONS_NAME), str(d / CONTROL_NAME),
-                   str(d / NOTICE_NAME))
+                   str(d / NOTICE_NAME), str(d / METRICS_NAME))
 
     def env(self) -> dict[str, str]:
         return {
@@ -51,6 +54,7 @@ class ChannelPaths:
             protocol.ENV_VALIDATIONS_FILE: self.validations,
             protocol.ENV_CONTROL_FILE: self.control,
             protocol.ENV_NOTICE_FILE: self.notice,
+            protocol.ENV_METRICS_FILE: self.metrics,
         }
 
 
@@ -210,6 +214,39 @@ class ValidationsTail(JsonlTail):
 
     def __init__(self, path: str):
         super().__init__(path, parse_validation_line)
+
+
+def parse_metric_line(line: str) -> protocol.StepMetric:
+    """One line of the metrics JSONL; ValueError naming what is wrong. A figure that is
+    not a finite number (a diverged loss) is shipped as none."""
+    doc = json.loads(line)
+    if not isinstance(doc, dict) or int_or_none(doc.get("step")) is None or doc["step"] < 0:
+        raise ValueError("expected a JSON object with a step, a whole number from 0")
+    at = finite_or_none(doc.get("time"))
+    if at is None:
+        raise ValueError(f"time {doc.get('time')!r} is not a number of seconds")
+    return protocol.StepMetric(step=doc["step"], time=datetime.fromtimestamp(at, timezone.utc).isoformat(),
+                               loss=finite_or_none(doc.get("loss")), samples_per_s=finite_or_none(doc.get("samples_per_s")))
+
+
+class MetricsTail(JsonlTail):
+    """The metrics JSONL: every step the trainer reported, read once per heartbeat
+    into at most one batch. A trainer reporting more steps than a batch holds in one
+    heartbeat interval is thinned evenly (its newest step always kept), so what
+    the agent sends stays bounded however fast the steps go."""
+
+    def __init__(self, path: str):
+        super().__init__(path, parse_metric_line)
+
+    def batch(self) -> protocol.MetricsBatch | None:
+        points = self.new_reports()
+        if not points:
+            return None
+        most = protocol.MAX_METRIC_POINTS_PER_BATCH
+        if len(points) > most:
+            stride = -(-len(points) // most)  # ceiling: at most `most` points, the last one kept
+            points = points[::-1][::stride][::-1]
+        return protocol.MetricsBatch(points=points)
 
 
 MAX_READ_BYTES = 4 << 20  # per call, so a trainer printing gigabytes cannot balloon the agent

@@ -44,6 +44,7 @@ from agents.agent.channel import (
     ChannelPaths,
     CheckpointsTail,
     LogTail,
+    MetricsTail,
     StatusReader,
     ValidationsTail,
     finite_or_none,
@@ -71,6 +72,12 @@ LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.lo
 AGENT_LINE_PREFIX = "[respawn-agent]"
 MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
+RESUME_VERDICTS = {  # the control plane's word on the resume checkpoint, as the log says it
+    protocol.ValidationResult.VALID: "validated",
+    protocol.ValidationResult.SKIPPED: "not validated: the job names no validation factories",
+    protocol.ValidationResult.PENDING: "not validated yet: the trainer validates it before loading",
+    protocol.ValidationResult.INVALID: "found invalid: the trainer falls back to an earlier one",
+}
 
 
 class AgentError(Exception):
@@ -131,6 +138,7 @@ class Agent:
         self.status = StatusReader(self.paths.status)
         self.checkpoints = CheckpointsTail(self.paths.checkpoints)
         self.validations = ValidationsTail(self.paths.validations)
+        self.metrics = MetricsTail(self.paths.metrics)
         self.logs: LogTail | None = None  # made once it is known whether this run resumes a session
         self.session: session.Session | None = None
         self.events: queue.Queue = queue.Queue()
@@ -154,7 +162,8 @@ class Agent:
 
     def _clear_channel(self) -> None:
         """Channel files of an earlier run on this work dir must not be read again."""
-        for path in (self.paths.status, self.paths.checkpoints, self.paths.validations, self.paths.control, self.paths.notice):
+        for path in (self.paths.status, self.paths.checkpoints, self.paths.validations, self.paths.control, self.paths.notice,
+                     self.paths.metrics):
             if os.path.exists(path):
                 os.remove(path)
 
@@ -245,6 +254,7 @@ class Agent:
             if stored.job.resume_step is None or newest.step > stored.job.resume_step:
                 # The spec's resume checkpoint is older than what this instance committed since.
                 stored.job.resume_from, stored.job.resume_step = newest.uri, newest.step
+                stored.job.resume_validation = protocol.ValidationResult.PENDING  # the control plane has not judged it
                 self.status.start_step = newest.step
                 self._save_session()
             self._agent_line(f"the trainer resumes from the newest checkpoint it committed: step {newest.step}, {newest.uri}")
@@ -369,6 +379,7 @@ class Agent:
             if self.checkpoint_interval_s:
                 write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
             self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
+            self._say_where_it_resumes()
             self.trainer.start()
         except (OSError, ValueError) as exc:
             return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
@@ -376,6 +387,7 @@ class Agent:
             self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
         code = self._watch()
         self._collect_checkpoints()
+        self._ship_metrics()
         if self.notice is not None:
             self._report_notice_outcome()
         return self._exit_report(code)
@@ -401,6 +413,7 @@ class Agent:
                 next_logs = now + self.config.log_batch_interval_s
             if now >= next_heartbeat:
                 self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                self._ship_metrics()
                 next_heartbeat = now + self.heartbeat_interval_s
             try:
                 event = self.events.get(timeout=self.config.tick_s)
@@ -685,6 +698,19 @@ class Agent:
             return
         env["MLFLOW_RUN_ID"] = run_id
         self._agent_line(f"MLflow run {run_id} ({trackers.MLFLOW_TAG}={env[trackers.ENV_RUN_ID]})")
+
+    def _ship_metrics(self) -> None:
+        if batch := self.metrics.batch():
+            self.reporter.report(protocol.PATH_METRICS, batch)
+
+    def _say_where_it_resumes(self) -> None:
+        """Whoever reads the log learns where this VM's training picks up and whether
+        that checkpoint was found sound."""
+        job = self.job
+        if not job.resume_from or job.purpose != protocol.Purpose.TRAIN:
+            return
+        verdict = RESUME_VERDICTS.get(job.resume_validation, job.resume_validation or "validation unknown")
+        self._agent_line(f"resumed from step {job.resume_step} (checkpoint {job.resume_from}, {verdict})")
 
     def _agent_line(self, message: str) -> None:
         """A line in the job's output (shipped with it), so users see what the agent did and why."""

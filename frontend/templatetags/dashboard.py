@@ -10,7 +10,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
-EMPTY = '<tr class="empty"><td colspan="9">No jobs match.</td></tr>'
+EMPTY = '<tr class="empty"><td colspan="10">No jobs match.</td></tr>'
 
 
 def _row(row: dict) -> str:
@@ -20,6 +20,7 @@ def _row(row: dict) -> str:
                 if row["total_steps"] else "")
     status = escape(row["status"])
     return (f'<tr data-job="{int(row["id"])}">\n'
+            f'<td class="num" data-field="id">{int(row["id"])}</td>\n'
             f'<td><a href="{row["url"]}">{escape(row["name"])}</a></td>\n'
             f'<td>{escape(row["owner"])}</td>\n'
             f'<td data-field="status"><span class="status s-{status}">{status}</span>{reason}</td>\n'

@@ -29,7 +29,7 @@ from jobs.core import secret_env, services, sources, trackers
 from jobs.core.choices import InstanceState
 from jobs.fleet import heartbeats
 from jobs.fleet.placement import refresh_interval
-from jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent
+from jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
 from jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
 from jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
 
@@ -127,6 +127,18 @@ class LogBatchSerializer(ReportSerializer):
         child=serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=protocol.MAX_LOG_LINE_CHARS),
         max_length=protocol.MAX_LOG_LINES_PER_BATCH,
     )
+
+
+class StepMetricSerializer(serializers.Serializer):
+    step = CountField()
+    time = serializers.DateTimeField()
+    loss = FiniteFloatField(required=False, allow_null=True, default=None)
+    samples_per_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0)
+
+
+class MetricsBatchSerializer(ReportSerializer):
+    points = serializers.ListField(child=StepMetricSerializer(), allow_empty=False,
+                                   max_length=protocol.MAX_METRIC_POINTS_PER_BATCH)
 
 
 class ExitSerializer(ReportSerializer):
@@ -388,6 +400,22 @@ class LogsView(AgentView):
         return ack(duplicate=not applied)
 
 
+class MetricsView(AgentView):
+    """Every step the trainer reported, for the job's loss curve (StepPoint). A live
+    instance's only: like the heartbeat, a fenced VM's figures are not its job's."""
+
+    body_serializer = MetricsBatchSerializer
+
+    @extend_schema(request=MetricsBatchSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = self.validated(request)
+        instance = self.instance
+        points = [StepPoint(job_id=instance.job_id, instance=instance, **point) for point in data["points"]]
+        applied = apply_once(instance, data["event_id"], "metrics",
+                             lambda: StepPoint.objects.bulk_create(points, ignore_conflicts=True))
+        return ack(duplicate=not applied)
+
+
 class ExitView(AgentView):
     body_serializer = ExitSerializer
     open_after_end = True
@@ -527,6 +555,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         checkpoint_uri=checkpoint_trust.job_storage_uri(job),
         resume_from=resume.uri if resume else None,
         resume_step=resume.step if resume else None,
+        resume_validation=resume.validation if resume else "",
         total_steps=job.total_steps,
         checkpoint_interval_s=services.checkpoint_interval_s(instance),
         checkpoint_every_steps=job.checkpoint_every_steps,

@@ -34,6 +34,7 @@ agent_urlpatterns = [
     path("checkpoints", agent.CheckpointsView.as_view(), name="agent-checkpoints"),
     path("checkpoints/<uuid:checkpoint_id>/validation", agent.ValidationView.as_view(), name="agent-validation"),
     path("logs", agent.LogsView.as_view(), name="agent-logs"),
+    path("metrics", agent.MetricsView.as_view(), name="agent-metrics"),
     path("exit", agent.ExitView.as_view(), name="agent-exit"),
     path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
     path("rendezvous", agent.RendezvousView.as_view(), name="agent-rendezvous"),

@@ -1,4 +1,4 @@
-"""The job page shows the checkpoint interval with its inputs; the team overview
+"""The job page explains the checkpoint interval in words, with its inputs; the team overview
 shows the interruption-rate estimates placement uses."""
 
 from datetime import timedelta
@@ -25,7 +25,11 @@ def test_job_page_shows_the_interval_and_team_page_the_rates(db):
     browser = Client()
     browser.force_login(setup.people["viewer"].user)
     page = browser.get(f"/jobs/{job.pk}/").content.decode()
-    assert "Every <strong>1200 s</strong> (maximum)" in page and "Young/Daly" in page
+    interval = page[page.index('id="interval">'):].split("</p>")[0]
+    # In words, not M = 19681817 s: the interval, the measured cost and the interruptions where it runs.
+    assert "Checkpoints every 20 min: measured save cost " in interval, interval
+    assert "mean time between interruptions without a notice ~" in interval and "on spot in local-a" in interval
+    assert "the longest allowed; Young/Daly gave " in interval and "M =" not in interval
     team = browser.get(f"/teams/{setup.team.pk}/").content.decode()
     assert "Estimated interruption rates" in team and "local-b" in team
 

@@ -11,6 +11,12 @@
     capacity_error: {label: "capacity errors", style: "rectRot", colour: "#6b3fa0"},
     checkpoint: {label: "checkpoints", style: "circle", colour: "#1b7a35"},
   };
+  const LOSS_MARKS = {
+    resumed: {label: "resumes", style: "rectRot", colour: "#1b7a35"},
+    preempted: {label: "preemptions", style: "crossRot", colour: "#b00020"},
+    lost: {label: "lost", style: "crossRot", colour: "#5c0011"},
+  };
+  const LOG_MAX_LINES = 100000;  // beyond, the oldest lines leave the page (the API keeps them)
   const ms = (iso) => (iso ? Date.parse(iso) : null);
   const fixed = (value, digits) => (value === null || value === undefined ? "–" : value.toFixed(digits));
   const charts = {};
@@ -62,7 +68,12 @@
     });
     charts.loss = new Chart(document.getElementById("loss-chart"), {
       type: "line",
-      data: {datasets: [{label: "loss", data: [], borderColor: "#1f5fbf", pointRadius: 0, borderWidth: 1.5}]},
+      data: {datasets: [
+        {label: "loss", data: [], borderColor: "#1f5fbf", pointRadius: 0, borderWidth: 1.5, spanGaps: false},
+        ...Object.entries(LOSS_MARKS).map(([kind, look]) => ({
+          type: "scatter", label: look.label, kind, data: [], pointStyle: look.style, pointRadius: 7, borderWidth: 2,
+          borderColor: look.colour, backgroundColor: look.colour})),
+      ]},
       options: {animation: false, maintainAspectRatio: false, parsing: false,
                 scales: {x: {type: "linear", title: {display: true, text: "step"}},
                          y: {title: {display: true, text: "loss"}}}},
@@ -86,11 +97,34 @@
     Object.assign(charts.timeline.options.scales.x, range, {ticks: ticks(range)});
     charts.timeline.update("none");
     charts.cost.options.scales.x.ticks = ticks(range);
-    charts.loss.data.datasets[0].data = status.loss.map(([step, loss]) => ({x: step, y: loss}));
+    const [curve, ...marks] = charts.loss.data.datasets;
+    curve.data = lossCurve(status.loss);
+    for (const dataset of marks) dataset.data = lossMarks(status, dataset.kind);
     charts.loss.update("none");
     charts.cost.data.datasets[0].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.spent}));
     charts.cost.data.datasets[1].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.on_demand}));
     charts.cost.update("none");
+  }
+
+  function lossCurve(points) {
+    /* One line per instance: a gap where the next one starts again from its checkpoint. */
+    const data = [];
+    points.forEach(([step, loss, instance], i) => {
+      if (i && points[i - 1][2] !== instance) data.push({x: step, y: null});
+      data.push({x: step, y: loss});
+    });
+    return data;
+  }
+
+  function lossMarks(status, kind) {
+    /* A mark sits on the curve at its step: the loss reported nearest to it. */
+    return status.loss_marks.filter((m) => m.kind === kind).map((m) => {
+      let near = null;
+      for (const [step, loss] of status.loss) {
+        if (near === null || Math.abs(step - m.step) < Math.abs(near[0] - m.step)) near = [step, loss];
+      }
+      return {x: m.step, y: near ? near[1] : 0, text: m.text};
+    });
   }
 
   function timelineRows(status) {
@@ -124,7 +158,9 @@
     setField(figures, "waste", money.waste_display);
     setField(figures, "waste-parts", money.waste_parts_display);
     setField(figures, "preemptions", `${job.preemptions}`);
-    setField(figures, "artifact", job.artifact_uri ? `${job.artifact_uri} (${job.artifact_digest})` : "–");
+    const artifact = job.artifact_uri ? `${job.artifact_uri} (${job.artifact_digest})` : "–";
+    setField(figures, "artifact", artifact);
+    figures.querySelector('[data-field="artifact"]').title = job.artifact_uri ? artifact : "";
     const costError = document.querySelector('[data-field="cost-error"]');
     costError.hidden = !money.cost_error;
     costError.textContent = money.cost_error || "";
@@ -138,20 +174,54 @@
            c.validation_message ? ` ${c.validation_message}` : ""),
         el("td", {class: "num", text: fixed(c.reference_loss, 5)}), el("td", {class: "num", text: fixed(c.validation_loss, 5)}),
         el("td", {class: "num", text: fixed(c.stall_s, 3)}))));
-    const log = document.getElementById("log");
-    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
-    log.textContent = status.log.join("\n");
-    if (atBottom) log.scrollTop = log.scrollHeight;
     document.getElementById("events").replaceChildren(...status.events.map((e) =>
       el("li", {}, el("time", {datetime: e.at, text: clock(ms(e.at))}), " ",
          e.to ? `${e.from || "–"} → ${e.to}: ${e.message}` : e.message)));
     updateCharts(status);
   }
 
+  const log = document.getElementById("log");
+  const logState = {after: 0, lines: [], dropped: 0, busy: false};
+
+  async function readLog() {
+    /* From the first line on: every answer is a bounded batch past the last one read. */
+    if (logState.busy) return;
+    logState.busy = true;
+    try {
+      for (;;) {
+        const response = await fetch(`${log.dataset.live}?after=${logState.after}`, {
+          headers: {Accept: "application/json"}, credentials: "same-origin", cache: "no-store"});
+        if (!response.ok) return;
+        const answer = await response.json();
+        logState.after = answer.next;
+        if (answer.lines.length) showLog(answer.lines);
+        if (!answer.more) return;
+      }
+    } catch (err) {
+      /* the control plane is away for a moment: the next poll reads on from the same line */
+    } finally {
+      logState.busy = false;
+    }
+  }
+
+  function showLog(lines) {
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+    logState.lines.push(...lines);
+    const over = logState.lines.length - LOG_MAX_LINES;
+    if (over > 0) {
+      logState.lines.splice(0, over);
+      logState.dropped += over;
+    }
+    const note = logState.dropped ? [`… ${logState.dropped} earlier lines not shown here`] : [];
+    log.textContent = [...note, ...logState.lines].join("\n");
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+
   // The page comes with the summary only; the first answer draws the charts, later ones redraw them.
   const live = poll(document.getElementById("job-live").dataset.live, (status) => {
     if (!charts.timeline) makeCharts(status);
     render(status);
+    readLog();
   });
   live.now();
 

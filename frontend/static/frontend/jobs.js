@@ -4,6 +4,7 @@
   const table = document.getElementById("jobs-table");
   if (!table) return;
   const {el, poll} = window.Respawn;
+  const FIGURES_FROM = 2;  // cells before it (id, name link) never change
 
   function statusCell(row) {
     const cell = el("td", {dataset: {field: "status"}}, el("span", {class: `status s-${row.status}`, text: row.status}));
@@ -22,6 +23,7 @@
 
   function cells(row) {
     return [
+      el("td", {class: "num", dataset: {field: "id"}, text: `${row.id}`}),
       el("td", {}, el("a", {href: row.url, text: row.name})),
       el("td", {text: row.owner}),
       statusCell(row),
@@ -38,15 +40,15 @@
     const body = table.tBodies[0];
     const shown = [...body.querySelectorAll("tr[data-job]")].map((tr) => tr.dataset.job);
     if (shown.join() === data.rows.map((row) => `${row.id}`).join() && shown.length) {
-      // Same jobs in the same order: refresh the figures, keep the name links (and keyboard focus) in place.
+      // Same jobs in the same order: refresh the figures, keep the ids and name links (and keyboard focus) in place.
       body.querySelectorAll("tr[data-job]").forEach((tr, i) => {
         const fresh = cells(data.rows[i]);
-        for (let c = 1; c < fresh.length; c++) tr.cells[c].replaceWith(fresh[c]);
+        for (let c = FIGURES_FROM; c < fresh.length; c++) tr.cells[c].replaceWith(fresh[c]);
       });
       return;
     }
     const rows = data.rows.map((row) => el("tr", {dataset: {job: row.id}}, ...cells(row)));
-    if (!rows.length) rows.push(el("tr", {class: "empty"}, el("td", {colspan: "9", text: "No jobs match."})));
+    if (!rows.length) rows.push(el("tr", {class: "empty"}, el("td", {colspan: "10", text: "No jobs match."})));
     body.replaceChildren(...rows);
   }
 
