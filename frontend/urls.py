@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import invitations, notifications, team_settings, token_pages, views
+from frontend import invitations, notifications, report, team_settings, token_pages, views
 from frontend.login import login_view
 
 urlpatterns = [

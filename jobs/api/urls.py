@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, costs, invitations, notifications, sources, teamadmin, tokens, views
+from jobs.api import agent, audit, costs, invitations, notifications, report, sources, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -22,6 +22,7 @@ people_urlpatterns = [
     path("interruption-rates/", views.InterruptionRateView.as_view(), name="interruption-rates"),
     path("jobs/<int:pk>/cost/", costs.JobCostView.as_view(), name="job-cost"),
     path("teams/<int:pk>/cost/", costs.TeamCostView.as_view(), name="team-cost"),
+    path("teams/<int:pk>/report/", report.TeamReportView.as_view(), name="team-report"),
     path("teams/<int:team_pk>/limits/", teamadmin.TeamLimitsView.as_view(), name="team-limits"),
     path("sources/<str:digest>/", sources.SourceView.as_view(), name="source"),
     *router.urls,

@@ -494,6 +494,11 @@ def interruptions_by_placement(team, month: str | None = None, now: dt.datetime 
     not yet a preemption: a notice and the preemption it announced are one
     interruption."""
     _, start, end = parse_month(month, now or timezone.now())
+    return interruptions_between(team, start, end)
+
+
+def interruptions_between(team, start: dt.datetime, end: dt.datetime) -> list[dict]:
+    """`interruptions_by_placement` from `start` (included) to `end` (excluded)."""
     where = dict(cloud=F("provider"), zone_name=F("zone"), type_name=F("instance_type"))
     ended = (Instance.objects.filter(job__team=team, end_reason__in=(EndReason.PREEMPTED, EndReason.LOST),
                                      ended_at__gte=start, ended_at__lt=end)

@@ -1,0 +1,43 @@
+"""The team's savings report page: the API's report (`jobs.api.report`), drawn as tables and a
+cumulative savings chart, with the same figures offered as CSV and JSON."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+
+from frontend import access
+from frontend.money import WASTE_PARTS
+from frontend.views import page
+from jobs.api.report import TABLES, report_data
+from jobs.money.report import ReportError, savings_report
+from jobs.money.text import savings_text, usd
+
+
+def _displayed(data: dict) -> dict:
+    """Money as people read it beside the exact strings the API gives."""
+    for row in (*data["months"], *data["jobs"], data["totals"]):
+        row["savings_display"] = savings_text(row["savings"], row["on_demand_baseline"])
+        for name in ("spent", "on_demand_baseline", "waste"):
+            row[f"{name}_display"] = usd(row[name])
+    data["waste_rows"] = [{"kind": label, "usd": data["waste"][part], "display": usd(data["waste"][part])}
+                          for part, label in WASTE_PARTS]
+    return data
+
+
+@login_required
+def report_page(request, pk: int):
+    team = access.scoped_team(request.user, pk, "team.view")
+    first, last = request.GET.get("from") or None, request.GET.get("to") or None
+    try:
+        report = savings_report(team, first, last, timezone.now())
+    except ReportError as exc:
+        return page(request, "frontend/error.html", http_status=400, message=f"{exc.field}: {exc}")
+    query = {"from": report.first, "to": report.last}
+    api = reverse("team-report", kwargs={"pk": team.pk})
+    downloads = [{"label": f"{table} (CSV)", "url": f"{api}?{urlencode({**query, 'format': 'csv', 'table': table})}"}
+                 for table in TABLES]
+    downloads.append({"label": "everything (JSON)", "url": f"{api}?{urlencode(query)}"})
+    return page(request, "frontend/report.html", team=team, report=_displayed(report_data(report)), downloads=downloads)
