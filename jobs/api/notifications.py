@@ -58,6 +58,10 @@ class SubscriptionSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         return sorted(set(value))
 
     def validate(self, data):
+        if self.instance is not None and "team" in data and data["team"].pk != self.instance.team_id:
+            raise serializers.ValidationError({"team": "a subscription cannot move to another team"})
+        if self.instance is not None and "channel" in data and data["channel"] != self.instance.channel:
+            raise serializers.ValidationError({"channel": "the channel cannot change; make a new subscription"})
         channel = data.get("channel", getattr(self.instance, "channel", None))
         url = data.get("url", getattr(self.instance, "url", ""))
         email = data.get("email", getattr(self.instance, "email", ""))
@@ -76,10 +80,6 @@ class SubscriptionSerializer(RefusesUnknownFields, serializers.ModelSerializer):
                     check_url(url)
                 except UnsafeURL as exc:
                     raise serializers.ValidationError({"url": str(exc)}) from None
-        if self.instance is not None and "team" in data and data["team"].pk != self.instance.team_id:
-            raise serializers.ValidationError({"team": "a subscription cannot move to another team"})
-        if self.instance is not None and "channel" in data and data["channel"] != self.instance.channel:
-            raise serializers.ValidationError({"channel": "the channel cannot change; make a new subscription"})
         return data
 
 

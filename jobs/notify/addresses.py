@@ -29,12 +29,16 @@ def refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
         ip = ip.ipv4_mapped
     if ip in METADATA or ip.is_link_local:
         return "a link-local or metadata-service address, never allowed"
-    if ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+    if ip.is_multicast or ip.is_unspecified:
         return "not an address a webhook can be sent to"
-    if ip.is_global or settings.NOTIFY["ALLOW_PRIVATE"]:
+    if ip.is_global:
         return ""
-    kind = "a loopback" if ip.is_loopback else "a private"
-    return f"{kind} address (this deployment allows only public ones: RESPAWN_NOTIFY_ALLOW_PRIVATE)"
+    if ip.is_loopback or ip.is_private:
+        if settings.NOTIFY["ALLOW_PRIVATE"]:
+            return ""
+        kind = "a loopback" if ip.is_loopback else "a private"
+        return f"{kind} address (this deployment allows only public ones: RESPAWN_NOTIFY_ALLOW_PRIVATE)"
+    return "not an address a webhook can be sent to"  # reserved, shared (CGNAT), documentation ranges
 
 
 def check_url(url: str) -> None:

@@ -17,6 +17,7 @@ import time
 import requests
 from django.conf import settings
 from django.core.mail import send_mail
+from django.db import IntegrityError
 from django.utils import timezone
 
 from jobs.core.choices import Channel, DeliveryStatus
@@ -119,8 +120,11 @@ def attempt(delivery_id: int, *, last: bool) -> None:
         code = send(delivery)
     except Refused as exc:
         code, error, retry = exc.status_code, str(exc), isinstance(exc, Retryable)
-    DeliveryAttempt.objects.create(delivery_id=delivery_id, started_at=started, duration_s=time.monotonic() - clock,
-                                   status_code=code, error=error, ok=not error)
+    try:
+        DeliveryAttempt.objects.create(delivery_id=delivery_id, started_at=started,
+                                       duration_s=time.monotonic() - clock, status_code=code, error=error, ok=not error)
+    except IntegrityError:
+        return  # the subscription was deleted meanwhile, and its deliveries with it
     if not error:
         Delivery.objects.filter(pk=delivery_id).update(status=DeliveryStatus.SENT, delivered_at=timezone.now(),
                                                        last_error="")

@@ -19,6 +19,7 @@ class Received:
     headers: dict
     body: bytes
     signature_ok: bool | None  # None: no secret to check with (Slack format, or not told yet)
+    at: float = field(default_factory=time.time)
 
     def json(self):
         return json.loads(self.body)
