@@ -26,6 +26,7 @@ examples:
   respawn events 42
   respawn logs 42 --follow
   respawn cost 42
+  respawn report --from 2026-01 --to 2026-06   # the team's savings, per month and per job
   respawn cancel 42
   respawn tokens create ci --expires-in 30d
   respawn tokens revoke 7
@@ -84,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
                              ("cancel", commands.cancel, "cancel a job (its VMs are terminated)"),
                              ("cost", commands.cost, "what a job has cost, what on-demand would have, the savings")):
         command(name, func, help, f"respawn {name} 42").add_argument("job", type=int, help="job id")
+
+    p = command("report", commands.report,
+                "a team's savings report: spend against on-demand for the same work, per month and per job, "
+                "waste by kind, interruptions per zone, cumulative savings (the job pages' figures)",
+                "respawn report --team vision --from 2026-01 --to 2026-06 --format csv --table months")
+    p.add_argument("--team", help="team name or id (default: your only team)")
+    p.add_argument("--from", dest="from_month", metavar="YYYY-MM", help="first month, UTC (default: 11 months before --to)")
+    p.add_argument("--to", dest="to_month", metavar="YYYY-MM", help="last month, UTC (default: this month)")
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="table for people (default), csv (one table, exact figures), json (everything, exact; as --json)")
+    p.add_argument("--table", choices=commands.REPORT_SECTIONS,
+                   help="only this part (csv: which table, default jobs; table: all but cumulative by default)")
 
     p = command("logs", commands.logs, "print a job's training output", "respawn logs 42 --follow")
     p.add_argument("job", type=int, help="job id")

@@ -47,6 +47,14 @@ class Api:
         return self.request("POST", path, json=body)
 
     def request(self, method: str, path: str, **kwargs):
+        response = self._send(method, path, **kwargs)
+        return response.json() if response.content else None
+
+    def get_text(self, path: str, **params) -> str:
+        """As `get`, for an answer that is text, not JSON (a CSV)."""
+        return self._send("GET", path, params={k: v for k, v in params.items() if v not in (None, "", [])}).text
+
+    def _send(self, method: str, path: str, **kwargs) -> requests.Response:
         url = f"{self.url}/api/v1/{path.lstrip('/')}"
         try:
             response = self.session.request(method, url, timeout=TIMEOUT_S, **kwargs)
@@ -54,7 +62,7 @@ class Api:
             raise Unreachable(f"cannot reach the control plane at {self.url}: {e}") from e
         if response.status_code >= 400:
             raise refusal(response, what=f"{method} {path}")
-        return response.json() if response.content else None
+        return response
 
     def patiently(self, call, *, for_s: float, first_wait_s: float = 0.5, max_wait_s: float = 10.0):
         """`call()`, asked again while the control plane is unreachable (a dropped

@@ -238,6 +238,75 @@ def cost(args) -> int:
     return EXIT_OK
 
 
+# --- savings report ---
+
+REPORT_SECTIONS = ("months", "jobs", "waste", "interruptions", "cumulative")  # the API's CSV tables
+REPORT_FLAGS = {"from": "--from", "to": "--to", "table": "--table", "format": "--format"}  # API field -> flag
+
+
+def _my_team(client: Api, team) -> int:
+    """`--team`, or the one team you are in."""
+    if team is not None:
+        return resolve_team(client, team)
+    teams = client.all_pages("teams/")
+    if len(teams) != 1:
+        names = ", ".join(t["name"] for t in teams) or "none"
+        raise CliError(f"which team? pass --team NAME; your teams: {names}", EXIT_BAD_INPUT)
+    return teams[0]["id"]
+
+
+def report(args) -> int:
+    client = api(args)
+    fmt = "json" if args.json else args.format
+    team = _my_team(client, args.team)
+    query = {"from": args.from_month, "to": args.to_month}
+    try:
+        if fmt == "csv":
+            sys.stdout.write(client.get_text(f"teams/{team}/report/", format="csv", table=args.table or "jobs", **query))
+            return EXIT_OK
+        answer = client.get(f"teams/{team}/report/", **query)
+    except FieldErrors as e:
+        raise CliError("the report was refused", EXIT_BAD_INPUT,
+                       [f"{REPORT_FLAGS.get(field, field)}: {' '.join(messages)}" for field, messages in e.errors.items()]) from e
+    if fmt == "json":
+        print_json(answer)
+        return EXIT_OK
+    _print_report(answer, args.table)
+    return EXIT_OK
+
+
+def _money_columns(prefix: list[tuple]) -> list[tuple]:
+    return [*prefix, ("SPENT", lambda r: usd(r["spent"])), ("ON-DEMAND", lambda r: usd(r["on_demand_baseline"])),
+            ("SAVED", lambda r: savings_text(r["savings"], r["on_demand_baseline"])), ("WASTED", lambda r: usd(r["waste"]))]
+
+
+def _print_report(answer: dict, only: str | None) -> None:
+    totals = answer["totals"]
+    print(f"team {answer['team']}, {answer['from']} to {answer['to']} (UTC), as of {answer['as_of'][:19].replace('T', ' ')} UTC, "
+          "in US dollars (--format json or csv: exact)")
+    print_fields({"spent": usd(totals["spent"]), "on-demand for the same work": usd(totals["on_demand_baseline"]),
+                  "saved": savings_text(totals["savings"], totals["on_demand_baseline"]), "wasted": usd(totals["waste"]),
+                  "jobs": totals["jobs"]})
+    for job in answer["unpriced"]:
+        print(f"left out, cannot be priced: job {job['job']}: {job['error']}")
+    tables = {
+        "months": (answer["months"], _money_columns([("MONTH", "month")]) + [("JOBS", "jobs")]),
+        "jobs": (answer["jobs"], _money_columns([("JOB", "job"), ("NAME", "name"), ("STATUS", "status"),
+                                                 ("PREEMPTIONS", "preemptions")])),
+        "waste": ([{"kind": k, "usd": v} for k, v in answer["waste"].items()], [("WASTE", "kind"), ("USD", lambda r: usd(r["usd"]))]),
+        "interruptions": (answer["interruptions"], [("CLOUD", "cloud"), ("ZONE", "zone"), ("PREEMPTED", "preempted"),
+                                                    ("LOST", "lost"), ("NOTICES", "notice"), ("CAPACITY", "capacity_error"),
+                                                    ("TOTAL", "total")]),
+        "cumulative": (answer["cumulative"], [("AT", "at"), ("SPENT", lambda p: f"{p['spent']:.2f}"),
+                                              ("ON-DEMAND", lambda p: f"{p['on_demand']:.2f}"),
+                                              ("SAVED", lambda p: f"{p['savings']:.2f}")]),
+    }
+    for name in [only] if only else REPORT_SECTIONS[:-1]:  # the curve's points only when asked for
+        rows, columns = tables[name]
+        print(f"\n{name}:")
+        print_table(rows, columns, empty=f"no {name} in these months")
+
+
 # --- tokens ---
 
 DURATION_RE = re.compile(r"^(\d+)([hdw])$")
