@@ -367,6 +367,10 @@ class Checkpoint(models.Model):
     save_s = models.FloatField(null=True, blank=True)
     stall_s = models.FloatField(null=True, blank=True)
     reference_loss = models.FloatField(null=True, blank=True)
+    # What a notice save of this state would take against what the saving VM's cloud
+    # gives: the job page warns before a notice when the one exceeds the other's budget.
+    persist_s = models.FloatField(null=True, blank=True, help_text="save_s less its pacing")
+    notice_window_s = models.FloatField(null=True, blank=True, help_text="the notice the saving VM's cloud gives; null: unknown")
     validation = models.CharField(max_length=10, choices=VALIDATION_CHOICES, default=ValidationResult.PENDING)
     validation_loss = models.FloatField(null=True, blank=True)
     validation_message = models.CharField(max_length=500, blank=True)

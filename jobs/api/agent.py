@@ -112,6 +112,8 @@ class CheckpointReportSerializer(ReportSerializer):
     save_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
     stall_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
     reference_loss = FiniteFloatField(required=False, allow_null=True, default=None)
+    persist_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
+    notice_window_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
 
 
 class ValidationReportSerializer(ReportSerializer):
