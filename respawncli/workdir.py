@@ -138,9 +138,9 @@ def build(root: Path, limit: int) -> Archive:
     unpacked = sum(st.st_size for _, st in kept if stat.S_ISREG(st.st_mode))
     if unpacked > limit:
         biggest = sorted(((st.st_size, rel) for rel, st in kept if stat.S_ISREG(st.st_mode)), reverse=True)[:3]
-        raise CliError(f"--workdir {root}: its files add up to {_mib(unpacked)}, over the limit of {_mib(limit)} "
+        raise CliError(f"--workdir {root}: its files add up to {_size(unpacked)}, over the limit of {_size(limit)} "
                        f"({MAX_BYTES_ENV}); nothing was uploaded or submitted. Largest: "
-                       + ", ".join(f"{rel} ({_mib(size)})" for size, rel in biggest)
+                       + ", ".join(f"{rel} ({_size(size)})" for size, rel in biggest)
                        + f". Leave data out with {IGNORE_FILE} (gitignore syntax)", EXIT_BAD_INPUT)
     fd, name = tempfile.mkstemp(prefix="respawn-source-", suffix=".tar.gz")
     path = Path(name)
@@ -151,7 +151,7 @@ def build(root: Path, limit: int) -> Archive:
                 _add(tar, root, rel, st)
         size = path.stat().st_size
         if size > limit:
-            raise CliError(f"--workdir {root}: its archive is {_mib(size)}, over the limit of {_mib(limit)} "
+            raise CliError(f"--workdir {root}: its archive is {_size(size)}, over the limit of {_size(limit)} "
                            f"({MAX_BYTES_ENV}); nothing was uploaded or submitted", EXIT_BAD_INPUT)
         return Archive(path=path, sha256=sha256_of(path), bytes=size,
                        files=sum(1 for _, st in kept if stat.S_ISREG(st.st_mode)), unpacked_bytes=unpacked)
@@ -184,8 +184,8 @@ def _add(tar: tarfile.TarFile, root: Path, rel: str, st: os.stat_result) -> None
                        f"device); list it in {IGNORE_FILE}", EXIT_BAD_INPUT)
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1024 * 1024):.1f} MiB"
+def _size(n: int) -> str:
+    return f"{n / 1024:.1f} KiB" if n < 1024 * 1024 else f"{n / (1024 * 1024):.1f} MiB"
 
 
 class UploadBody:
@@ -214,7 +214,7 @@ class UploadBody:
         width = 30
         filled = width * self.sent // total
         self.stream.write(f"\ruploading {self.archive.digest[:19]}… [{'#' * filled}{' ' * (width - filled)}] "
-                          f"{100 * self.sent // total:3d}% {_mib(self.sent)} of {_mib(self.archive.bytes)}")
+                          f"{100 * self.sent // total:3d}% {_size(self.sent)} of {_size(self.archive.bytes)}")
         if done:
             self.stream.write("\n")
             self.show = False  # requests may read once more at the end
@@ -233,8 +233,8 @@ def ship(client: Api, archive: Archive, team: int) -> None:
         print(f"source {archive.digest} is already uploaded; not sending it again", file=sys.stderr)
         return
     if max(archive.bytes, archive.unpacked_bytes) > known["max_bytes"]:
-        raise CliError(f"the source archive ({_mib(archive.bytes)}; its files {_mib(archive.unpacked_bytes)}) is over "
-                       f"the control plane's limit of {_mib(known['max_bytes'])}; nothing was uploaded or submitted",
+        raise CliError(f"the source archive ({_size(archive.bytes)}; its files {_size(archive.unpacked_bytes)}) is over "
+                       f"the control plane's limit of {_size(known['max_bytes'])}; nothing was uploaded or submitted",
                        EXIT_BAD_INPUT)
     body = UploadBody(archive)
     try:
@@ -244,4 +244,4 @@ def ship(client: Api, archive: Archive, team: int) -> None:
                        [f"{name}: {' '.join(map(str, msgs))}" for name, msgs in e.errors.items()]) from e
     finally:
         body.close()
-    print(f"uploaded {archive.files} files ({_mib(archive.bytes)}) as {archive.digest}", file=sys.stderr)
+    print(f"uploaded {archive.files} files ({_size(archive.bytes)}) as {archive.digest}", file=sys.stderr)

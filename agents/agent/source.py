@@ -113,20 +113,19 @@ def _fetch(client: ControlPlaneClient, sha256: str, dest: str, *, give_up_s: flo
 def _checkout(url: str, commit: str, tree: str) -> None:
     _git("init", "init", "-q", tree)
     try:
-        _git("fetch", "-C", tree, "fetch", "-q", "--depth=1", "--", url, commit, hide=url)
+        _git("fetch", "-C", tree, "fetch", "-q", "--depth=1", "--", url, commit)
     except SourceFailed:
         # Servers that serve only branch and tag tips: the whole repository, then the commit in it.
         _git("fetch", "-C", tree, "fetch", "-q", "--", url, "+refs/heads/*:refs/remotes/origin/*",
-             "+refs/tags/*:refs/tags/*", hide=url)
+             "+refs/tags/*:refs/tags/*")
     _git("checkout", "-C", tree, "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", commit)
     head = _git("rev-parse", "-C", tree, "rev-parse", "HEAD").strip()
     if head != commit:
         raise SourceFailed(f"git checked out {head}, not the job's commit {commit}")
 
 
-def _git(what: str, *args: str, hide: str = "") -> str:
-    """git's output, or SourceFailed naming the step `what`; `hide` (the URL: it may hold a
-    token) is left out of what git said."""
+def _git(what: str, *args: str) -> str:
+    """git's output, or SourceFailed naming the step `what` with the last line git said."""
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ALLOW_PROTOCOL": GIT_PROTOCOLS}
     try:
         done = subprocess.run(["git", *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -138,6 +137,5 @@ def _git(what: str, *args: str, hide: str = "") -> str:
         raise SourceFailed(f"git {what} took longer than {GIT_TIMEOUT_S:g}s") from None
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
-        said = said.replace(hide, "<source_git_url>") if hide else said
         raise SourceFailed(f"git {what} failed (exit {done.returncode}): {said[:300]}")
     return done.stdout

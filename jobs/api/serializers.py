@@ -212,6 +212,10 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
                       or not parsed.path or any(c.isspace() or ord(c) < 32 for c in value)):
             raise serializers.ValidationError(f"source_git_url must be a {', '.join(GIT_SCHEMES)} URL of a "
                                               "repository, e.g. https://github.com/org/repo.git")
+        if parsed.password:
+            raise serializers.ValidationError("source_git_url must hold no password: every viewer of the team reads "
+                                              "it, and so does the job's log. Give the VM its own access (a deploy "
+                                              "key or credential helper in the machine image)")
         return value
 
     def validate_source_git_commit(self, value):

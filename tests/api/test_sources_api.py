@@ -141,6 +141,8 @@ def test_source_get_is_a_404_for_a_job_without_an_archive_and_a_401_without_a_to
     ({"source_git_url": "ext::sh -c touch% /tmp/pwned", "source_git_commit": COMMIT}, "source_git_url", "URL"),
     ({"source_git_url": "-uhttps://example.com", "source_git_commit": COMMIT}, "source_git_url", "URL"),
     ({"source_git_url": "https://example.com/a b.git", "source_git_commit": COMMIT}, "source_git_url", "URL"),
+    ({"source_git_url": "https://bot:ghp_secret@github.com/org/r.git", "source_git_commit": COMMIT}, "source_git_url",
+     "no password"),
 ])
 def test_a_job_naming_code_it_cannot_have_is_a_400_naming_the_field(setup, fields, field, says):
     answer = submit(client_for(setup.people["member"]), setup.team, **fields)

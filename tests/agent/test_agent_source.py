@@ -1,0 +1,143 @@
+"""The job's code on the VM: a real agent fetches the archive the job names from the real
+control plane (uploaded through its API), checks the digest register pinned, unpacks it
+into working_dir and runs the trainer there; or clones a git commit from a bare
+repository (file://). A tampered or hostile archive, or a commit that is not there, is
+the job's setup failure with the reason, before any training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from agents.metadata_server import MetadataServer
+from jobs.core.choices import JobStatus
+from jobs.models import Job, SourceArchive
+from respawncli import workdir
+from tests.agent.archives import hostile_tar, user_workdir
+from tests.agent.live import AgentProcess
+from tests.conftest import wait_until
+from tests.factories import make_instance, make_job
+
+pytestmark = pytest.mark.e2e
+
+
+def upload(server_url: str, person, team, archive: workdir.Archive) -> None:
+    with open(archive.path, "rb") as body:
+        answer = requests.put(f"{server_url}/api/v1/sources/{archive.digest}/", params={"team": team.pk}, data=body,
+                              headers={"Authorization": f"Bearer {person.token}", "Content-Type": "application/gzip"},
+                              timeout=30)
+    assert answer.status_code == 201, answer.text
+
+
+def stored(tmp_path: Path, sha256: str) -> Path:
+    """Where the web server (var dir tmp_path/var) keeps an archive."""
+    return tmp_path / "var" / "sources" / "sha256" / sha256[:2] / f"{sha256}.tar.gz"
+
+
+def run_job(team_setup, child_env, web_server, tmp_path, **fields) -> tuple[Job, AgentProcess]:
+    job = make_job(team_setup.team, team_setup.people["member"].user, status=JobStatus.PROVISIONING,
+                   checkpoint_uri=str(tmp_path / "ckpt"), command=[sys.executable, "train.py"], total_steps=3,
+                   **fields)
+    instance = make_instance(job)
+    imds = MetadataServer("aws").start()
+    agent = AgentProcess({**child_env, "RESPAWN_VALIDATE": "0"}, tmp_path, url=web_server.url,
+                         bootstrap_token=instance.bootstrap_token, provider="aws", metadata_url=imds.url).start()
+    try:
+        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=90,
+                   what="the job to finish", proc=agent, interval=0.2)
+    finally:
+        agent.stop(9)
+        imds.stop()
+    job.refresh_from_db()
+    return job, agent
+
+
+def output(job) -> str:
+    return "\n".join(line for i in job.instances.all() for chunk in i.log_chunks.order_by("offset") for line in chunk.lines)
+
+
+@pytest.mark.parametrize("where", ["agent's", "job's"])
+def test_the_trainer_runs_code_that_exists_only_in_the_uploaded_archive(where, team_setup, child_env, web_server,
+                                                                        tmp_path):
+    archive = workdir.build(user_workdir(tmp_path / "laptop"), 10**6)
+    upload(web_server.url, team_setup.people["member"], team_setup.team, archive)
+    code = tmp_path / "vm" / "code"
+    job, agent = run_job(team_setup, child_env, web_server, tmp_path, working_dir=str(code) if where == "job's" else "",
+                         source_archive=SourceArchive.objects.get(sha256=archive.sha256))
+    said = output(job)
+    assert job.status == JobStatus.SUCCEEDED, (job.status_reason, job.failure_message, said, agent.output()[-2000:])
+    unpacked = code if where == "job's" else agent.work_dir / "source"
+    assert f"hello from the uploaded workdir from {unpacked}" in said
+    assert (unpacked / "configs" / "current.yaml").read_text() == "lr: 0.1\n" and not (unpacked / "data").exists()
+
+
+def test_a_tampered_archive_fails_the_job_as_setup_with_the_reason_and_no_training(team_setup, child_env, web_server,
+                                                                                   tmp_path):
+    archive = workdir.build(user_workdir(tmp_path / "laptop"), 10**6)
+    upload(web_server.url, team_setup.people["member"], team_setup.team, archive)
+    kept = stored(tmp_path, archive.sha256)
+    hostile_tar(kept, ("train.py", "file", b"print('not the code that was uploaded')"))
+    job, agent = run_job(team_setup, child_env, web_server, tmp_path,
+                         source_archive=SourceArchive.objects.get(sha256=archive.sha256))
+    assert (job.status, job.failure_cause) == (JobStatus.FAILED, "setup"), (job.status, job.status_reason)
+    assert f"source archive digest mismatch: the job pins sha256:{archive.sha256}" in job.failure_headline
+    said = output(job)
+    assert "digest mismatch" in said and "not the code" not in said and "hello" not in said
+    assert job.instances.count() == 1  # failed for good: no relaunch that would fail (and bill) again
+    assert not (agent.work_dir / "source").exists()
+
+
+def test_an_archive_that_would_write_outside_working_dir_is_refused_on_the_vm(team_setup, child_env, web_server,
+                                                                               tmp_path):
+    # Stored as if an older control plane had accepted it: the VM checks for itself.
+    evil = tmp_path / "evil.tar.gz"
+    sha256 = hostile_tar(evil, ("train.py", "file", b"print('hello')"), ("../../escaped.py", "file", b"pwned"))
+    stored(tmp_path, sha256).parent.mkdir(parents=True)
+    evil.rename(stored(tmp_path, sha256))
+    archive = SourceArchive.objects.create(team=team_setup.team, sha256=sha256, bytes=1, unpacked_bytes=1, files=2)
+    job, agent = run_job(team_setup, child_env, web_server, tmp_path, source_archive=archive)
+    assert (job.status, job.failure_cause) == (JobStatus.FAILED, "setup"), (job.status, job.status_reason)
+    assert "cannot be unpacked" in job.failure_headline and "'..'" in job.failure_headline, job.failure_headline
+    assert not list(tmp_path.rglob("escaped.py")) and "hello" not in output(job)
+
+
+def git(*args: str, cwd: Path) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com", "HOME": str(cwd), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def bare_repo(tmp_path) -> tuple[str, str]:
+    """A file:// URL of a bare repository and the id of a commit that is not its tip."""
+    work = user_workdir(tmp_path / "repo")
+    git("init", "-q", "-b", "main", cwd=work)
+    git("add", "-A", cwd=work)
+    git("commit", "-q", "-m", "first", cwd=work)
+    first = git("rev-parse", "HEAD", cwd=work)
+    (work / "helper.py").write_text("def greeting():\n    return 'hello from a later commit'\n")
+    git("commit", "-q", "-am", "second", cwd=work)
+    git("clone", "-q", "--bare", str(work), str(tmp_path / "repo.git"), cwd=tmp_path)
+    return f"file://{tmp_path / 'repo.git'}", first
+
+
+def test_a_git_source_is_that_exact_commit_checked_out_in_working_dir(bare_repo, team_setup, child_env, web_server,
+                                                                      tmp_path):
+    url, first = bare_repo
+    job, agent = run_job(team_setup, child_env, web_server, tmp_path, source_git_url=url, source_git_commit=first)
+    said = output(job)
+    assert job.status == JobStatus.SUCCEEDED, (job.status_reason, job.failure_message, said)
+    assert f"hello from the uploaded workdir from {agent.work_dir / 'source'}" in said  # the first commit's helper
+    assert git("rev-parse", "HEAD", cwd=agent.work_dir / "source") == first
+
+
+def test_a_git_commit_that_is_not_there_fails_the_job_as_setup(bare_repo, team_setup, child_env, web_server, tmp_path):
+    url, _ = bare_repo
+    job, _ = run_job(team_setup, child_env, web_server, tmp_path, source_git_url=url, source_git_commit="f" * 40)
+    assert (job.status, job.failure_cause) == (JobStatus.FAILED, "setup"), (job.status, job.status_reason)
+    assert "git checkout failed (exit 128): fatal: reference is not a tree" in job.failure_headline, job.failure_headline
+    assert "hello" not in output(job)
