@@ -291,6 +291,8 @@ RESPAWN = {
     # How the agents (and the reconciler's health probe) reach the API.
     "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
+    # The agent's wheel and pinned requirements VMs install (jobs.fleet.agent_dist; manage.py build_agent_wheel).
+    "AGENT_DIST_DIR": os.environ.get("RESPAWN_AGENT_DIST_DIR", str(VAR_DIR / "dist")),
     # Encrypts jobs' secret env values (jobs.core.secret_env): Fernet keys, comma-separated,
     # the first encrypting; unset, a key made in SECRETS_KEY_FILE at first use.
     "SECRETS_KEY": secret_from_env_or_file("RESPAWN_SECRETS_KEY", ""),

@@ -39,6 +39,28 @@ class HeartbeatTokenScheme(OpenApiAuthenticationExtension):
         return []
 
 
+class BootstrapTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "jobs.people.auth.BootstrapTokenAuthentication"
+    name = "bootstrapToken"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "A VM's single-use bootstrap token (rsb_…), before its agent registers with it."}
+
+
+class BootstrapOrAgentTokenScheme(OpenApiAuthenticationExtension):
+    """Either scheme above, named, not defined again."""
+
+    target_class = "jobs.people.auth.BootstrapOrAgentTokenAuthentication"
+    name: list[str] = []
+
+    def get_security_requirement(self, auto_schema):
+        return [{BootstrapTokenScheme.name: []}, {AgentTokenScheme.name: []}]
+
+    def get_security_definition(self, auto_schema):
+        return []
+
+
 class RefusesUnknownFieldsScheme(OpenApiSerializerExtension):
     """Such a request body takes no property beyond those listed (a 400 names any other)."""
 

@@ -168,6 +168,13 @@ def give_up_registering(instance: Instance, why: str) -> None:
                          instance_id=instance.pk)
 
 
+def agent_setup_failed(instance: Instance, message: str) -> None:
+    """The VM's boot script could not install the agent (a wheel whose digest is not the
+    pinned one, a download or pip that failed): no agent will ever run there, and a
+    relaunch would boot the same script, so the job fails with cause `setup`."""
+    give_up_registering(instance, f"instance {instance.pk}: the VM could not set up the agent: {message}")
+
+
 def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw: str) -> InterruptionEvent | None:
     """None for an instance that has already ended: the control plane terminated or fenced
     it, so the SIGTERM its agent reports as a notice is that shutdown, no interruption.

@@ -27,6 +27,7 @@ from jobs.core.services import (after_instance_ended, enqueue_terminate, give_up
                                 nudge_schedule, request_action)
 from jobs.core.signals import launch_held
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
+from jobs.fleet import agent_dist
 from jobs.fleet import placement as placements
 from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
                                        render_user_data)
@@ -235,14 +236,20 @@ def launch(instance_id: int) -> None:
                                      instance_type=instance.instance_type, market=instance.market)
     token = bootstrap_token_for(instance)
     url = settings.RESPAWN["API_URL"]
+    cloud = provider_for(instance.provider, instance.region)
+    try:
+        user_data = render_user_data(control_plane_url=url, bootstrap_token=token, provider=instance.provider,
+                                     agent=agent_dist.current(), agent_env=cloud.agent_environment()
+                                     ) if cloud.boots_user_data else ""
+    except agent_dist.NoAgentDist as exc:
+        _precheck_failed(instance, str(exc))
+        return
     request = LaunchRequest(
         job_id=instance.job_id, instance_id=instance.pk, client_token=str(instance.client_token), placement=placement,
-        user_data=render_user_data(control_plane_url=url, bootstrap_token=token, provider=instance.provider),
-        bootstrap_token=token, control_plane_url=url,
+        user_data=user_data, bootstrap_token=token, control_plane_url=url,
         max_price_per_hour=float(instance.job.max_price_per_hour) if instance.job.max_price_per_hour else None,
         machine_image=instance.job.machine_image.get(instance.provider, ""),
     )
-    cloud = provider_for(instance.provider, instance.region)
     try:
         vm_id = cloud.launch(request)
     except CapacityError as exc:

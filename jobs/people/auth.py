@@ -88,6 +88,32 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
         return "Bearer"
 
 
+class BootstrapTokenAuthentication(authentication.BaseAuthentication):
+    """A VM's bootstrap token, only until its agent registers with it: what the boot
+    script holds while it installs the agent (jobs.fleet.providers.base.AGENT_INSTALLER)."""
+
+    def authenticate(self, request):
+        instance = Instance.objects.select_related("job").filter(
+            bootstrap_token_hash=agent_token_digest(request), register_event_id__isnull=True,
+            state__in=InstanceState.LIVE).first()
+        if instance is None:
+            raise exceptions.AuthenticationFailed("Invalid, used or expired bootstrap token.")
+        return AgentPrincipal(instance), instance
+
+    def authenticate_header(self, request):
+        return "Bearer"
+
+
+class BootstrapOrAgentTokenAuthentication(AgentTokenAuthentication):
+    """Either token of a VM: the boot script's before register, the agent's after."""
+
+    def authenticate(self, request):
+        try:
+            return BootstrapTokenAuthentication().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            return super().authenticate(request)
+
+
 def agent_token_digest(request) -> str:
     token = bearer_token(request)
     if token is None:

@@ -19,8 +19,11 @@ no cloud sets (jobs/fleet/providers/base.py render_user_data): RESPAWN_ROOT puts
 files it writes (token, unit, /usr/local/bin link) under the VM's scratch root,
 and RESPAWN_NO_SYSTEMD execs the unit's command line instead of `systemctl enable
 --now` (so no Restart=on-failure here). `python3` on the VM's PATH is this
-checkout's virtualenv, which holds the pinned respawn version: the script's own
-version check then skips pip, as on a prebuilt image. The agent finds its
+checkout's virtualenv: the script fetches the agent's wheel from the control plane
+with the VM's bootstrap token, checks its SHA-256 and installs it under the VM's
+root (`pip --target`), its pinned requirements being those of that virtualenv
+(already satisfied: nothing is downloaded), and the agent and trainer run from that
+copy of `agents/`, not the checkout's. The agent finds its
 metadata service through RESPAWN_METADATA_URL (169.254.169.254 is not ours to
 serve) and polls it every RESPAWN_NOTICE_POLL_S (AWS's 5 s is slow for a test).
 """

@@ -30,6 +30,7 @@ import requests
 
 from jobs.core.choices import EndReason, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
+from tests.agent_wheel import built_dist_dir
 from tests.conftest import ROOT, WebServer, start_worker_and_beat, wait_until
 from tests.e2e.cloud_vm import ArmCloud, ComputeCloud, Ec2Cloud, PlayedVm, VmPlayer
 from tests.emulators.azure_compute import AzureComputeEmulator, ManagedIdentityEndpoint
@@ -119,6 +120,8 @@ class CloudRun:
     player of that cloud's VMs, and a job of the tiny trainer placed there."""
 
     def __init__(self, cloud: EmulatedCloud, child_env: dict, tmp_path: Path):
+        # The web process serves the agent's wheel whose digest the worker pins in the user data.
+        child_env = {**child_env, "RESPAWN_AGENT_DIST_DIR": str(built_dist_dir())}
         self.web, self.tmp_path = WebServer(child_env, tmp_path / "web.log"), tmp_path
         # Reconcile twice a second, not child_env's five times: each run also lists our VMs on the
         # emulated cloud (the orphan sweep), and a loss is still found within 1.5 s.

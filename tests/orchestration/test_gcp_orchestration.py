@@ -9,6 +9,7 @@ from jobs.fleet import orchestration
 from jobs.fleet.registry import provider_for
 from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from jobs.people.tokens import hash_token
+from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture)
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.factories import make_job, make_team_with_members
 
@@ -22,7 +23,7 @@ def gce():
 
 
 @pytest.fixture
-def gcp(settings, gce):
+def gcp(settings, gce, agent_wheel):  # noqa: F811
     gce.instances.clear()
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["gcp"], "PROVIDER_CONFIG": {"gcp": {
         "project": PROJECT, "api_endpoint": gce.endpoint, "credentials": "anonymous", "poll_interval_s": 0}}}

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl
 
 import requests
 
+from jobs.fleet.agent_dist import AgentDist
 from jobs.fleet.providers.base import LaunchRequest, Placement, render_user_data
 
 
@@ -36,7 +37,10 @@ class MotoRecorder:
         return found
 
 
-USER_DATA = render_user_data(control_plane_url="http://127.0.0.1:8000", bootstrap_token="boot-tok-1", provider="test")
+AGENT = AgentDist(version="0.1.0", wheel="respawn_agent-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
+                  requirements_sha256="cd" * 32)
+USER_DATA = render_user_data(control_plane_url="http://127.0.0.1:8000", bootstrap_token="boot-tok-1", provider="test",
+                             agent=AGENT)
 
 
 def client_token(instance_id: int) -> str:

@@ -82,6 +82,10 @@ class AwsConfig:
     """None: boto3's own chain (environment, profile, instance role)."""
     image: str = ""
     """Default AMI id, used when a launch request names none."""
+    instance_profile: str = ""
+    """IAM instance profile VMs launch with (its name, or its ARN): the role boto3 on the VM
+    takes from the instance metadata service, to read and write the job's s3:// checkpoints
+    with no keys in the job's env (docs/deploy.md gives the smallest policy). Empty: none."""
     max_attempts: int = 3
     """Attempts per call, the first included: botocore retries throttling and 5xx itself."""
     list_page_size: int = 500
@@ -153,6 +157,9 @@ class AwsProvider(Provider):
                 for kind in ("instance", "volume")
             ],
         }
+        profile = self.config.instance_profile
+        if profile:
+            params["IamInstanceProfile"] = {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
         if placement.zone:  # none: EC2 picks a zone of the region
             params["Placement"] = {"AvailabilityZone": placement.zone}
         if placement.market == Market.SPOT:

@@ -59,6 +59,8 @@ OS_DISK_TIERS = {
     **{f"S{n}": ("Standard_LRS", gib) for n, gib in ((4, 32), (6, 64), (10, 128), (15, 256), (20, 512), (30, 1024))},
 }
 URN = re.compile(r"[^:]+:[^:]+:[^:]+:[^:]+")
+IDENTITY_ID = re.compile(r"/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ManagedIdentity/"
+                         r"userAssignedIdentities/[^/]+", re.IGNORECASE)
 POWER_STATES = {
     "starting": CloudState.PENDING,
     "running": CloudState.RUNNING,
@@ -87,6 +89,17 @@ class AzureConfig:
     """TLS verification: True, or the path of a CA bundle (an emulator's certificate)."""
     image: str = "Canonical:ubuntu-24_04-lts:server:latest"
     """Image URN (publisher:offer:sku:version) used when a launch request names none."""
+    managed_identity: str = ""
+    """ARM id of a user-assigned managed identity VMs launch with
+    (/subscriptions/…/providers/Microsoft.ManagedIdentity/userAssignedIdentities/NAME): what
+    DefaultAzureCredential on the VM takes, to read and write the job's az:// checkpoints with
+    no key in the job's env (docs/deploy.md gives the smallest role). Empty: none."""
+    managed_identity_client_id: str = ""
+    """That identity's client id, given to the agent as AZURE_CLIENT_ID: with a user-assigned
+    identity DefaultAzureCredential needs to be told which one."""
+    storage_account_url: str = ""
+    """https://ACCOUNT.blob.core.windows.net, the account of the jobs' az:// checkpoints, given
+    to the agent as AZURE_STORAGE_ACCOUNT_URL. Empty: the job's env must say it."""
     eviction_policy: str = "Delete"
     """Delete: an evicted VM is gone. Deallocate: it stays stopped and its disk keeps billing."""
     os_disk_tier: str = DEFAULT_OS_DISK_TIER
@@ -110,6 +123,13 @@ class AzureConfig:
         if self.os_disk_tier not in OS_DISK_TIERS:
             raise ValueError(f"AzureConfig.os_disk_tier must be one of {', '.join(OS_DISK_TIERS)}, "
                              f"got {self.os_disk_tier!r}")
+        if self.managed_identity and not IDENTITY_ID.fullmatch(self.managed_identity):
+            raise ValueError("AzureConfig.managed_identity must be a user-assigned identity's ARM id, /subscriptions/"
+                             f"…/providers/Microsoft.ManagedIdentity/userAssignedIdentities/NAME, got "
+                             f"{self.managed_identity!r}")
+        if bool(self.managed_identity) != bool(self.managed_identity_client_id):
+            raise ValueError("AzureConfig.managed_identity and managed_identity_client_id go together: the VM's "
+                             "DefaultAzureCredential picks a user-assigned identity by its client id")
         if self.polling_interval_s < 0 or self.retry_total < 0:
             raise ValueError("AzureConfig.polling_interval_s and retry_total must not be negative")
 
@@ -238,12 +258,20 @@ class AzureProvider(Provider):
             eviction_policy=self.config.eviction_policy if spot else None,
             billing_profile=m.BillingProfile(max_price=_max_price(request)) if spot else None,
         )
+        identity = self.config.managed_identity
         return m.VirtualMachine(
             location=placement.region,
             zones=[placement.zone] if placement.zone else None,
             tags={**request.extra_tags, TAG_JOB: str(request.job_id), TAG_INSTANCE: str(request.instance_id)},
+            identity=m.VirtualMachineIdentity(type="UserAssigned", user_assigned_identities={
+                identity: m.UserAssignedIdentitiesValue()}) if identity else None,
             properties=properties,
         )
+
+    def agent_environment(self) -> dict[str, str]:
+        env = {"AZURE_CLIENT_ID": self.config.managed_identity_client_id,
+               "AZURE_STORAGE_ACCOUNT_URL": self.config.storage_account_url}
+        return {name: value for name, value in env.items() if value}
 
     def _os_disk(self):
         m = self._models

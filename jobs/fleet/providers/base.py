@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Protocol
 
-import agents
 from agents.agent import EXIT_INSTANCE_ENDED
 from jobs.core.choices import Market
 
@@ -102,6 +102,13 @@ class Provider(ABC):
     # The price SKU of that storage (a DiskPriceQuote's sku), recorded on each spot
     # instance at launch; empty when a stopped VM bills nothing.
     stopped_storage_sku: str = ""
+    # Whether a VM boots the user data (a cloud's); the local provider starts the agent itself.
+    boots_user_data: bool = True
+
+    def agent_environment(self) -> dict[str, str]:
+        """Variables the agent (and the trainer it starts) needs on this provider's VMs,
+        e.g. which of the VM's identities the cloud SDKs' default credential chain takes."""
+        return {}
 
     @abstractmethod
     def launch(self, request: LaunchRequest) -> str:
@@ -130,14 +137,86 @@ class Provider(ABC):
         return None
 
 
-AGENT_VERSION = agents.__version__
 AGENT_UNIT = "/etc/systemd/system/respawn-agent.service"
 AGENT_BIN = "/usr/local/bin/respawn-agent"
 STATE_DIR = "/var/lib/respawn"
 TOKEN_FILE = f"{STATE_DIR}/bootstrap-token"
 WORK_DIR = f"{STATE_DIR}/work"
+# Where the agent's wheel is installed (pip --target: apart from the image's own packages,
+# whose torch it uses), and the SHA-256 of the wheel installed there: a prebuilt image
+# with the pinned wheel's digest skips the download.
+AGENT_LIB = "/opt/respawn/lib"
+AGENT_MARKER = "/opt/respawn/agent-wheel.sha256"
 # Paths the boot script writes: under $RESPAWN_ROOT when a test plays the VM, under / on a VM.
-SYSTEM_PATHS = (AGENT_UNIT, AGENT_BIN, STATE_DIR, TOKEN_FILE, WORK_DIR)
+SYSTEM_PATHS = (AGENT_UNIT, AGENT_BIN, STATE_DIR, TOKEN_FILE, WORK_DIR, AGENT_LIB, AGENT_MARKER)
+# The boot script's installer, run by the image's python3 before anything of ours can run.
+# Its arguments: the control plane's URL, the token file, the wheel's name and SHA-256, the
+# requirements' SHA-256, the install directory and the marker. A download refused or
+# failing, a digest that differs, pip failing: each is reported with the bootstrap token
+# (`POST setup-failed`: the job fails with cause setup and its VMs are terminated) and
+# stops the boot, so no agent (and no training) starts from a wheel that is not ours.
+AGENT_INSTALLER = r"""
+import hashlib, json, os, subprocess, sys, tempfile, time, urllib.error, urllib.request, uuid
+url, token_file, wheel, wheel_sha, req_sha, lib, marker = sys.argv[1:]
+token = open(token_file).read()
+api = url.rstrip("/") + "/api/agent/v1/"
+if os.path.exists(marker) and open(marker).read().strip() == wheel_sha:
+    print("respawn: the image holds the pinned agent wheel", wheel_sha)
+    sys.exit(0)
+
+def call(path, body=None, tries=8):
+    request = urllib.request.Request(api + path, data=body and json.dumps(body).encode(),
+                                     headers={"Authorization": "Bearer " + token, "Content-Type": "application/json"})
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.read()
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or attempt == tries - 1:
+                raise
+        except OSError:
+            if attempt == tries - 1:
+                raise
+        time.sleep(min(2 ** attempt, 30))
+
+def fail(message):
+    print("respawn: agent setup failed:", message, file=sys.stderr)
+    try:
+        call("setup-failed", {"event_id": str(uuid.uuid4()), "message": message[:500]})
+    except (OSError, urllib.error.HTTPError) as exc:
+        print("respawn: could not report it:", exc, file=sys.stderr)
+    sys.exit(1)
+
+def fetch(name, sha, into):
+    try:
+        data = call("dist/respawn-agent-%s.%s" % (sha, name))
+    except (OSError, urllib.error.HTTPError) as exc:
+        fail("could not download the agent's %s from the control plane: %s" % (name, exc))
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha:
+        fail("the agent's %s from the control plane has SHA-256 %s, the user data pins %s: not installed"
+             % (name, got, sha))
+    with open(into, "wb") as f:
+        f.write(data)
+
+def pip(*args):
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-input", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env={**os.environ, "PIP_BREAK_SYSTEM_PACKAGES": "1"})
+    if done.returncode != 0:
+        fail("pip install %s failed: %s" % (args[-1], done.stdout.strip()[-400:]))
+
+tmp = tempfile.mkdtemp()
+fetch("whl", wheel_sha, os.path.join(tmp, wheel))
+fetch("requirements.txt", req_sha, os.path.join(tmp, "requirements.txt"))
+# Dependencies: exact versions, binary wheels only (no setup.py runs), none of them ours.
+pip("--only-binary=:all:", "-r", os.path.join(tmp, "requirements.txt"))
+# The agent itself: from the checked file alone, never from an index.
+pip("--no-index", "--no-deps", "--upgrade", "--target", lib, os.path.join(tmp, wheel))
+with open(marker, "w") as f:
+    f.write(wheel_sha + "\n")
+print("respawn: installed the agent wheel", wheel_sha)
+"""
 
 
 def systemd_quote(value: str) -> str:
@@ -159,11 +238,12 @@ def agent_argv(*, control_plane_url: str, provider: str) -> list[str]:
             "--provider", provider, "--work-dir", WORK_DIR]
 
 
-def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
+def render_agent_unit(*, control_plane_url: str, provider: str, env: dict[str, str] | None = None) -> str:
     """The systemd unit that keeps the agent running: restarted when it fails (it
     resumes its session: agents.agent.session), a bounded number of times so a
     broken agent does not spin forever, and not once its instance has ended."""
     argv = agent_argv(control_plane_url=control_plane_url, provider=provider)
+    environment = [f"Environment={systemd_quote(f'{name}={value}')}" for name, value in (env or {}).items()]
     return "\n".join(
         [
             "[Unit]",
@@ -175,6 +255,7 @@ def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
             "",
             "[Service]",
             "Type=simple",
+            *environment,
             "ExecStart=" + " ".join(systemd_quote(arg) for arg in argv),
             "Restart=on-failure",
             "RestartSec=5",
@@ -192,12 +273,22 @@ def render_agent_unit(*, control_plane_url: str, provider: str) -> str:
     )
 
 
-def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str,
-                     agent_package: str = f"respawn[agent]=={AGENT_VERSION}") -> str:
-    """The boot script a VM runs: install the pinned agent unless that version is
-    already there (a prebuilt image), store the single-use bootstrap token in a
-    0600 file, run the agent under systemd. Providers embed it as user data /
-    startup-script / custom data.
+class AgentWheel(Protocol):
+    """The agent's wheel VMs install, as jobs.fleet.agent_dist.AgentDist records it."""
+
+    wheel: str  # the wheel's file name
+    wheel_sha256: str
+    requirements_sha256: str
+
+
+def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: str, agent: AgentWheel,
+                     agent_env: dict[str, str] | None = None) -> str:
+    """The boot script a VM runs: store the single-use bootstrap token in a 0600 file,
+    install the agent's wheel the control plane built (`agent`: fetched on the agent
+    API, its SHA-256 and its requirements' checked, unless the image holds that very
+    wheel: AGENT_INSTALLER), run the agent under systemd with `agent_env` (what the
+    provider's VM identity needs, e.g. AZURE_CLIENT_ID). Providers embed it as user
+    data / startup-script / custom data.
 
     Two variables that no cloud sets let a test run this very script on a machine
     that is not a VM (tests/e2e/cloud_vm.py): RESPAWN_ROOT puts every file it
@@ -205,9 +296,10 @@ def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: 
     unit's command line in place of starting the unit."""
     q = shlex.quote
     argv = agent_argv(control_plane_url=control_plane_url, provider=provider)
-    unit = render_agent_unit(control_plane_url=control_plane_url, provider=provider)
-    installed = "python3 -c 'import importlib.metadata as m; print(m.version(\"respawn\"))' 2>/dev/null || true"
+    unit = render_agent_unit(control_plane_url=control_plane_url, provider=provider, env=agent_env or {})
     w = shell_word
+    installer_args = [control_plane_url, TOKEN_FILE, agent.wheel, agent.wheel_sha256, agent.requirements_sha256,
+                      AGENT_LIB, AGENT_MARKER]
     return "\n".join(
         [
             "#!/bin/bash",
@@ -215,17 +307,21 @@ def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: 
             "umask 077",
             'root="${RESPAWN_ROOT:-}"',
             f"install -d -m 700 {w(STATE_DIR)}",
+            f"install -d -m 755 {w(AGENT_LIB)}",
             f"printf '%s' {q(bootstrap_token)} > {w(TOKEN_FILE)}",
-            f'if [ "$({installed})" != {q(AGENT_VERSION)} ]; then',
-            # A VM image's system Python is ours to install into (PEP 668 would refuse).
-            f"  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet {q(agent_package)}",
-            "fi",
-            # systemd's PATH may lack pip's script dir (e.g. /opt/conda/bin): pin one path.
-            f'agent=$(command -v respawn-agent); [ "$agent" = {w(AGENT_BIN)} ] || ln -sf "$agent" {w(AGENT_BIN)}',
+            "python3 - " + " ".join(w(arg) for arg in installer_args) + " <<'RESPAWN_INSTALLER'",
+            AGENT_INSTALLER.strip(),
+            "RESPAWN_INSTALLER",
+            # systemd's PATH may lack the image's python3 (e.g. /opt/conda/bin): pin its path.
+            'py=$(command -v python3)',
+            f"printf '#!/bin/bash\\nexport PYTHONPATH=%q${{PYTHONPATH:+:$PYTHONPATH}}\\nexec %q -m agents \"$@\"\\n' "
+            f'{w(AGENT_LIB)} "$py" > {w(AGENT_BIN)}',
+            f"chmod 755 {w(AGENT_BIN)}",
             f"cat > {w(AGENT_UNIT)} <<'RESPAWN_UNIT'",
             unit + "RESPAWN_UNIT",
             f"chmod 644 {w(AGENT_UNIT)}",
             'if [ -n "${RESPAWN_NO_SYSTEMD:-}" ]; then',
+            *(f"  export {name}={q(value)}" for name, value in (agent_env or {}).items()),
             "  exec " + " ".join(w(arg) for arg in argv),
             "fi",
             "systemctl daemon-reload",

@@ -59,6 +59,12 @@ class GcpConfig:
     """google.auth credentials; None: Application Default Credentials."""
     image: str = "projects/debian-cloud/global/images/family/debian-12"
     """Boot image used when a launch request names none."""
+    service_account: str = ""
+    """E-mail of the service account VMs run as: the identity the Google SDKs on the VM take
+    from the metadata server, to read and write the job's gs:// checkpoints with no key in
+    the job's env (docs/deploy.md gives the smallest role). Empty: VMs run with none."""
+    scopes: tuple[str, ...] = ("https://www.googleapis.com/auth/cloud-platform",)
+    """OAuth scopes of the VMs' service account; IAM roles do the narrowing (Google's advice)."""
     network: str = "global/networks/default"
     disk_size_gb: int = 50
     name_prefix: str = "respawn"
@@ -78,6 +84,13 @@ class GcpConfig:
             raise ValueError("GcpConfig.poll_interval_s must be >= 0 and operation_timeout_s > 0")
         if not 1 <= self.list_page_size <= 500:
             raise ValueError(f"GcpConfig.list_page_size must be within 1..500 (Compute's limits), got {self.list_page_size}")
+        object.__setattr__(self, "scopes", tuple(self.scopes))  # a JSON list from the settings
+        if self.service_account and not re.fullmatch(r"[^@\s]+@[^@\s]+", self.service_account):
+            raise ValueError(f"GcpConfig.service_account must be a service account's e-mail, got "
+                             f"{self.service_account!r}")
+        if self.service_account and not self.scopes:
+            raise ValueError("GcpConfig.scopes must name at least one scope, e.g. "
+                             "https://www.googleapis.com/auth/cloud-platform")
         if self.disk_size_gb < 10:
             raise ValueError(f"GcpConfig.disk_size_gb must be at least 10 (Compute's minimum), got {self.disk_size_gb}")
 
@@ -156,6 +169,8 @@ class GcpProvider(Provider):
                     ),
                 )
             ],
+            service_accounts=[c.ServiceAccount(email=self.config.service_account, scopes=list(self.config.scopes))]
+            if self.config.service_account else [],
             network_interfaces=[
                 c.NetworkInterface(
                     network=self.config.network,

@@ -106,6 +106,7 @@ class LocalConfig:
 
 class LocalProvider(Provider):
     name = "local"
+    boots_user_data = False  # a local VM starts the agent of this checkout (local_vm)
 
     def __init__(self, config: LocalConfig):
         self.config = config
