@@ -175,6 +175,8 @@ class JobSpec:
     source_git_commit: str = ""
     # The job's experiment-tracker run id, the same for every VM of the job (agents/trackers.py).
     run_id: str = ""
+    # OCI image the trainer runs in (agents/agent/container.py); empty: the VM's own Python.
+    container_image: str = ""
 
 
 @dataclass(kw_only=True)

@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 import requests
 
 from agents import __version__, protocol, trackers
-from agents.agent import EXIT_INSTANCE_ENDED, prepare, session, source
+from agents.agent import EXIT_INSTANCE_ENDED, container, prepare, session, source
 from agents.agent.channel import (
     ChannelPaths,
     CheckpointsTail,
@@ -378,7 +378,12 @@ class Agent:
         try:
             if self.checkpoint_interval_s:
                 write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
-            self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
+            if job.container_image:
+                self.trainer, ended = self._container_trainer(env)
+                if ended is not None:
+                    return ended
+            else:
+                self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
             self._say_where_it_resumes()
             self.trainer.start()
         except (OSError, ValueError) as exc:
@@ -390,7 +395,42 @@ class Agent:
         self._ship_metrics()
         if self.notice is not None:
             self._report_notice_outcome()
+        elif job.container_image and not self.stopped_by_control_plane:
+            tail = output_tail(self.log_path)
+            failure = container.runtime_failure(code, tail)
+            if failure:
+                self._ship_logs(final=True)
+                return self._setup_failure(tail, f"container image {job.container_image}: {failure} (exit {code})")
         return self._exit_report(code)
+
+    def _container_trainer(self, env: dict[str, str]) -> tuple[TrainerProcess, protocol.ExitReport | None]:
+        """The trainer in the job's container image (agents.agent.container), once the image
+        is on the VM: pulled under the same watch as the trainer (heartbeats, notices), an
+        image that cannot be pulled being the job's setup failure."""
+        job = self.job
+        runtime = container.find_runtime(env.get("PATH"))
+        pull = TrainerProcess(container.pull_argv(runtime, job.container_image), env=env, cwd=None,
+                              log_path=self.log_path)
+        self.trainer, self.preparing = pull, True  # nothing to checkpoint while pulling; SIGTERM stops it
+        try:
+            pull.start()
+            code = self._watch()
+        finally:
+            self.preparing = False
+        if self.notice is not None or self.stopped_by_control_plane:
+            return pull, self._exit_report(code)
+        if code != 0:
+            self._ship_logs(final=True)
+            return pull, self._setup_failure(output_tail(self.log_path), f"container image {job.container_image} "
+                                             f"could not be pulled with {runtime} (exit {code})")
+        checkpoints = container.local_dir(job.checkpoint_uri)
+        if checkpoints:
+            os.makedirs(checkpoints, exist_ok=True)  # a bind mount needs its source
+        name = container.container_name(job.instance_id)
+        argv = container.run_argv(runtime=runtime, image=job.container_image, name=name, command=job.command,
+                                  env=env, cwd=job.working_dir or None,
+                                  mounts=[job.working_dir, self.config.work_dir, checkpoints])
+        return container.ContainerTrainer(argv, runtime=runtime, name=name, env=env, log_path=self.log_path), None
 
     def _watch(self) -> int:
         """Supervise `self.trainer` (the prepare step, then the trainer) until it exits:

@@ -582,4 +582,5 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         source_git_url=job.source_git_url,
         source_git_commit=job.source_git_commit,
         run_id=trackers.run_id(job),
+        container_image=job.container_image,
     )
