@@ -373,7 +373,7 @@ class Agent:
                 env.update(gang_env(job))
             except ValueError as exc:
                 return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
-        if trackers.wants_mlflow_run(env, job.env):
+        if trackers.wants_mlflow_run(env, {**job.env, **job.secret_env}):
             self._find_mlflow_run(env)
         try:
             if self.checkpoint_interval_s:

@@ -28,8 +28,9 @@ def trainer_env(job: protocol.JobSpec, channel_env: dict[str, str], base: dict[s
     """The trainer's environment: the agent's, the job's own, the job's tracker run identity
     (where the job's env does not set it), then the channel contract."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in AGENT_ONLY_ENV}
-    env.update({str(k): str(v) for k, v in {**job.env, **job.secret_env}.items()})
-    env.update(trackers.identity_env(job.run_id, job.env))
+    own = {**job.env, **job.secret_env}
+    env.update({str(k): str(v) for k, v in own.items()})
+    env.update(trackers.identity_env(job.run_id, own))
     env.update(channel_env)
     env["PYTHONUNBUFFERED"] = "1"  # output reaches the log (and the dashboard) as it is printed
     env[protocol.ENV_CHECKPOINT_URI] = job.checkpoint_uri

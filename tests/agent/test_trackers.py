@@ -127,7 +127,9 @@ def test_the_trainer_gets_the_job_run_identity_but_never_over_the_jobs_own():
     job = protocol.JobSpec(job_id=7, instance_id=1, command=["x"], run_id=RUN_ID, env={"WANDB_RUN_ID": "mine", "WANDB_PROJECT": "p"})
     env = trainer_env(job, {}, base={"WANDB_RESUME": "never", "MLFLOW_RUN_ID": "stale"})
     assert (env[protocol.ENV_RUN_ID], env["WANDB_RUN_ID"], env["WANDB_RESUME"]) == (RUN_ID, "mine", "allow")
-    job.env = {protocol.ENV_RUN_ID: "chosen"}
+    job.env, job.secret_env = {}, {"WANDB_RUN_ID": "secret-mine"}  # a secret value is the job's own too
+    assert trainer_env(job, {}, base={})["WANDB_RUN_ID"] == "secret-mine"
+    job.env, job.secret_env = {protocol.ENV_RUN_ID: "chosen"}, {}
     assert trainer_env(job, {}, base={})["WANDB_RUN_ID"] == "chosen"
     job.run_id, job.env = "", {}
     assert protocol.ENV_RUN_ID not in trainer_env(job, {}, base={})
