@@ -19,6 +19,9 @@ Public API (everything else in this package is internal):
         artifact = ckpt.finish(total)     # final save, validation, safetensors export
     ckpt.close()
 
+- Data with worker processes: `loader = ResumableLoader(dataset, batch_size, seed=0,
+  shuffle=True, num_workers=4)` (torchdata's StatefulDataLoader, imported on first use)
+  and `TrainState(model, optimizer, loader=loader)`; `for batch in loader` per epoch.
 - `Checkpointer.save(step, kind=None|"periodic"|"notice"|"final", deadline=None)`,
   `load_latest()` -> Resumed(step, uri, skipped=(Skipped(step, uri, reason), ...)),
   `wait()`, `close()`, `finish(step)`, `set_interval(seconds)`, `request_stop()`,
@@ -62,6 +65,7 @@ _EXPORTS = {
     ".errors": ("CheckpointError", "ConfigError", "CorruptCheckpointError", "EvalError", "ExportRefusedError",
                 "FactoryError", "IncompatibleCheckpointError"),
     ".export": ("Artifact", "export_weights"),
+    ".loader": ("ResumableLoader",),
     ".reader": ("CheckpointRef", "ref_from_uri"),
     ".resume": ("Resumed", "Skipped"),
     ".sampler": ("ResumableSampler",),

@@ -2,9 +2,12 @@
 
 Each epoch is a permutation drawn from `seed + epoch` (independent of the global
 RNG), split across ranks; `position` counts batches already handed out in the
-current epoch. Use it as `DataLoader(dataset, batch_sampler=sampler)` with
-`num_workers=0` (or index the dataset yourself): worker prefetching would hand
-out batches before training consumes them.
+current epoch. Use it as `DataLoader(dataset, batch_sampler=sampler,
+generator=torch.Generator())` with `num_workers=0` (or index the dataset yourself):
+worker prefetching would hand out batches before training consumes them, and
+without a generator of its own the DataLoader draws from torch's global RNG each
+time it makes an iterator, which after a resume shifts dropout. With workers, use
+ResumableLoader (agents/checkpoint/loader.py) instead.
 """
 
 from __future__ import annotations

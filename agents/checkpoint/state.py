@@ -37,10 +37,11 @@ class TrainState:
     scaler: Any = None  # torch.amp.GradScaler
     sampler: Any = None  # ResumableSampler or anything with state_dict/load_state_dict
     extra: dict = field(default_factory=dict)
+    loader: Any = None  # ResumableLoader (or a StatefulDataLoader): its position, workers' included
 
     def _parts(self) -> dict[str, Any]:
         parts = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
-                 "scaler": self.scaler, "sampler": self.sampler}
+                 "scaler": self.scaler, "sampler": self.sampler, "loader": self.loader}
         return {name: obj for name, obj in parts.items() if obj is not None}
 
     def state_dict(self) -> dict:
