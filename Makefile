@@ -8,9 +8,14 @@ PYTEST_ARGS ?=
 # Test processes in parallel (pytest-xdist), one per CPU.
 TEST_WORKERS ?= auto
 
-.PHONY: install demo test test-embedded clean
+.PHONY: install agent-wheel demo test test-embedded clean
 
-install: $(STAMP)
+install: $(STAMP) agent-wheel
+
+# The agent's wheel cloud VMs install, built from this checkout's agents/ into var/dist
+# (jobs/fleet/agent_dist.py): run again after changing agents/, so VMs get the change.
+agent-wheel: $(STAMP)
+	$(BIN)/python manage.py build_agent_wheel
 
 $(STAMP): pyproject.toml tests/emulators/package-lock.json
 	$(PYTHON) -m venv $(VENV)

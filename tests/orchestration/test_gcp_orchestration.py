@@ -65,6 +65,26 @@ def test_a_queued_job_is_placed_on_the_cheapest_zone_and_launched(gcp, team):
     assert hash_token(token) == instance.bootstrap_token_hash  # the VM's user data carries our bootstrap token
 
 
+def test_the_vm_boots_the_jobs_image_for_its_cloud_and_its_user_data_pins_the_agent_wheel(gcp, team, agent_wheel):  # noqa: F811
+    image = "projects/deeplearning-platform-release/global/images/family/common-cu124"
+    launched(gcp_job(team, machine_image={"aws": "ami-0123456789abcdef0", "gcp": image},
+                     container_image="ghcr.io/example/resnet:2.3"))
+    _, body = gcp.insert_bodies()[-1]
+    assert body["disks"][0]["initializeParams"]["sourceImage"] == image  # not the container image, not AWS's
+    script = next(item["value"] for item in body["metadata"]["items"] if item["key"] == "startup-script")
+    assert f"{agent_wheel.wheel} {agent_wheel.wheel_sha256} {agent_wheel.requirements_sha256}" in script
+
+
+def test_a_launch_without_an_agent_wheel_fails_the_job_as_prechecks_with_the_fix(gcp, team, settings, tmp_path):
+    settings.RESPAWN = {**settings.RESPAWN, "AGENT_DIST_DIR": str(tmp_path / "no-dist")}
+    job = gcp_job(team)
+    launched(job)
+    job.refresh_from_db()
+    assert (job.status, job.failure_cause) == (JobStatus.FAILED, FailureCause.PRECHECKS)
+    assert "run `manage.py build_agent_wheel`" in job.failure_message
+    assert not gcp.instances
+
+
 def test_launching_twice_makes_one_vm(gcp, team):
     instance = launched(gcp_job(team))
     Instance.objects.filter(pk=instance.pk).update(state=InstanceState.REQUESTED)  # as if the first try's reply was lost
