@@ -40,8 +40,8 @@ class SubscriptionForm(DashboardForm):
     recovering_after_min = forms.IntegerField(min_value=1, initial=30, label="Recovering longer than (minutes)")
 
     def serializer(self, request, team) -> SubscriptionSerializer:
-        data = {**self.cleaned_data, "team": team.pk, "recovering_after_s": self.cleaned_data["recovering_after_min"] * 60}
-        del data["recovering_after_min"]
+        data = {**self.cleaned_data, "team": team.pk}
+        data["recovering_after_s"] = data.pop("recovering_after_min") * 60
         return SubscriptionSerializer(data=data, context={"request": request})
 
 

@@ -15,7 +15,7 @@ from jobs.core.choices import Channel, DeliveryStatus, EndReason, InstanceState,
 from jobs.core.choices import NotificationKind as Kind
 from jobs.core.services import record_validation
 from jobs.core.transitions import transition_job
-from jobs.models import Checkpoint, Delivery, Instance, JobEvent, Notification, Subscription, Team
+from jobs.models import Checkpoint, Delivery, JobEvent, Notification, Subscription, Team
 from jobs.money.budget import warn_over_budget
 from jobs.notify import events, subscriptions
 from jobs.tasks import deliver_notification
