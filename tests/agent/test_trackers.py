@@ -63,6 +63,8 @@ def wandb_history(wandb_dir: Path) -> tuple[set[str], list[int]]:
 def tracker_env(tmp_path: Path) -> dict[str, str]:
     return {
         "WANDB_MODE": "offline", "WANDB_PROJECT": "respawn-test", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+        # nothing of W&B's in the home directory either
+        **{name: str(tmp_path / "wandb-home") for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR")},
         "MLFLOW_TRACKING_URI": (tmp_path / "mlruns").as_uri(), "MLFLOW_EXPERIMENT_NAME": "spot-runs",
         "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 keeps its file store behind this switch
     }
