@@ -118,7 +118,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    # In a folder of its own: Django makes the test database with the default mode.
+    (VAR_DIR / "test-db").mkdir(mode=0o700, exist_ok=True)
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db" / "test.sqlite3")}
 elif os.environ.get("RESPAWN_DB_PREPARED_STATEMENTS", "on") == "off":
     # Behind a pooler that cannot keep prepared statements (PgBouncer in transaction
     # mode before 1.21): the heartbeat's one prepared statement is run unprepared too.
@@ -293,10 +295,6 @@ RESPAWN = {
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
     # The agent's wheel and pinned requirements VMs install (jobs.fleet.agent_dist; manage.py build_agent_wheel).
     "AGENT_DIST_DIR": os.environ.get("RESPAWN_AGENT_DIST_DIR", str(VAR_DIR / "dist")),
-    # Encrypts jobs' secret env values (jobs.core.secret_env): Fernet keys, comma-separated,
-    # the first encrypting; unset, a key made in SECRETS_KEY_FILE at first use.
-    "SECRETS_KEY": secret_from_env_or_file("RESPAWN_SECRETS_KEY", ""),
-    "SECRETS_KEY_FILE": str(VAR_DIR / "secrets.key"),
     # Jobs' uploaded source archives, one file per SHA-256 (jobs.core.sources), and the most
     # bytes an archive, or the files it unpacks to, may hold (the CLI checks the same variable).
     "SOURCE_DIR": os.environ.get("RESPAWN_SOURCE_DIR", str(VAR_DIR / "sources")),

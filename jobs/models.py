@@ -124,10 +124,6 @@ class Job(models.Model):
     # for the register answer to one of the job's live instances (DESIGN §11).
     secret_env = models.JSONField(
         default=dict, blank=True, help_text="Secret environment: names to encrypted values, never plaintext.")
-    # Names in the clear, each value a Fernet token (jobs.core.secret_env): decrypted only
-    # for the register answer to one of the job's live instances (DESIGN §11).
-    secret_env = models.JSONField(
-        default=dict, blank=True, help_text="Secret environment: names to encrypted values, never plaintext.")
     prepare_command = models.JSONField(
         default=list, blank=True, help_text="argv run before the command; its outputs are cached by content hash.")
     prepare_inputs = models.JSONField(
@@ -199,6 +195,11 @@ class Job(models.Model):
 
     def __str__(self):
         return f"job {self.pk} {self.name}"
+
+    @property
+    def storage_uri(self) -> str:
+        """Each job checkpoints under its own prefix of the storage root (DESIGN §6)."""
+        return f"{self.checkpoint_uri.rstrip('/')}/job-{self.pk}"
 
     @property
     def failure_headline(self) -> str:

@@ -124,6 +124,12 @@ TUNING = {
 }
 
 
+# Every variable the agent takes a setting from: what a launcher that starts the agent
+# with a clean environment (the local provider's VMs) passes on from its own.
+SETTINGS_ENV = (*TUNING.values(), "RESPAWN_STOP_SIGNAL", "RESPAWN_VALIDATE", "RESPAWN_VALIDATE_COMMAND",
+                "RESPAWN_CHECKPOINT_ON_REBALANCE")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--control-plane-url", default=env("RESPAWN_CONTROL_PLANE_URL", ""))

@@ -554,7 +554,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         working_dir=job.working_dir,
         env=job.env,
         secret_env=secret_env.unseal(job.secret_env),  # here only: the answer to a live instance of the job
-        checkpoint_uri=checkpoint_trust.job_storage_uri(job),
+        checkpoint_uri=job.storage_uri,
         resume_from=resume.uri if resume else None,
         resume_step=resume.step if resume else None,
         resume_validation=resume.validation if resume else "",

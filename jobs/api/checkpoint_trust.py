@@ -25,14 +25,9 @@ from jobs.models import Instance, Job
 STEPS_AHEAD_FLOOR = 1000
 
 
-def job_storage_uri(job: Job) -> str:
-    """Each job checkpoints under its own prefix of the storage root (DESIGN §6)."""
-    return f"{job.checkpoint_uri.rstrip('/')}/job-{job.pk}"
-
-
 def uri_problem(uri: str, job: Job) -> str | None:
     """Why `uri` cannot be a checkpoint of `job`, or None."""
-    prefix = job_storage_uri(job)
+    prefix = job.storage_uri
     outside = f"must lie under this job's storage prefix {prefix}/"
     got, want = urlsplit(uri), urlsplit(prefix)
     if (got.scheme, got.netloc) != (want.scheme, want.netloc) or got.query or got.fragment:

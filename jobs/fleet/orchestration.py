@@ -249,6 +249,7 @@ def launch(instance_id: int) -> None:
         user_data=user_data, bootstrap_token=token, control_plane_url=url,
         max_price_per_hour=float(instance.job.max_price_per_hour) if instance.job.max_price_per_hour else None,
         machine_image=instance.job.machine_image.get(instance.provider, ""),
+        storage_uri=instance.job.storage_uri,
     )
     try:
         vm_id = cloud.launch(request)

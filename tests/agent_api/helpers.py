@@ -5,7 +5,6 @@ import uuid
 from rest_framework.test import APIClient
 
 from agents import protocol
-from jobs.api.checkpoint_trust import job_storage_uri
 
 
 class AgentClient:
@@ -39,4 +38,4 @@ def checkpoint_report(job, step: int, kind: str = protocol.CheckpointKind.PERIOD
 
 
 def checkpoint_uri(job, step: int) -> str:
-    return f"{job_storage_uri(job)}/step-{step:08d}"
+    return f"{job.storage_uri}/step-{step:08d}"

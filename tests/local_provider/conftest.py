@@ -9,7 +9,13 @@ import signal
 import pytest
 
 from jobs.fleet.providers.local import LocalConfig, LocalProvider
+from tests.conftest import searchable_by_vms
 from tests.local_provider.helpers import STANDIN_AGENT
+
+
+@pytest.fixture(autouse=True)
+def vms_pass_through(tmp_path):
+    searchable_by_vms(tmp_path)
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ class LaunchRequest:
     control_plane_url: str = ""
     max_price_per_hour: float | None = None
     machine_image: str = ""  # the job's boot image on this cloud (AMI, GCE image, URN); empty: the provider's
+    storage_uri: str = ""  # the job's checkpoint prefix: the local provider prepares a local one for the VM's user
     extra_tags: dict[str, str] = field(default_factory=dict)
 
 

@@ -8,6 +8,17 @@ sees the same VMs. A VM is live while the process recorded in its `pid.json`
 (pid and start time, so a recycled pid is not mistaken for it) runs. Launches are
 serialized by a lock file, so the lookup by instance id that makes `launch`
 idempotent cannot race another launch of the same instance.
+
+A VM starts with an allow-listed environment (PATH, HOME, LANG, LC_ALL, TZ, the
+agent's own settings, `agent_env`), never the launching worker's: no control-plane
+setting or cloud credential reaches a job. Run as root (a container's worker), the
+provider starts each VM's agent as a user of its own (uid `vm_id_base` + instance
+id) in a group of its job's (gid `vm_id_base` + job id), unknown to /etc/passwd
+and needing none: a job reads neither another VM's files, token or processes'
+environments nor the control plane's var/ (search-only there, every file in it
+0600). The job's group owns a local checkpoint prefix (0770), so the job's next VMs
+resume from what an earlier one wrote. Run as anyone else, the VM is that user's
+process, like the control plane: only its environment is clean.
 """
 
 from __future__ import annotations
@@ -15,7 +26,9 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -24,7 +37,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from agents.agent.config import SETTINGS_ENV
 from jobs.core.choices import Market
 from jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, LaunchRequest, PrecheckError, Provider
 from jobs.fleet.providers.local_market import MarketConfig, SpotMarket
@@ -36,6 +51,8 @@ MARKET_EPOCH_FILE = "market-epoch"
 LAUNCH_LOCK_FILE = "launch.lock"
 # A terminate repeated this long after the grace kills the VM itself: its supervisor is stuck.
 TERMINATE_MARGIN_S = 2.0
+# Taken from the launching process when set; with SETTINGS_ENV and agent_env, a VM's whole environment.
+PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +65,9 @@ class LocalConfig:
     agent_command: tuple[str, ...] = ()
     """The agent's program; `run` and its flags are appended. Empty: (python, "-m", "agents")."""
     agent_env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment for the agent, e.g. {"RESPAWN_HEARTBEAT_INTERVAL_S": "1"}, on top of
-    the launching process's own environment, which the VM inherits (with its working directory)."""
+    """Extra environment for the agent, e.g. {"RESPAWN_HEARTBEAT_INTERVAL_S": "1"}. The VM inherits
+    none of the launching process's environment beyond PATH, LANG, LC_ALL, TZ and the agent's own
+    settings (agents.agent.config.SETTINGS_ENV); it does inherit its working directory."""
     zones: tuple[str, ...] = ("local-a", "local-b", "local-c")
     """Zones a placement may name (the price book lists local-a..c)."""
     market_mode: str = "none"
@@ -73,6 +91,10 @@ class LocalConfig:
     """On terminate: seconds between SIGTERM to the agent and SIGKILL of the whole VM."""
     boot_timeout_s: float = 30.0
     """How long `launch` waits for the supervisor to fork off and record itself."""
+    vm_id_base: int = 2_000_000_000
+    """Run as root, each VM's agent runs as uid vm_id_base + its instance id, in group
+    vm_id_base + its job id (ids no account uses: no /etc/passwd entry is needed).
+    0: as the launching user, like a provider not run as root."""
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -90,6 +112,8 @@ class LocalConfig:
                 raise ValueError(f"LocalConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.sigterm_after_notice_s is not None and not 0 <= self.sigterm_after_notice_s <= self.notice_lead_s:
             raise ValueError(f"LocalConfig.sigterm_after_notice_s must be within 0..notice_lead_s ({self.notice_lead_s}), got {self.sigterm_after_notice_s}")
+        if self.vm_id_base and not 1000 <= self.vm_id_base <= 2**31:
+            raise ValueError(f"LocalConfig.vm_id_base must be 0 or within 1000..2**31, got {self.vm_id_base}")
         self.market_config()  # validates the market's own fields now, not at the first launch
 
     def market_config(self) -> MarketConfig:
@@ -112,6 +136,8 @@ class LocalProvider(Provider):
         self.config = config
         self.root = Path(config.root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        # Run as root, each VM's user enters its own directory here, and lists none.
+        self.root.chmod(0o711 if self.isolates else 0o700)
         self.market = SpotMarket(config.market_config())
         if config.market_mode == "trace":
             for zone in config.zones:
@@ -135,9 +161,16 @@ class LocalProvider(Provider):
                 raise CapacityError(refusal, code="InsufficientCapacity")
             vm_id = f"local-{request.instance_id}-{uuid.uuid4().hex[:8]}"
             vm = VmDir(self.root / vm_id)
+            spec = self._spec(vm, request, now, spot)
+            storage_dir = self._local_storage(request)
+            if spec.run_as:
+                self._check_reachable(storage_dir)
             vm.path.mkdir(mode=0o700)
-            vm.write_spec(self._spec(vm_id, request, now, spot))
-            self._boot(vm)
+            vm.work_dir.mkdir(mode=0o700)  # the VM's HOME, there before its first instruction
+            if spec.run_as:
+                self._hand_over(vm, storage_dir, *spec.run_as)
+            vm.write_spec(spec)
+            self._boot(vm, spec.agent_env)
             return vm_id
 
     def terminate(self, provider_instance_id: str) -> None:
@@ -191,6 +224,11 @@ class LocalProvider(Provider):
         return vms
 
     # --- beyond the interface ---------------------------------------------------------
+    @property
+    def isolates(self) -> bool:
+        """Whether VMs run as users of their own (the provider runs as root)."""
+        return os.geteuid() == 0 and bool(self.config.vm_id_base)
+
     def terminate_all(self, *, wait_s: float = 30.0) -> list[str]:
         """Terminate every live VM under the root and wait until each is gone (what
         stopping `make demo` and test teardown need); returns the ids terminated."""
@@ -233,13 +271,13 @@ class LocalProvider(Provider):
             return CloudState.PENDING if young else CloudState.GONE
         return CloudState.RUNNING if is_running(record["pid"], record["start_time"]) else CloudState.GONE
 
-    def _spec(self, vm_id: str, request: LaunchRequest, now: float, spot: bool) -> VmSpec:
+    def _spec(self, vm: VmDir, request: LaunchRequest, now: float, spot: bool) -> VmSpec:
         config = self.config
         placement = request.placement
         # Keyed by our instance id, not the VM's random id: a seeded run replays the same preemptions.
         delay = self.market.preemption_delay_s(f"instance-{request.instance_id}", placement.zone, spot=spot, launched_at_s=now - self._market_epoch())
         return VmSpec(
-            vm_id=vm_id,
+            vm_id=vm.path.name,
             job_id=request.job_id,
             instance_id=request.instance_id,
             zone=placement.zone,
@@ -249,12 +287,53 @@ class LocalProvider(Provider):
             control_plane_url=request.control_plane_url,
             bootstrap_token=request.bootstrap_token,
             agent_command=list(config.agent_command or (config.python, "-m", "agents")),
-            agent_env={"PATH": self._vm_path(), **config.agent_env},
+            agent_env=self._vm_env(vm),
+            run_as=[config.vm_id_base + request.instance_id, config.vm_id_base + request.job_id] if self.isolates else None,
             preempt_after_s=delay,
             notice_lead_s=config.notice_lead_s,
             sigterm_after_notice_s=config.notice_lead_s / 2 if config.sigterm_after_notice_s is None else config.sigterm_after_notice_s,
             terminate_grace_s=config.terminate_grace_s,
         )
+
+    def _vm_env(self, vm: VmDir) -> dict[str, str]:
+        """The allow-list: nothing of the launching process's beyond PATH, the locale,
+        the time zone and the agent's own settings; HOME is the VM's own directory."""
+        passed = {name: os.environ[name] for name in (*PASSED_ENV, *SETTINGS_ENV) if name in os.environ}
+        return {**passed, "PATH": self._vm_path(), "HOME": str(vm.work_dir), **self.config.agent_env}
+
+    @staticmethod
+    def _local_storage(request: LaunchRequest) -> Path | None:
+        """The job's checkpoint folder when its storage is this machine's disk."""
+        storage = urlsplit(request.storage_uri)
+        return Path(storage.path).resolve() if request.storage_uri and storage.scheme in ("", "file") else None
+
+    def _check_reachable(self, storage_dir: Path | None) -> None:
+        """A VM's user must pass through every folder above its own, its program's and
+        its job's storage: a PrecheckError naming the first it cannot, before any launch."""
+        program = (self.config.agent_command or (self.config.python,))[0]
+        program = shutil.which(program, path=self._vm_path()) or program
+        for path in (self.root, Path(program).resolve(), storage_dir.parent if storage_dir else None):
+            unreachable = path and next((p for p in (path, *path.parents) if p.exists() and not p.stat().st_mode & stat.S_IXOTH), None)
+            if unreachable:
+                raise PrecheckError(f"local VMs run as users of their own (the control plane runs as root) and cannot "
+                                    f"reach {path}: {unreachable} lacks the search bit for others (chmod o+x "
+                                    f"{unreachable}), or set the local provider's vm_id_base to 0 to run VMs as root",
+                                    code="Unreachable")
+
+    def _hand_over(self, vm: VmDir, storage_dir: Path | None, uid: int, gid: int) -> None:
+        """What a VM running as `uid` needs and nothing more: to enter its directory
+        (0711: it lists nothing there, and cannot replace the files this provider
+        trusts), its home (0700) and, for a local checkpoint prefix, the job's folder,
+        its job's group's (0770, so the job's next VMs resume from it)."""
+        vm.path.chmod(0o711)
+        os.chown(vm.work_dir, uid, gid)
+        if storage_dir:
+            for parent in reversed([storage_dir, *storage_dir.parents]):
+                if not parent.exists():
+                    parent.mkdir()
+                    parent.chmod(0o711)  # other jobs' VMs pass through, and list nothing
+            os.chown(storage_dir, 0, gid)
+            storage_dir.chmod(0o770)
 
     def _vm_path(self) -> str:
         """PATH on the VM: the checkout is the VM's image and the control plane's
@@ -263,16 +342,18 @@ class LocalProvider(Provider):
         Not resolved: a virtual environment's python is a link out of it."""
         return os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", os.defpath)])
 
-    def _boot(self, vm: VmDir) -> None:
+    def _boot(self, vm: VmDir, env: dict[str, str]) -> None:
         """Start the supervisor detached (it forks into a session of its own) and wait
         until it has recorded itself, so a lookup right after sees a live VM. The VM
         starts in this process's working directory: the checkout is the VM's image,
-        and a job's relative paths and `python -m` modules resolve there."""
-        with open(vm.supervisor_log, "ab") as out:
+        and a job's relative paths and `python -m` modules resolve there. The
+        supervisor gets the VM's environment too: as the same user, a job could read
+        the supervisor's from /proc."""
+        with open(os.open(vm.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             try:
                 launcher = subprocess.Popen(
                     [self.config.python, "-m", "jobs.fleet.providers.local_vm", str(vm.path)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                 )
                 code = launcher.wait(self.config.boot_timeout_s)
             except OSError as exc:

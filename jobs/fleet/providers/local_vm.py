@@ -10,10 +10,13 @@ once; the supervisor lives on in its own session, so the process that launched i
 (e.g. a Celery worker) can die without taking the VM along. The supervisor:
 
 - writes the bootstrap token to a 0600 file (what a cloud's user data does),
+  the VM user's when the spec names one (`run_as`),
 - serves an IMDS-compatible endpoint (agents.metadata_server, AWS flavour; its
   instance id is the VM's id) on a free port of 127.0.0.1,
 - runs `respawn-agent run ... --provider local --metadata-url URL` as its child
-  (which dies with it: PR_SET_PDEATHSIG),
+  (which dies with it: PR_SET_PDEATHSIG), with the spec's environment only, as the
+  spec's user and group when it names them (the supervisor itself stays root, so
+  the VM can neither signal it nor change the files the provider reads),
 - at the preemption time chosen by the market: serves the notice, sends SIGTERM to
   the agent `sigterm_after_notice_s` later (a cloud's ACPI shutdown), and at the
   deadline kills every process of the VM,
@@ -25,7 +28,8 @@ still counts as the VM's and is killed with it. Its end is written to `ended.jso
 
 Files in VM_DIR: vm.json (spec, 0600: it carries the bootstrap token, like user
 data), pid.json, terminate.json (a terminate was requested), ended.json,
-metadata-url, bootstrap-token, supervisor.log, agent.log, work/ (the agent's).
+metadata-url, bootstrap-token, supervisor.log, agent.log, work/ (the agent's, and
+the VM's HOME; 0700).
 """
 
 from __future__ import annotations
@@ -70,6 +74,9 @@ class VmSpec:
     agent_command: list[str]
     """The agent's program, e.g. [python, "-m", "agents"]; `run` and its flags are appended."""
     agent_env: dict[str, str] = field(default_factory=dict)
+    """The agent's whole environment."""
+    run_as: list[int] | None = None
+    """[uid, gid] the agent runs as; None: the supervisor's own user."""
     preempt_after_s: float | None = None
     """Seconds from boot to the preemption notice; None: never preempted."""
     notice_lead_s: float = 30.0
@@ -237,6 +244,24 @@ def reap_children() -> dict[int, int]:
 
 
 # --- the supervisor ------------------------------------------------------------------
+def as_vm_user(run_as: list[int] | None, parent_pid: int):
+    """The agent's preexec: become the VM's user and group (no supplementary groups,
+    a umask that shares files with the job's group and no one else), then die with
+    the supervisor. In that order: a change of credentials clears PR_SET_PDEATHSIG."""
+    die = die_with_parent(parent_pid)
+
+    def preexec() -> None:
+        if run_as:
+            uid, gid = run_as
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.umask(0o007)
+        die()
+
+    return preexec
+
+
 class Supervisor:
     def __init__(self, vm: VmDir, spec: VmSpec):
         self.vm, self.spec = vm, spec
@@ -270,6 +295,8 @@ class Supervisor:
         spec = self.spec
         fd = os.open(self.vm.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
+            if spec.run_as:
+                os.fchown(f.fileno(), *spec.run_as)
             f.write(spec.bootstrap_token)
         argv = [
             *spec.agent_command, "run",
@@ -282,8 +309,8 @@ class Supervisor:
         with open(self.vm.agent_log, "ab") as out:
             try:
                 proc = subprocess.Popen(
-                    argv, env={**os.environ, **spec.agent_env}, stdin=subprocess.DEVNULL,
-                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent(os.getpid()),
+                    argv, env=spec.agent_env, stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=as_vm_user(spec.run_as, os.getpid()),
                 )
             except OSError as exc:
                 log.error("VM %s: could not start the agent %s: %s", spec.vm_id, argv[:3], exc)
@@ -336,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jobs.fleet.providers.local_vm", description="Boot a local VM from VM_DIR/vm.json, detached.")
     parser.add_argument("vm_dir")
     args = parser.parse_args(argv)
+    os.umask(0o077)  # the supervisor's files (pid, metadata URL, its end) are no VM's business
     vm = VmDir(args.vm_dir)
     try:
         spec = vm.read_spec()
