@@ -227,6 +227,8 @@ class CheckpointReport(Report):
     save_s: float | None = None
     stall_s: float | None = None
     reference_loss: float | None = None
+    persist_s: float | None = None  # save_s less its pacing: about what it takes after a notice
+    notice_window_s: float | None = None  # set by the agent: the notice its cloud gives (None: unknown)
 
 
 @dataclass(kw_only=True)

@@ -222,6 +222,17 @@ def checkpoint_interval(job_id: int) -> Read:
                               "where": dict(zip(("market", "zone", "region"), rows[0][1:]))} if rows else None)
 
 
+def save_fit(job_id: int) -> Read:
+    """The job's newest periodic save that says how long a notice save of its state
+    would take and what notice its VM's cloud gives ({"persist_s", "notice_window_s",
+    "provider"}); None if none does."""
+    return Read(f"SELECT c.persist_s, c.notice_window_s, i.provider FROM {CHECKPOINT} c "
+                f"JOIN {INSTANCE} i ON i.id = c.instance_id WHERE c.job_id = %s AND c.kind = 'periodic' "
+                "AND c.persist_s IS NOT NULL AND c.notice_window_s IS NOT NULL "
+                "ORDER BY c.committed_at DESC, c.id DESC LIMIT 1", [job_id],
+                lambda rows: _named("persist_s", "notice_window_s", "provider")(rows)[0] if rows else None)
+
+
 CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "validation", "validation_message", "reference_loss",
                       "validation_loss", "bytes", "stall_s", "instance_id")
 

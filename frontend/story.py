@@ -3,6 +3,7 @@ interval is what it is, and where the job was preempted and where it resumed."""
 
 from __future__ import annotations
 
+from agents.notices.base import notice_budget_s
 from jobs.core.choices import EndReason
 
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
@@ -40,6 +41,22 @@ def interval_words(interval: dict, where: dict) -> str:
     why = SOURCES.get(interval["source"], interval["source"]).format(duration_words(interval["young_daly_s"]))
     return (f"every {duration_words(interval['seconds'])}: measured save cost "
             f"{duration_words(interval['checkpoint_cost_s'])}, {interruptions} ({why})")
+
+
+CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP", "azure": "Azure", "local": "The local spot simulator"}
+
+
+def save_fit_warning(fit: dict | None) -> str | None:
+    """A warning when the newest periodic save (`reads.save_fit`) would not fit the
+    budget its cloud's notice leaves, e.g. "Last save took 41 s; GCP gives 30 s notice
+    (25 s to save): ..."; None when it fits or nothing says."""
+    if fit is None or fit["persist_s"] <= notice_budget_s(fit["notice_window_s"]):
+        return None
+    cloud = CLOUD_NAMES.get(fit["provider"], fit["provider"])
+    return (f"Last save took {duration_words(fit['persist_s'])}; {cloud} gives {duration_words(fit['notice_window_s'])} "
+            f"notice ({duration_words(notice_budget_s(fit['notice_window_s']))} to save): a notice save of this state "
+            "would not commit in time, and the job would resume from its previous checkpoint. "
+            "A smaller state or faster checkpoint storage fixes it.")
 
 
 def loss_marks(instances: list[dict]) -> list[dict]:

@@ -127,11 +127,12 @@ def job_page(request, pk: int):
     now = timezone.now()
     summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
                                     may_cancel=can(request.user, "job.cancel", job["team_id"]))
-    teams, interval = reads.batch(access.team_choices(request.user), reads.checkpoint_interval(job["id"]))
+    teams, interval, fit = reads.batch(access.team_choices(request.user), reads.checkpoint_interval(job["id"]),
+                                       reads.save_fit(job["id"]))
     interval = interval and story.interval_words(**interval)
     tracker_links = trackers.links(Job.objects.only("pk", "created_at", "env").get(pk=pk))
     return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval,
-                tracker_links=tracker_links)
+                save_warning=story.save_fit_warning(fit), tracker_links=tracker_links)
 
 
 @json_view

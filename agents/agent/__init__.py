@@ -19,8 +19,9 @@ What the agent adds to the trainer channel of agents/protocol.py:
   (heartbeats, notices, stops); the trainer starts only once its outputs are in
   place, with $RESPAWN_PREPARE_DIR and $RESPAWN_PREPARE_URI set.
 - notice file: `{"source", "notice_time", "deadline", "cloud_deadline"}`, where
-  `deadline` is the one to meet (the notice budget, never past the cloud's) and
-  `cloud_deadline` what the cloud stated (null when unknown).
+  `deadline` is the one to meet (the cloud's less a margin, or the default budget
+  from a notice that states none) and `cloud_deadline` what the cloud stated (null
+  when unknown).
 - status file keys read: `step`, `loss`, `samples_per_s`, `last_checkpoint_step`,
   `checkpoint_save_s`, `checkpoint_stall_s`, and at the end `artifact_uri`,
   `artifact_digest` for the exit report.

@@ -146,9 +146,10 @@ def parse_checkpoint_line(line: str) -> protocol.CheckpointReport:
             raise ValueError(f"field {name!r} must be a {kind.__name__}, got {doc.get(name)!r}")
     if doc.get("kind", protocol.CheckpointKind.PERIODIC) not in protocol.CheckpointKind.ALL:
         raise ValueError(f"kind {doc.get('kind')!r} is not one of {', '.join(protocol.CheckpointKind.ALL)}")
-    for name in ("save_s", "stall_s", "reference_loss"):
+    for name in ("save_s", "stall_s", "reference_loss", "persist_s"):
         if name in doc:
             doc[name] = finite_or_none(doc[name])
+    doc.pop("notice_window_s", None)  # the agent's to say
     for name in ("event_id", "sent_at"):  # a trainer may give its own
         if not isinstance(doc.get(name), str) or not doc.get(name):
             doc.pop(name, None)

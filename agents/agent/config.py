@@ -38,7 +38,10 @@ class AgentConfig:
     heartbeat_interval_s: float | None = None
     """Overrides the job spec's heartbeat interval (heartbeat answers may change it again)."""
     notice_budget_s: float | None = None
-    """Overrides the job spec's notice budget (seconds from the notice, never past the cloud's deadline)."""
+    """Overrides the job spec's notice budget: the seconds from a notice that states no deadline (a SIGTERM)."""
+    notice_window_s: float | None = None
+    """The notice this VM gets before it goes, where its source's is not known or not
+    the usual (the local spot simulator's lead); periodic saves are measured against it."""
     stop_grace_s: float = 10.0
     """After a `stop`, seconds between SIGTERM and SIGKILL of the trainer."""
     stop_signal: str = "SIGTERM"
@@ -77,7 +80,7 @@ class AgentConfig:
         for name in ("tick_s", "log_batch_interval_s", "http_timeout_s", "backoff_base_s", "backoff_max_s", "register_timeout_s", "stop_grace_s", "drain_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("notice_poll_s", "heartbeat_interval_s", "notice_budget_s"):
+        for name in ("notice_poll_s", "heartbeat_interval_s", "notice_budget_s", "notice_window_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"{name} must be > 0 when set, got {value}")
@@ -113,6 +116,7 @@ TUNING = {
     "notice_poll_s": "RESPAWN_NOTICE_POLL_S",
     "heartbeat_interval_s": "RESPAWN_HEARTBEAT_INTERVAL_S",
     "notice_budget_s": "RESPAWN_NOTICE_BUDGET_S",
+    "notice_window_s": "RESPAWN_NOTICE_WINDOW_S",
     "stop_grace_s": "RESPAWN_STOP_GRACE_S",
     "tick_s": "RESPAWN_TICK_S",
     "log_batch_interval_s": "RESPAWN_LOG_BATCH_INTERVAL_S",

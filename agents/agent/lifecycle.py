@@ -7,7 +7,8 @@
 A preemption notice (any watcher, or SIGTERM to the agent) is reported at once,
 written to the notice file, and turned into the stop signal for the trainer; the
 agent then waits until a notice (or final) checkpoint commits or the budget runs
-out (default 25 s from the notice, never past the cloud's deadline), acknowledges
+out (the cloud's deadline less a margin: 108 s of AWS's two minutes, 25 s of
+GCP's or Azure's 30 s; 25 s from a notice that states no deadline), acknowledges
 the event where the cloud wants it (Azure), kills what is left and reports exit.
 Everything the agent reports goes through the journal, so nothing here waits on
 the control plane except `register`, which cannot proceed without the job spec,
@@ -61,7 +62,7 @@ from agents.agent.supervisor import TrainerProcess, gang_env, trainer_env
 from agents.agent.validation import Validator
 from agents.journal import Journal
 from agents.notices import PREEMPT, REBALANCE, NoticeEvent, make_watcher, sigterm
-from agents.notices.base import utcnow
+from agents.notices.base import notice_budget_s, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class Agent:
         self.notice_commit: protocol.CheckpointReport | None = None
         self.last_checkpoint: protocol.CheckpointReport | None = None
         self.checkpoint_requested = False  # SIGUSR1 sent, no commit seen since
+        self.save_too_slow = False  # the last periodic save would not fit this cloud's notice
         self.commit_journaled_at: datetime | None = None
         self.stopped_by_control_plane = False
         self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
@@ -692,6 +694,8 @@ class Agent:
     # --- reports from the trainer ------------------------------------------------------
     def _collect_checkpoints(self) -> None:
         for report in self.checkpoints.new_reports():
+            report.notice_window_s = self.config.notice_window_s or self.watcher.window_s
+            self._check_save_fits_the_notice(report)
             self.reporter.report(protocol.PATH_CHECKPOINTS, report)
             self.last_checkpoint = report
             self.commit_journaled_at = utcnow()
@@ -705,6 +709,25 @@ class Agent:
             self._report_validation(checkpoint_id, verdict)
         if self.validator is not None:
             self.validator.poll()
+
+    def _check_save_fits_the_notice(self, report: protocol.CheckpointReport) -> None:
+        """Say in the job's output, before any notice comes, when a periodic save (its
+        time less the pacing) would not fit the budget this cloud's notice leaves; and
+        when it fits again. The control plane shows it on the job page too."""
+        window = report.notice_window_s
+        if window is None or report.persist_s is None or report.kind != protocol.CheckpointKind.PERIODIC:
+            return
+        budget = notice_budget_s(window)
+        too_slow = report.persist_s > budget
+        if too_slow == self.save_too_slow:
+            return
+        self.save_too_slow = too_slow
+        if too_slow:
+            self._agent_line(f"warning: the save of step {report.step} took {report.persist_s:.0f} s to persist; "
+                             f"{self.config.provider} gives {window:.0f} s of notice ({budget:.0f} s to save): "
+                             "a notice save would not commit in time (a smaller state or faster storage would)")
+        else:
+            self._agent_line(f"the save of step {report.step} took {report.persist_s:.0f} s: it fits {self.config.provider}'s notice again")
 
     def _report_validation(self, checkpoint_id: str, report: protocol.ValidationReport) -> None:
         self.reporter.report(protocol.PATH_VALIDATION.format(checkpoint_id=checkpoint_id), report)

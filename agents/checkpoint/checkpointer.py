@@ -368,7 +368,9 @@ class Checkpointer:
             self._inflight = None
 
     def _deadline(self, deadline: float | datetime | None, kind: str | None) -> float | None:
-        """A notice deadline as monotonic time: given, else the agent's notice file, else the budget."""
+        """A notice deadline as monotonic time: given, else the agent's notice file (its
+        deadline is the cloud's less the agent's margin: 108 s of AWS's two minutes),
+        else `notice_budget_s`."""
         if kind == protocol.CheckpointKind.FINAL and deadline is None:
             return None
         if isinstance(deadline, datetime):
@@ -377,7 +379,7 @@ class Checkpointer:
             remaining = deadline - time.time()
         else:
             remaining = channel.notice_deadline(self.config.notice_file)
-            remaining = self.config.notice_budget_s if remaining is None else min(remaining, self.config.notice_budget_s)
+            remaining = self.config.notice_budget_s if remaining is None else remaining
         return time.monotonic() + remaining
 
     # --- saving ------------------------------------------------------------------------
@@ -552,7 +554,8 @@ class Checkpointer:
         channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
             checkpoint_id=job.outcome.checkpoint_id, step=job.step, uri=job.outcome.uri,
             bytes=man.total_bytes, manifest_digest=man.digest, kind=job.kind, committed_at=created,
-            save_s=job.outcome.save_s, stall_s=job.outcome.stall_s, reference_loss=job.meta.get("reference_loss")))
+            save_s=job.outcome.save_s, stall_s=job.outcome.stall_s, reference_loss=job.meta.get("reference_loss"),
+            persist_s=job.pace.unpaced_s(job.outcome.save_s)))
         rotate(self.storage, self.config.keep)
 
     def _save_now(self, step: int, kind: str, deadline: float | None) -> SaveOutcome:

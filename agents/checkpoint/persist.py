@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .manifest import FileEntry, new_digest
 from .snapshot import FileSource
@@ -40,6 +40,18 @@ class Pace:
     finish_by: float | None = None
     deadline: float | None = None
     low_priority: bool = False
+    timings: list[tuple[float, float]] = field(default_factory=list)
+    """(seconds it took, seconds of them it waited for its turn) of each written file,
+    appended as it finishes: what the pace added to the persist (see `unpaced_s`)."""
+
+    def unpaced_s(self, took_s: float) -> float:
+        """What a persist that took `took_s` under this pace would take unpaced: its
+        files write side by side, so the slowest one's time is replaced by the longest
+        any took without its waits. An upper estimate: a paced writer also ran at the
+        lowest priority, beside training."""
+        if not self.timings:
+            return took_s
+        return took_s - max(t for t, _ in self.timings) + max(t - waited for t, waited in self.timings)
 
 
 def lower_priority() -> None:
@@ -65,16 +77,18 @@ def _check(pace: Pace, cancel: threading.Event, where: str) -> None:
         raise PersistCancelled(f"persist of {where} ran past its deadline")
 
 
-def _wait_for_turn(pace: Pace, cancel: threading.Event, start: float, done: float, where: str) -> None:
-    """Sleep until `done` (a fraction) of the file is due under the pace. Short naps,
-    so a notice that unpaces or cancels the persist takes effect at once."""
+def _wait_for_turn(pace: Pace, cancel: threading.Event, start: float, done: float, where: str) -> float:
+    """Sleep until `done` (a fraction) of the file is due under the pace; returns the
+    seconds slept. Short naps, so a notice that unpaces or cancels the persist takes
+    effect at once."""
+    began = time.monotonic()
     while True:
         _check(pace, cancel, where)
         now = time.monotonic()
         finish_by = pace.finish_by
         due = start if finish_by is None else start + (finish_by - start) * done
         if due <= now:
-            return
+            return now - began
         cancel.wait(min(due - now, PACE_NAP_S))
 
 
@@ -84,7 +98,7 @@ def write_file(storage: Storage, key: str, source: FileSource, pace: Pace, cance
     `live_written`; then, once `buffer_ready`, its buffer under the pace."""
     where = storage.url_for(key)
     digest = new_digest()
-    writer = None
+    writer, began = None, time.monotonic()
     try:
         writer = storage.open_writer(key, background=pace.low_priority)
         for view in source.live:
@@ -97,13 +111,14 @@ def write_file(storage: Storage, key: str, source: FileSource, pace: Pace, cance
         buffer_ready.wait()
         if pace.low_priority:
             lower_priority()
-        data, start = source.buffer, time.monotonic()
+        data, start, waited = source.buffer, time.monotonic(), 0.0
         for offset in range(0, len(data), CHUNK_BYTES):
-            _wait_for_turn(pace, cancel, start, offset / len(data), where)
+            waited += _wait_for_turn(pace, cancel, start, offset / len(data), where)
             chunk = data[offset : offset + CHUNK_BYTES]
             digest.update(chunk)
             writer.write(chunk)
         writer.close()
+        pace.timings.append((time.monotonic() - began, waited))
     except BaseException:
         if writer is not None:
             writer.abort()

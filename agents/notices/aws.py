@@ -86,6 +86,7 @@ def parse_rebalance(raw: str, now: datetime, source: str = NoticeSource.AWS_IMDS
 
 class AwsWatcher(PollingWatcher):
     source = NoticeSource.AWS_IMDS
+    window_s = 120.0  # the two-minute spot interruption notice
 
     def __init__(self, base_url: str = "http://169.254.169.254", *, poll_interval_s: float = 5.0, timeout_s: float = 2.0):
         super().__init__(base_url, poll_interval_s=poll_interval_s, timeout_s=timeout_s)

@@ -79,6 +79,7 @@ def parse_preempt_events(raw: str, now: datetime, vm_name: str) -> list[tuple[st
 
 class AzureWatcher(PollingWatcher):
     source = NoticeSource.AZURE_SCHEDULED_EVENTS
+    window_s = 30.0  # a Spot eviction's Preempt event: NotBefore at least 30 s ahead
 
     def __init__(self, base_url: str = "http://169.254.169.254", *, poll_interval_s: float = 1.0, timeout_s: float = 2.0):
         super().__init__(base_url, poll_interval_s=poll_interval_s, timeout_s=timeout_s)

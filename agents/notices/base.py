@@ -29,6 +29,22 @@ REBALANCE = "rebalance"
 # real: it is acted on with the default budget and the raw payload is logged.
 MAX_PLAUSIBLE_DEADLINE = timedelta(days=1)
 
+# A notice's save must be committed and reported, and the trainer gone, before the
+# cloud's deadline: its budget stops a tenth of the cloud's window (at least 5 s, at
+# most half the window) short of it. AWS's 2 minutes leave 108 s; GCP's and Azure's
+# 30 s leave 25 s.
+NOTICE_MARGIN_FRACTION = 0.1
+MIN_NOTICE_MARGIN_S = 5.0
+
+
+def notice_margin_s(window_s: float) -> float:
+    return min(max(MIN_NOTICE_MARGIN_S, NOTICE_MARGIN_FRACTION * window_s), window_s / 2)
+
+
+def notice_budget_s(window_s: float) -> float:
+    """The save budget a notice `window_s` ahead of its deadline leaves."""
+    return window_s - notice_margin_s(window_s)
+
 
 class PayloadError(ValueError):
     """A metadata answer that is not what the source documents."""
@@ -44,11 +60,15 @@ class NoticeEvent:
     acknowledge: Callable[[], None] | None = None  # Azure: tell the platform we are done
 
     def budget_s(self, default_s: float, now: datetime | None = None) -> float:
-        """Seconds left to save: the default budget from the notice, never past the deadline."""
+        """Seconds left to save: up to the notice's own deadline less the margin
+        (notice_margin_s of the window it gives), or `default_s` from the notice when
+        it states none (a SIGTERM, an unusable time)."""
         now = now or utcnow()
-        left = default_s - (now - self.notice_time).total_seconds()
-        if self.deadline is not None:
-            left = min(left, (self.deadline - now).total_seconds())
+        if self.deadline is None:
+            left = default_s - (now - self.notice_time).total_seconds()
+        else:
+            window = (self.deadline - self.notice_time).total_seconds()
+            left = (self.deadline - now).total_seconds() - notice_margin_s(window)
         return max(0.0, left)
 
 
@@ -87,6 +107,9 @@ class PollingWatcher(ABC):
     """
 
     source: str
+    window_s: float | None = None
+    """The notice this source gives before the VM goes (None: not known beforehand);
+    a save slower than its budget is warned about before any notice comes."""
 
     def __init__(self, base_url: str, *, poll_interval_s: float, timeout_s: float = 2.0):
         if poll_interval_s <= 0:

@@ -31,6 +31,7 @@ def parse_preempted(raw: str) -> bool:
 
 class GcpWatcher(PollingWatcher):
     source = NoticeSource.GCP_METADATA
+    window_s = PREEMPTION_WINDOW.total_seconds()
 
     def __init__(self, base_url: str = "http://metadata.google.internal", *, poll_interval_s: float = 1.0, timeout_s: float = 2.0, wait_s: float = 60.0):
         super().__init__(base_url, poll_interval_s=poll_interval_s, timeout_s=timeout_s)

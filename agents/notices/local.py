@@ -10,3 +10,4 @@ from agents.protocol import NoticeSource
 
 class LocalWatcher(AwsWatcher):
     source = NoticeSource.LOCAL
+    window_s = None  # the spot simulator's lead is its own configuration's

@@ -6,14 +6,16 @@ from __future__ import annotations
 import sys
 
 import pytest
+from django.test import Client
 
 from agents.metadata_server import MetadataServer
 from agents.protocol import Action
 from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState
-from jobs.models import Checkpoint, Instance, Job
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.models import Checkpoint, Instance, Job, LogChunk
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
+from tests.factories import make_instance, make_job
 
 pytestmark = pytest.mark.e2e
 
@@ -129,3 +131,33 @@ def test_a_finished_library_job_reports_its_exported_artifact(team_setup, child_
     assert instance.end_reason == EndReason.COMPLETED, agent.output()[-3000:]
     job.refresh_from_db()
     assert job.artifact_uri.endswith("model.safetensors") and job.artifact_digest
+
+
+# A state too big for the notice window is known before any notice (issue 19, item 5):
+# the agent sends each periodic save's persist time (the library's, less its pacing) with
+# the window its VM gets, says so in the job's output, and the job page warns. The
+# window is set tiny (as for a local simulator's lead) so that a real save exceeds it.
+SAVE_WINDOW_S = 0.001  # leaves half a millisecond to save: no real save fits
+
+
+def test_a_save_slower_than_the_window_is_reported_said_and_shown(team_setup, child_env, web_server, tmp_path, imds):
+    owner = team_setup.people["admin"].user
+    job = make_job(team_setup.team, owner, total_steps=100_000, status=JobStatus.PROVISIONING, checkpoint_uri=str(tmp_path / "ckpt"),
+                   command=[sys.executable, "-m", "agents.examples.tiny", "--steps", "100000", "--every-steps", "10", "--step-delay", "0.01"])
+    setup = make_instance(job, provider="aws", region="us-east-1", zone="us-east-1a")
+    env = child_env | {"RESPAWN_NOTICE_WINDOW_S": str(SAVE_WINDOW_S)}
+    agent = AgentProcess(env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
+    periodic = Checkpoint.objects.filter(instance=setup.instance, kind="periodic")
+    try:
+        wait_until(lambda: periodic.exists(), timeout=60, what="a periodic checkpoint", proc=agent)
+        wait_until(lambda: any("would not commit in time" in line for chunk in LogChunk.objects.filter(instance=setup.instance)
+                                   for line in chunk.lines), timeout=30, what="the agent's warning in the job's output", proc=agent)
+    finally:
+        agent.stop(9)
+    checkpoint = periodic.order_by("step").first()
+    assert checkpoint.notice_window_s == SAVE_WINDOW_S
+    assert 0 < checkpoint.persist_s <= checkpoint.save_s
+    viewer = Client()
+    viewer.force_login(owner)
+    html = viewer.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="save-warning"' in html and "; AWS gives 0 s notice (0 s to save)" in html

@@ -207,6 +207,21 @@ def test_the_notice_deadline_comes_from_the_agents_notice_file(root, state, tmp_
     assert outcome.committed is False and "deadline" in outcome.message
 
 
+def test_the_notice_files_deadline_is_not_cut_to_the_default_budget(root, state, tmp_path):
+    # The agent's deadline (AWS: two minutes less the margin) wins over notice_budget_s,
+    # here far shorter than any save, which holds only for notices without a deadline.
+    notice = tmp_path / "notice.json"
+    now = datetime.now(timezone.utc)
+    notice.write_text(json.dumps({"source": "aws_imds", "notice_time": now.isoformat(),
+                                  "deadline": (now + timedelta(seconds=108)).isoformat()}))
+    ckpt = Checkpointer(state, config(root, notice_file=str(notice), notice_budget_s=1e-6))
+    assert ckpt.save(1, kind="notice").committed
+    notice.unlink()
+    outcome = ckpt.save(2, kind="notice")
+    ckpt.close()
+    assert outcome.committed is False and "deadline" in outcome.message
+
+
 def test_status_reports_replace_the_file_whole_and_are_rate_limited(tmp_path):
     path = tmp_path / "status.json"
     reporter = trainer.StatusReporter(str(path), min_interval_s=3600)

@@ -1,6 +1,7 @@
 """What the job page tells without a browser: the interval in words, the loss curve
 from every reported step with its resumes and preemptions, the log from its first
-line in bounded answers, and prices with spot beside on-demand."""
+line in bounded answers, prices with spot beside on-demand, and a save too slow for
+its cloud's notice."""
 
 import datetime as dt
 import uuid
@@ -126,3 +127,38 @@ def test_prices_put_spot_beside_on_demand_launchable_clouds_first(setup, viewer,
     assert '<td class="num" data-field="discount">75%</td>' in rows[0] and 'data-field="on-demand">1.0' in rows[0]
     assert '<td class="num" data-field="discount">50%</td>' in rows[1]
     assert '<td class="num" data-field="discount">70%</td>' in rows[2]
+
+
+# The warning, before any notice, that the newest periodic save would not fit the
+# budget its cloud's notice leaves (issue 19, item 5).
+def saved(job, instance, step: int, *, persist_s: float | None, window_s: float | None, kind: str = "periodic"):
+    Checkpoint.objects.create(job=job, instance=instance, checkpoint_id=uuid.uuid4(), step=step, uri=f"/tmp/ckpt/step-{step}",
+                              bytes=1, manifest_digest="x", kind=kind, committed_at=T0 + dt.timedelta(minutes=step),
+                              save_s=(persist_s or 0) + 300, persist_s=persist_s, notice_window_s=window_s)
+
+
+def warning(viewer, job) -> str | None:
+    html = viewer.get(f"/jobs/{job.pk}/").content.decode()
+    if 'id="save-warning"' not in html:
+        return None
+    return html.split('id="save-warning" class="warning" role="alert">')[1].split("</p>")[0]
+
+
+def test_a_save_slower_than_gcps_notice_is_warned_about_in_its_words(setup, viewer):
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
+    instance = make_instance(job, state=InstanceState.RUNNING, provider="gcp").instance
+    saved(job, instance, 10, persist_s=41.0, window_s=30.0)
+    said = warning(viewer, job)
+    assert said.startswith("Last save took 41 s; GCP gives 30 s notice (25 s to save)"), said
+
+
+def test_a_save_that_fits_the_budget_and_one_that_says_nothing_give_no_warning(setup, viewer):
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
+    instance = make_instance(job, state=InstanceState.RUNNING, provider="aws").instance
+    saved(job, instance, 10, persist_s=41.0, window_s=30.0)
+    saved(job, instance, 20, persist_s=100.0, window_s=120.0)  # AWS: 108 s to save, the newest fits
+    saved(job, instance, 30, persist_s=500.0, window_s=None)  # a cloud whose notice is not known: nothing to say
+    saved(job, instance, 40, persist_s=200.0, window_s=120.0, kind="notice")  # only periodic saves are measures
+    assert warning(viewer, job) is None
+    saved(job, instance, 50, persist_s=109.0, window_s=120.0)
+    assert warning(viewer, job).startswith("Last save took 1 min 49 s; AWS gives 2 min notice (1 min 48 s to save)")
