@@ -100,6 +100,7 @@ def test_the_documented_example_is_submitted_with_every_field_and_listed(cli, tm
     assert (job.team, job.owner.username, job.status) == (cli.setup.team, "vision-member", JobStatus.QUEUED)
     assert job.command[0] == "torchrun" and job.env["NCCL_DEBUG"] == "WARN" and job.post_command[0] == "python"
     assert (job.nodes, job.priority, job.max_restarts, job.validation_tolerance) == (2, 10, 3, 0.0001)
+    assert job.machine_image["aws"] == "ami-0123456789abcdef0" and job.container_image == "ghcr.io/example/resnet:2.3"
     listed = cli("ls", "--json", "--status", "queued")
     assert listed.returncode == 0, listed.stderr
     assert [(j["id"], j["name"]) for j in json.loads(listed.stdout)] == [(job_id, "resnet50-imagenet")]
