@@ -22,7 +22,7 @@ from jobs.models import Instance, InstanceEvent, PriceQuote
 from jobs.money.ledger import Waste
 from tests.costs import recorded
 from tests.costs.history import make_history
-from tests.factories import make_team_with_members
+from tests.factories import make_job, make_team_with_members
 
 RUN = recorded.read()
 RANGE = {"from": "2026-01", "to": "2026-12"}
@@ -180,3 +180,20 @@ def test_the_report_page_shows_the_rows_and_refuses_a_bad_month_by_name(world):
     bad = browser.get(f"/teams/{setup.team.pk}/report/", {"from": "2026-99"})
     assert bad.status_code == 400 and "from" in bad.content.decode()
     assert browser.get(f"/teams/{setup.other_team.pk}/report/").status_code in (403, 404)
+
+
+def test_a_job_the_price_book_cannot_price_is_named_apart_and_in_no_sum(world):
+    from tests.costs.history import T, launched
+
+    setup, _, api = world
+    stray = make_job(setup.team, setup.people["member"].user, name="stray")
+    instance = launched(stray, at=T(3, 2, 10), ended=T(3, 2, 11), end_reason="completed")
+    Instance.objects.filter(pk=instance.pk).update(instance_type="no.such.type")
+    body = report(api, setup.team).json()
+    assert [u["job"] for u in body["unpriced"]] == [stray.pk] and "no spot price" in body["unpriced"][0]["error"]
+    assert stray.pk not in [row["job"] for row in body["jobs"]]
+    assert body["totals"]["spent"] == str(sum(Decimal(row["spent"]) for row in body["jobs"]).quantize(Decimal("0.00000001")))
+    browser = Client()
+    browser.force_login(setup.people["viewer"].user)
+    page = browser.get(f"/teams/{setup.team.pk}/report/", RANGE).content.decode()
+    assert f"job #{stray.pk}</a> (" in page
