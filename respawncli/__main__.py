@@ -20,6 +20,7 @@ examples:
   respawn submit job.yaml                 # see docs/job-spec.example.yaml
   respawn submit job.yaml --dry-run       # check the file only
   respawn submit job.yaml --workdir .     # ship this directory as the job's code
+  respawn submit job.yaml --secret-from-env HF_TOKEN   # a secret env value, stored encrypted
   respawn ls --status running --status queued
   respawn ls --team vision --json | jq '.[].id'
   respawn show 42
@@ -68,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("submit", commands.submit, "check a job file and submit it", "respawn submit job.yaml")
     p.add_argument("file", help="job-spec YAML (documented in docs/job-spec.example.yaml)")
     p.add_argument("--dry-run", action="store_true", help="only check the file; submit nothing")
+    p.add_argument("--secret", metavar="NAME=VALUE", action="append", default=[],
+                   help="a secret env variable for the job: stored encrypted, given only to its VMs, never shown "
+                        "again (the value is visible to this machine's `ps`: prefer --secret-from-env)")
+    p.add_argument("--secret-from-env", metavar="NAME", action="append", default=[],
+                   help="a secret env variable for the job, its value taken from this shell's NAME")
     p.add_argument("--workdir", metavar="DIR",
                    help="upload DIR as the job's code (minus what .gitignore and .respawnignore leave out; at most "
                         "RESPAWN_SOURCE_MAX_BYTES, default 100 MiB); the VM unpacks it into working_dir. A tree "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import os
 import re
 import socket
 import sys
@@ -18,6 +19,7 @@ from respawncli.config import Credentials, load_credentials, save_credentials, s
 from respawncli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
 from respawncli.jobspec import InvalidSpec, JobSpec, load_job_spec
 from respawncli.output import print_fields, print_json, print_json_line, print_table
+from respawncli.spec_text import env_problem
 
 JOB_COLUMNS = [
     ("ID", "id"), ("NAME", "name"), ("TEAM", "team"), ("OWNER", "owner"), ("STATUS", "status"),
@@ -76,9 +78,10 @@ def submit(args) -> int:
         spec = load_job_spec(Path(args.file))
     except InvalidSpec as e:
         raise CliError(f"{args.file} is not a valid job file; nothing was submitted", EXIT_BAD_INPUT, e.problems) from e
+    secrets = _secret_env(args, spec)
     archive = _workdir_archive(args, spec)
     try:
-        return _submit(args, spec, archive)
+        return _submit(args, spec, archive, secrets)
     finally:
         if archive is not None:
             archive.path.unlink(missing_ok=True)
@@ -119,8 +122,10 @@ def _secret_env(args, spec: JobSpec) -> dict[str, str]:
     return secrets
 
 
-def _submit(args, spec: JobSpec, archive: workdir.Archive | None) -> int:
+def _submit(args, spec: JobSpec, archive: workdir.Archive | None, secrets: dict[str, str]) -> int:
     body = dict(spec.body)
+    if secrets:
+        body["secret_env"] = dict.fromkeys(secrets)  # names only until sent: --dry-run prints the body
     if archive is not None:
         body["source_archive"] = archive.digest
     if args.dry_run:
@@ -130,6 +135,8 @@ def _submit(args, spec: JobSpec, archive: workdir.Archive | None) -> int:
                                                  "(not submitted: --dry-run)")
         return EXIT_OK
     client = api(args)
+    if secrets:
+        body["secret_env"] = secrets
     body["team"] = resolve_team(client, spec.body["team"], spec)
     if archive is not None:
         workdir.ship(client, archive, body["team"])
