@@ -4,11 +4,22 @@ server once, encrypted there, and no output of the CLI holds them, before or aft
 import json
 import re
 
+import pytest
+from cryptography.fernet import Fernet
+
 from jobs.core import secret_env
 from jobs.models import Job
-from tests.cli.test_cli_live import child_env, cli, job_file  # noqa: F401 (fixtures)
+from tests.cli.test_cli_live import cli, job_file  # noqa: F401 (fixtures)
 
 SECRET = "hf_cli-s3cr3t-0123456789"
+
+
+@pytest.fixture
+def child_env(child_env, settings):
+    """The server and this test share one secrets key (each var dir would make its own)."""
+    child_env["RESPAWN_SECRETS_KEY"] = Fernet.generate_key().decode()
+    settings.RESPAWN = {**settings.RESPAWN, "SECRETS_KEY": child_env["RESPAWN_SECRETS_KEY"]}
+    return child_env
 JOB = "team: vision\nname: llm\ncommand: [python, train.py]\nenv:\n  BATCH: \"8\"\n"
 
 
