@@ -51,15 +51,18 @@ def test_the_trainer_gets_the_jobs_env_working_dir_and_mounted_paths_and_its_exi
     assert status.read_text() == "step\n"  # written inside, read by the agent outside
 
 
-def test_sigterm_reaches_the_trainer_and_its_status_is_kept(tmp_path, podman):  # noqa: F811
+def test_the_checkpoint_signal_and_sigterm_reach_the_trainer_and_its_status_is_kept(tmp_path, podman):  # noqa: F811
     env = {**podman, "WORK": str(tmp_path / "work")}
-    run = trainer(tmp_path, env, 'trap \'echo saved > "$WORK/term"; exit 143\' TERM; touch "$WORK/ready"; '
+    run = trainer(tmp_path, env, 'trap \'echo now >> "$WORK/saves"\' USR1; '
+                                 'trap \'echo saved >> "$WORK/saves"; exit 143\' TERM; touch "$WORK/ready"; '
                                  'while :; do sleep 0.1; done')
     run.start()
     wait_for(tmp_path / "work" / "ready")
+    run.signal(getattr(signal, protocol.SIGNAL_CHECKPOINT_NOW))  # a checkpoint the control plane asked for
+    wait_for(tmp_path / "work" / "saves")
     run.signal(signal.SIGTERM)
     assert run.wait(60) == 143
-    assert (tmp_path / "work" / "term").read_text() == "saved\n"
+    assert (tmp_path / "work" / "saves").read_text() == "now\nsaved\n"
 
 
 def test_a_kill_removes_the_container(tmp_path, podman):  # noqa: F811
