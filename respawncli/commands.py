@@ -91,7 +91,7 @@ def _workdir_archive(args, spec: JobSpec) -> workdir.Archive | None:
     """--workdir's archive, built (and checked against the size limit) before anything is sent."""
     if not args.workdir:
         return None
-    named = [name for name in SOURCE_FIELDS if name in spec.body]
+    named = [name for name in SOURCE_FIELDS if spec.body.get(name)]
     if named:
         raise CliError(f"{spec.where(named[0])}: field '{named[0]}' names the job's code, and so does --workdir: "
                        "give one of them; nothing was submitted", EXIT_BAD_INPUT)

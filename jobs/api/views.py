@@ -63,7 +63,8 @@ class JobFilter(IdFilterSet):
 
 
 class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin):
-    queryset = Job.objects.select_related("owner", "newest_checkpoint", "newest_valid_checkpoint", "team")
+    queryset = Job.objects.select_related("owner", "newest_checkpoint", "newest_valid_checkpoint", "team",
+                                          "source_archive")
     serializer_class = s.JobSerializer
     filterset_class = JobFilter
     permissions_by_action = {

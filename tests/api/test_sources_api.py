@@ -4,6 +4,8 @@ job naming its code: one of its team's archives, or a git URL and commit."""
 import hashlib
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from agents import protocol
@@ -155,3 +157,22 @@ def test_another_teams_archive_cannot_be_named(setup, archive):
     assert put(outsider, archive.digest, archive.path.read_bytes(), setup.other_team.pk).status_code == 201
     answer = submit(client_for(setup.people["member"]), setup.team, source_archive=archive.digest)
     assert answer.status_code == 400 and "has no archive" in answer.json()["errors"]["source_archive"][0]
+
+
+def test_listing_jobs_that_name_archives_costs_no_query_per_job(setup, archive):
+    member = client_for(setup.people["member"])
+    assert put(member, archive.digest, archive.path.read_bytes(), setup.team.pk).status_code == 201
+    stored = SourceArchive.objects.get()
+
+    def count():
+        with CaptureQueriesContext(connection) as queries:
+            listed = member.get("/api/v1/jobs/")
+        assert {job["source_archive"] for job in listed.json()["results"]} == {archive.digest}
+        return len(queries)
+
+    make_job(setup.team, setup.people["member"].user, source_archive=stored)
+    count()  # the first call also stamps the token's last use
+    few = count()
+    for _ in range(5):
+        make_job(setup.team, setup.people["member"].user, source_archive=stored)
+    assert count() == few
