@@ -160,8 +160,15 @@ def evaluate(settings: ValidationSettings, model: torch.nn.Module, batch) -> flo
 
 
 def training_device() -> torch.device:
-    """Where the separate validation process runs its check: the training GPU when there is one."""
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    """Where the separate validation process runs its check: the training GPU when there
+    is one, in full float32 precision: the reference loss was computed on the CPU from the
+    snapshot, and TF32 convolutions (cuDNN's default) alone differ from it by more than
+    the default tolerance."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch.device("cuda")
 
 
 def to_device(batch, device: torch.device):
