@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from jobs.fleet.providers.local_vm import ProcStat, VmDir, all_processes, is_running, vm_processes
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, searchable_by_vms
 
 SERVER_ENV = ("DATABASE_URL", "CELERY_", "DJANGO_", "RESPAWN_")  # the README's default has none of them
 
@@ -78,6 +78,7 @@ def port_is_free(port: int) -> bool:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory) -> DemoRun:
     var = tmp_path_factory.mktemp("demo") / "var"
+    searchable_by_vms(var.parent)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(SERVER_ENV)} | {"RESPAWN_VAR_DIR": str(var)}
     output = var.parent / "terminal.txt"

@@ -11,7 +11,7 @@ idempotent cannot race another launch of the same instance.
 
 A VM starts with an allow-listed environment (PATH, HOME, LANG, LC_ALL, TZ, the
 agent's own settings, `agent_env`), never the launching worker's: no control-plane
-setting or cloud credential reaches a job. Run as root (a container's worker), the
+setting or cloud credential reaches a job. Run as root, the
 provider starts each VM's agent as a user of its own (uid `vm_id_base` + instance
 id) in a group of its job's (gid `vm_id_base` + job id), unknown to /etc/passwd
 and needing none: a job reads neither another VM's files, token or processes'

@@ -96,6 +96,7 @@ class Demo:
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGTERM, self._stop)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.logs.chmod(0o700)  # the control plane's; local VMs run by root pass through var/ to their own folders
         try:
             self._start()
             if self._wait(self._answers, WEB_START_TIMEOUT_S):
