@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture: the control plane holds the agent wheel)
 from tests.factories import make_instance, make_job, make_team_with_members  # noqa: F401  (fixtures use them)
 
 ROOT = Path(__file__).resolve().parent.parent

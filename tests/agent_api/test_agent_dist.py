@@ -12,7 +12,6 @@ from agents import protocol
 from jobs.core.choices import FailureCause, InstanceState, JobStatus
 from jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
-from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture)
 from tests.factories import make_instance, make_job, make_team_with_members
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +31,7 @@ def body(response) -> bytes:
     return b"".join(response.streaming_content)
 
 
-def test_it_serves_the_pinned_wheel_and_requirements_to_the_bootstrap_token(job, agent_wheel):  # noqa: F811
+def test_it_serves_the_pinned_wheel_and_requirements_to_the_bootstrap_token(job, agent_wheel):
     vm = make_instance(job, state=InstanceState.BOOTING)
     client = AgentClient(vm.bootstrap_token)
     wheel = fetch(client, agent_wheel.wheel_file)
@@ -43,7 +42,7 @@ def test_it_serves_the_pinned_wheel_and_requirements_to_the_bootstrap_token(job,
     assert "requests==" in requirements and all("==" in line for line in requirements.splitlines())
 
 
-def test_the_agent_token_may_fetch_it_too_and_a_used_bootstrap_token_may_not(job, agent_wheel):  # noqa: F811
+def test_the_agent_token_may_fetch_it_too_and_a_used_bootstrap_token_may_not(job, agent_wheel):
     vm = make_instance(job, state=InstanceState.BOOTING)
     client = AgentClient()
     assert client.register(vm.bootstrap_token).status_code == 200  # now holds the agent token
@@ -53,7 +52,7 @@ def test_the_agent_token_may_fetch_it_too_and_a_used_bootstrap_token_may_not(job
 
 
 @pytest.mark.parametrize("token", ["", "rb_not-a-token", "Basic abc"])
-def test_a_wrong_token_is_a_401(job, agent_wheel, token):  # noqa: F811
+def test_a_wrong_token_is_a_401(job, agent_wheel, token):
     make_instance(job, state=InstanceState.BOOTING)
     client = AgentClient(token) if token.startswith("rb_") else AgentClient()
     if token.startswith("Basic"):
@@ -61,13 +60,13 @@ def test_a_wrong_token_is_a_401(job, agent_wheel, token):  # noqa: F811
     assert fetch(client, agent_wheel.wheel_file).status_code == 401
 
 
-def test_an_ended_instances_bootstrap_token_is_a_401(job, agent_wheel):  # noqa: F811
+def test_an_ended_instances_bootstrap_token_is_a_401(job, agent_wheel):
     vm = make_instance(job, state=InstanceState.ENDED)
     assert fetch(AgentClient(vm.bootstrap_token), agent_wheel.wheel_file).status_code == 401
 
 
 @pytest.mark.parametrize("name", ["agent.json", "..%2Fagent.json", f"respawn-agent-{'0' * 64}.whl", "secret_key"])
-def test_nothing_else_of_the_control_plane_is_served(job, agent_wheel, name):  # noqa: F811
+def test_nothing_else_of_the_control_plane_is_served(job, agent_wheel, name):
     vm = make_instance(job, state=InstanceState.BOOTING)
     assert fetch(AgentClient(vm.bootstrap_token), name).status_code == 404
 

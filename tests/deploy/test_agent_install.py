@@ -18,7 +18,6 @@ from jobs.core.choices import FailureCause, InstanceState, JobStatus
 from jobs.fleet import agent_dist
 from jobs.fleet.providers.base import AGENT_LIB, AGENT_MARKER, AGENT_UNIT, render_user_data
 from jobs.models import Job
-from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture)
 from tests.factories import make_instance, make_job, make_team_with_members
 
 
@@ -54,7 +53,7 @@ def user_data(url: str, token: str, agent: agent_dist.AgentDist) -> str:
     return render_user_data(control_plane_url=url, bootstrap_token=token, provider="aws", agent=agent)
 
 
-def test_the_boot_installs_the_pinned_wheel_from_the_control_plane(booting, agent_wheel, live_server,  # noqa: F811
+def test_the_boot_installs_the_pinned_wheel_from_the_control_plane(booting, agent_wheel, live_server,
                                                                    tmp_path):
     vm = ScratchVm(tmp_path)
     booted = vm.boot(user_data(live_server.url, booting.bootstrap_token, agent_wheel))
@@ -76,7 +75,7 @@ def test_the_boot_installs_the_pinned_wheel_from_the_control_plane(booting, agen
     assert (tmp_path / "systemctl.calls").read_text().splitlines()[-1] == "enable --now respawn-agent.service"
 
 
-def test_a_tampered_wheel_stops_the_boot_and_fails_the_job_with_the_reason(booting, agent_wheel, live_server,  # noqa: F811
+def test_a_tampered_wheel_stops_the_boot_and_fails_the_job_with_the_reason(booting, agent_wheel, live_server,
                                                                            settings, tmp_path):
     served = tmp_path / "dist"
     shutil.copytree(agent_dist.dist_dir(), served)
@@ -100,7 +99,7 @@ def test_a_tampered_wheel_stops_the_boot_and_fails_the_job_with_the_reason(booti
     assert booting.instance.state == InstanceState.ENDED
 
 
-def test_an_image_holding_the_pinned_wheel_downloads_nothing(booting, agent_wheel, tmp_path):  # noqa: F811
+def test_an_image_holding_the_pinned_wheel_downloads_nothing(booting, agent_wheel, tmp_path):
     vm = ScratchVm(tmp_path)
     vm.path(AGENT_MARKER).parent.mkdir(parents=True)
     vm.path(AGENT_MARKER).write_text(agent_wheel.wheel_sha256 + "\n")
@@ -112,7 +111,7 @@ def test_an_image_holding_the_pinned_wheel_downloads_nothing(booting, agent_whee
     assert vm.path(AGENT_UNIT).exists()
 
 
-def test_an_image_holding_another_wheel_gets_the_pinned_one(booting, agent_wheel, live_server, tmp_path):  # noqa: F811
+def test_an_image_holding_another_wheel_gets_the_pinned_one(booting, agent_wheel, live_server, tmp_path):
     vm = ScratchVm(tmp_path)
     vm.path(AGENT_MARKER).parent.mkdir(parents=True)
     vm.path(AGENT_MARKER).write_text("0" * 64 + "\n")

@@ -18,7 +18,6 @@ from jobs.fleet.registry import provider_for
 from jobs.models import DiskPriceQuote, Instance, InstanceEvent
 from jobs.money import costs
 from jobs.money.ledger import HOURS_PER_MONTH, MONEY_QUANTUM
-from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture)
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.factories import make_job, make_team_with_members
 from tests.providers.test_azure import SUBNET, StaticToken
@@ -33,7 +32,7 @@ def arm():
 
 
 @pytest.fixture
-def azure(settings, arm, db, agent_wheel):  # noqa: F811
+def azure(settings, arm, db, agent_wheel):
     arm.vms.clear()
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["azure"], "PROVIDER_CONFIG": {"azure": {
         "subscription_id": "sub-1", "resource_group": "rg-train", "subnet_id": SUBNET,

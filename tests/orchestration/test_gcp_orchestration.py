@@ -9,7 +9,6 @@ from jobs.fleet import orchestration
 from jobs.fleet.registry import provider_for
 from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from jobs.people.tokens import hash_token
-from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture)
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.factories import make_job, make_team_with_members
 
@@ -23,7 +22,7 @@ def gce():
 
 
 @pytest.fixture
-def gcp(settings, gce, agent_wheel):  # noqa: F811
+def gcp(settings, gce, agent_wheel):
     gce.instances.clear()
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["gcp"], "PROVIDER_CONFIG": {"gcp": {
         "project": PROJECT, "api_endpoint": gce.endpoint, "credentials": "anonymous", "poll_interval_s": 0}}}
@@ -65,7 +64,7 @@ def test_a_queued_job_is_placed_on_the_cheapest_zone_and_launched(gcp, team):
     assert hash_token(token) == instance.bootstrap_token_hash  # the VM's user data carries our bootstrap token
 
 
-def test_the_vm_boots_the_jobs_image_for_its_cloud_and_its_user_data_pins_the_agent_wheel(gcp, team, agent_wheel):  # noqa: F811
+def test_the_vm_boots_the_jobs_image_for_its_cloud_and_its_user_data_pins_the_agent_wheel(gcp, team, agent_wheel):
     image = "projects/deeplearning-platform-release/global/images/family/common-cu124"
     launched(gcp_job(team, machine_image={"aws": "ami-0123456789abcdef0", "gcp": image},
                      container_image="ghcr.io/example/resnet:2.3"))
