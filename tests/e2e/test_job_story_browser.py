@@ -6,6 +6,7 @@ artifact path that stretches no card, and a favicon."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 import time
@@ -32,14 +33,21 @@ def configured(child_env):
     return CONFIGURED
 
 
-def sign_in(page, setup):
+@contextlib.contextmanager
+def signed_in(live):
+    """A browser page signed in as the team's member; no script error and no request beyond
+    the control plane by the end of the block (a screenshot kept if it fails)."""
     from playwright.sync_api import expect
 
-    page.goto("/login/")
-    page.get_by_label("Username").fill(setup.people[Role.MEMBER].user.username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name=re.compile("^Jobs"))).to_be_visible()
+    server, setup, shots = live
+    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
+        page.goto("/login/")
+        page.get_by_label("Username").fill(setup.people[Role.MEMBER].user.username)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("heading", name=re.compile("^Jobs"))).to_be_visible()
+        yield page
+        assert not errors and not outside, (errors, outside)
 
 
 def settle(page, script: str, wanted):
@@ -78,7 +86,7 @@ def live(dashboard, tmp_path):  # noqa: F811 (the fixture imported above)
 def test_the_loss_curve_has_every_step_with_the_preemption_and_the_resume_marked(live):
     from playwright.sync_api import expect
 
-    server, setup, shots = live
+    server, setup, _ = live
     job, first, first_id = running_job(server.url, setup)
     for start in (1, 101):  # two heartbeats' worth of steps: 150 points, not two
         first.post(protocol.PATH_METRICS, protocol.MetricsBatch(points=steps(start, min(start + 99, 150))))
@@ -93,8 +101,7 @@ def test_the_loss_curve_has_every_step_with_the_preemption_and_the_resume_marked
     second, second_id = registered(server.url, job)
     assert Checkpoint.objects.get(step=100).instance_id == first_id
     second.post(protocol.PATH_METRICS, protocol.MetricsBatch(points=steps(101, 180)))
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         page.goto(f"/jobs/{job.pk}/")
         drawn = "respawnCharts.loss && respawnCharts.loss.data.datasets[0].data.filter(p => p.y !== null).length"
         settle(page, drawn, 230)
@@ -109,11 +116,10 @@ def test_the_loss_curve_has_every_step_with_the_preemption_and_the_resume_marked
         settle(page, drawn, 250)
         assert page.evaluate("window.__sameDocument") is True
         expect(page.get_by_text("resumed from a checkpoint")).to_be_visible()
-        assert not errors and not outside, (errors, outside)
 
 
 def test_the_log_streams_from_its_first_line_with_the_resume_told(live):
-    server, setup, shots = live
+    server, setup, _ = live
     job, agent, instance_id = running_job(server.url, setup)
     told = f"[respawn-agent] 2026-03-01T00:00:00+00:00 resumed from step 400 (checkpoint {agent.checkpoint_uri}" \
            "/step-00000400, validated)"
@@ -121,8 +127,7 @@ def test_the_log_streams_from_its_first_line_with_the_resume_told(live):
     for batch in range(3):  # 3000 lines: far more than a tail
         agent.post(protocol.PATH_LOGS, protocol.LogBatch(
             offset=1 + 1000 * batch, lines=[f"step {n}" for n in range(1000 * batch, 1000 * (batch + 1))]))
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         page.goto(f"/jobs/{job.pk}/")
         settle(page, "document.getElementById('log').textContent.split('\\n').length", 3001)
         lines = page.evaluate("document.getElementById('log').textContent.split('\\n')")
@@ -133,61 +138,51 @@ def test_the_log_streams_from_its_first_line_with_the_resume_told(live):
         settle(page, "document.getElementById('log').textContent.endsWith('] step 3000')", True)
         assert page.evaluate("document.getElementById('log').textContent.split('\\n').length") == 3002
         assert page.evaluate("window.__sameDocument") is True
-        assert not errors and not outside, (errors, outside)
 
 
 def test_the_checkpoint_interval_is_explained_in_words(live):
     from playwright.sync_api import expect
 
-    server, setup, shots = live
+    server, setup, _ = live
     job, _agent, _ = running_job(server.url, setup)  # registering gives the instance its interval
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         page.goto(f"/jobs/{job.pk}/")
         interval = page.locator("#interval")
         expect(interval).to_have_text(re.compile(
             r"^Checkpoints every \d+ min( \d+ s)?: measured save cost [\d.]+ s, .* on spot in local-a \(.+\)\. "))
         assert not re.search(r"\bM = \d", interval.inner_text()) and "19681817" not in interval.inner_text()
-        assert not errors and not outside, (errors, outside)
 
 
 def test_the_jobs_list_shows_each_jobs_id(live):
     from playwright.sync_api import expect
 
-    server, setup, shots = live
+    _, setup, _ = live
     older = make_job(setup.team, setup.people[Role.MEMBER].user, name="same-name")
     newer = make_job(setup.team, setup.people[Role.MEMBER].user, name="same-name")
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         expect(page.locator("#jobs-table thead th").first).to_have_text("ID")
         for job in (older, newer):
             expect(page.locator(f'tr[data-job="{job.pk}"] [data-field="id"]')).to_have_text(str(job.pk))
         # The live refresh keeps the column: a new job redraws the rows from jobs.json.
         added = make_job(setup.team, setup.people[Role.MEMBER].user, name="same-name")
         expect(page.locator(f'tr[data-job="{added.pk}"] td').first).to_have_text(str(added.pk), timeout=LIVE_S)
-        assert not errors and not outside, (errors, outside)
 
 
 def test_the_submit_form_offers_only_the_configured_clouds(configured, live):
     from playwright.sync_api import expect
 
-    server, setup, shots = live
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         page.get_by_role("link", name="Team overview").click()
         clouds = page.get_by_role("group", name="Allowed clouds").get_by_role("checkbox")
         expect(clouds).to_have_count(len(configured))
         assert sorted(clouds.evaluate_all("boxes => boxes.map(b => b.value)")) == sorted(configured)
         expect(page.get_by_label("aws", exact=True)).to_have_count(0)
-        assert not errors and not outside, (errors, outside)
 
 
 def test_prices_show_spot_beside_on_demand_what_launches_here_first(configured, live):
     from playwright.sync_api import expect
 
-    server, setup, shots = live
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         page.get_by_role("link", name="Prices").click()
         table = page.locator("#prices-table")
         expect(table.locator("thead th")).to_contain_text(["Spot USD / hour", "On-demand USD / hour", "Spot discount"])
@@ -202,16 +197,14 @@ def test_prices_show_spot_beside_on_demand_what_launches_here_first(configured, 
         on_demand = float(gcp.locator('[data-field="on-demand"]').inner_text())
         discount = int(gcp.locator('[data-field="discount"]').inner_text().rstrip("%"))
         assert 0 < spot < on_demand and discount == round(100 * (1 - spot / on_demand))
-        assert not errors and not outside, (errors, outside)
 
 
 def test_a_long_artifact_path_stretches_no_summary_card(live):
-    server, setup, shots = live
+    _, setup, _ = live
     uri = "s3://team-bucket/" + "/".join(f"very-long-directory-name-{n}" for n in range(15)) + "/model.safetensors"
     job = make_job(setup.team, setup.people[Role.MEMBER].user, status=JobStatus.SUCCEEDED, artifact_uri=uri,
                    artifact_digest="sha256:" + "ab" * 32)
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    with signed_in(live) as page:
         page.goto(f"/jobs/{job.pk}/")
         artifact = page.locator('.figures [data-field="artifact"]')
         settle(page, "document.querySelector('.figures [data-field=artifact]').textContent.includes('sha256')", True)
@@ -224,13 +217,11 @@ def test_a_long_artifact_path_stretches_no_summary_card(live):
         assert card["height"] <= progress["height"] + 1, f"the artifact's card is no taller: {cards} {heights}"
         assert artifact.evaluate("dd => dd.scrollWidth > dd.clientWidth"), "the path is cut, not wrapped"
         assert artifact.get_attribute("title") == f"{uri} (sha256:{'ab' * 32})"
-        assert not errors and not outside, (errors, outside)
 
 
 def test_every_page_has_a_favicon(live):
-    server, setup, shots = live
-    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        sign_in(page, setup)
+    server, _, _ = live
+    with signed_in(live) as page:
         href = page.locator('link[rel="icon"]').get_attribute("href")
         assert href.endswith(".svg")
         icon = requests.get(server.url + href, timeout=10)
@@ -238,4 +229,3 @@ def test_every_page_has_a_favicon(live):
         assert icon.text.lstrip().startswith("<svg")
         page.goto("/prices/")
         assert page.locator('link[rel="icon"]').get_attribute("href") == href
-        assert not errors and not outside, (errors, outside)
