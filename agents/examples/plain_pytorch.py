@@ -8,7 +8,8 @@ It shows the whole framework-agnostic contract (agents/protocol.py, end):
 - saves model, optimizer, step and RNG state with torch.save into a temp file,
   fsync, rename (a checkpoint exists only once complete), then appends one JSON
   line per commit to RESPAWN_CHECKPOINTS_FILE and keeps RESPAWN_STATUS_FILE
-  current (replaced atomically) so the agent can heartbeat and report;
+  current (replaced atomically) so the agent can heartbeat and report, and appends
+  every step's loss to RESPAWN_METRICS_FILE for the job's loss curve;
 - logs its loss by step to W&B and/or MLflow when the environment names them
   (WANDB_PROJECT or WANDB_MODE; MLFLOW_TRACKING_URI): the agent sets WANDB_RUN_ID,
   WANDB_RESUME and MLFLOW_RUN_ID to the job's one run, which `wandb.init()` and
@@ -136,6 +137,15 @@ def write_status(body: dict) -> None:
         os.replace(tmp, path)
 
 
+def append_metric(step: int, loss: float, samples_per_s: float) -> None:
+    """Every step for the job's loss curve: one JSON line, appended (the status file
+    holds only the newest). Opened per call here for brevity; keep it open in a hot loop."""
+    path = os.environ.get("RESPAWN_METRICS_FILE")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": step, "loss": loss, "samples_per_s": samples_per_s, "time": time.time()}) + "\n")
+
+
 def read_interval(default: float) -> float:
     path = os.environ.get("RESPAWN_CONTROL_FILE")
     try:
@@ -221,7 +231,9 @@ def train(args, model, optimizer, directory: Path, step: int, resumed: bool, tra
         optimizer.step()
         step += 1
         trackers.log(step, loss.item())
-        write_status({"step": step, "loss": loss.item(), "samples_per_s": args.batch / max(time.monotonic() - started, 1e-9), "last_checkpoint_step": last_ckpt_step})
+        speed = args.batch / max(time.monotonic() - started, 1e-9)
+        write_status({"step": step, "loss": loss.item(), "samples_per_s": speed, "last_checkpoint_step": last_ckpt_step})
+        append_metric(step, loss.item(), speed)
         if args.step_delay_s:
             time.sleep(args.step_delay_s)
         stop = requests_["stop"] or notice_given()

@@ -5,6 +5,8 @@ found sound. A real agent, a real trainer process and the real control plane."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import uuid
 
@@ -79,3 +81,12 @@ def test_unreadable_or_unusable_lines_are_skipped_and_a_diverged_loss_is_none(tm
     points = MetricsTail(str(path)).batch().points
     assert [(p.step, p.loss, p.samples_per_s) for p in points] == [(1, None, None), (4, 0.25, 9.0)]
     assert points[1].time.startswith("2023-11-14T22:13:20")
+
+
+def test_a_script_without_the_library_reports_every_step_the_same_way(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    env = {**os.environ, protocol.ENV_METRICS_FILE: str(metrics), protocol.ENV_CHECKPOINT_URI: str(tmp_path / "ckpt")}
+    subprocess.run([sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", "20"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    points = MetricsTail(str(metrics)).batch().points
+    assert [p.step for p in points] == list(range(1, 21)) and all(p.loss is not None for p in points)
