@@ -103,6 +103,14 @@ def searchable_by_vms(path: Path) -> None:
             folder.chmod(folder.stat().st_mode | stat.S_IXOTH)
 
 
+def writable_by_vms(path: Path) -> Path:
+    """A file a test's jobs append to outside their own folders (a run counter): run as
+    root, every local VM is a user of its own, and only this lets them."""
+    path.touch()
+    path.chmod(0o666)
+    return path
+
+
 @pytest.fixture
 def child_env(transactional_db, tmp_path):
     """Environment for real child processes (web, worker, agent) sharing this

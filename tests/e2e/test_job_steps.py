@@ -18,7 +18,7 @@ from jobs.core.services import create_job
 from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from jobs.models import Instance, Job
 from tests.agent.live import AgentProcess
-from tests.conftest import celery_worker, wait_until
+from tests.conftest import celery_worker, wait_until, writable_by_vms
 from tests.factories import make_instance, make_job, make_team_with_members
 from tests.local_provider.helpers import FAST_AGENT_ENV
 
@@ -52,7 +52,7 @@ def control_plane(child_env, web_server, tmp_path):
 
 def submit(tmp_path, **fields):
     setup = make_team_with_members()
-    counters = {f"STEPS_{step.upper()}_COUNTER": str(tmp_path / f"{step}-runs") for step in STEPS}
+    counters = {f"STEPS_{step.upper()}_COUNTER": str(writable_by_vms(tmp_path / f"{step}-runs")) for step in STEPS}
     return create_job(team=setup.team, owner=setup.people["member"].user, name="steps", command=[*PROGRAMS, "train"],
                       total_steps=10, checkpoint_uri=str(tmp_path / "ckpt"), allowed_clouds=["local"],
                       instance_types=["cpu-small"], env=counters, prepare_command=[*PROGRAMS, "prepare"], **fields)
