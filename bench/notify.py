@@ -5,7 +5,7 @@ the same run on the same stack; and the time from a job's failure to its webhook
 Builds a fresh database (default `respawn_bench_notify` on 127.0.0.1:5432) with one
 running job and agent per simulated VM, starts gunicorn and a Celery worker on it
 (broker: Redis, a key prefix of its own) and a webhook receiver on 127.0.0.1. Phases
-alternate, without subscriptions and with them (A B A B), each driving heartbeats
+alternate, without subscriptions and with them (A B B A A B ...), each driving heartbeats
 round-robin over the agents while, in the background, one job a period fails
 through the agent API (its exit report), as the same VMs' jobs would:
 
@@ -15,7 +15,7 @@ through the agent API (its exit report), as the same VMs' jobs would:
     never answers, so every attempt waits out the timeout and is retried; one the
     live receiver whose arrivals are timed); the rest ask for other events.
 
-    .venv/bin/python bench/notify.py            # ~1.5 minutes
+    .venv/bin/python bench/notify.py            # ~3 minutes
     .venv/bin/python bench/notify.py --check    # exit 1 on a miss
 
 --check exits 1 when heartbeats/s with subscriptions / without < 0.95, a request
@@ -52,10 +52,11 @@ SUBSCRIPTIONS = 1_000
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=1_000, help="VMs sending heartbeats")
-    parser.add_argument("--failing", type=int, default=60, help="more VMs, whose jobs fail during the phases")
-    parser.add_argument("--matching", type=int, default=20, help="subscriptions (of the 1,000) to job failures")
-    parser.add_argument("--seconds", type=float, default=12.0, help="length of each phase")
-    parser.add_argument("--fail-every", type=float, default=1.0, help="seconds between two jobs' failures")
+    parser.add_argument("--failing", type=int, default=150, help="more VMs, whose jobs fail during the phases")
+    parser.add_argument("--matching", type=int, default=5, help="subscriptions (of the 1,000) to job failures")
+    parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=6, help="pairs of phases, one without and one with")
+    parser.add_argument("--fail-every", type=float, default=2.0, help="seconds between two jobs' failures")
     parser.add_argument("--clients", type=int, default=2, help="client processes")
     parser.add_argument("--threads", type=int, default=8, help="concurrent requests per client process")
     parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
@@ -115,6 +116,12 @@ def start_worker(env: dict, log_path: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.update(CELERY_BROKER_URL=args.broker_url, RESPAWN_BROKER_KEY_PREFIX=f"bench-notify-{os.getpid()}:",
@@ -135,21 +142,32 @@ def main(argv=None) -> int:
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     dead = dead_endpoint()
     web, url = start_web(args, tmp / f"bench-notify-web-{os.getpid()}.log")
-    worker = start_worker({**os.environ, "DATABASE_URL": args.database_url}, tmp / f"bench-notify-worker-{os.getpid()}.log")
+    worker = start_worker({**os.environ, "DATABASE_URL": args.database_url},
+                          tmp / f"bench-notify-worker-{os.getpid()}.log")
     phases: dict[str, Phase] = {"without": Phase(), "with": Phase()}
     failed_with: dict[str, float | str] = {}
+    rates: list[str] = []
+    seconds = {"without": 0.0, "with": 0.0}  # Phase.merge keeps one phase's length: the rounds add up here
+    worker_cpu = {"without": 0.0, "with": 0.0}
     try:
         with Receiver() as receiver, multiprocessing.get_context("fork").Pool(args.clients) as pool:
             subscribe(parked, args.matching, receiver.url("/ok/live"), f"http://127.0.0.1:{dead.getsockname()[1]}/",
                       receiver.url("/ok/other"))
-            for name in ("without", "with", "without", "with"):
+            # A B B A ...: a drift in the machine's speed over the run weighs on both sides alike.
+            order = [name for i in range(args.rounds) for name in (("without", "with"), ("with", "without"))[i % 2]]
+            for name in order:
                 # The 1,000 move in and out of the failing jobs' team (deleting them would race their deliveries).
                 Subscription.objects.update(team=team if name == "with" else parked)
                 failed: dict = {}
                 until = time.time() + 1.0 + args.seconds
                 failer = threading.Thread(target=fail_jobs, args=(url, failing, args.fail_every, until, failed))
                 failer.start()
-                phases[name].merge(run_phase(pool, args, url, "heartbeat", beating))
+                worker_before = cpu_s(worker.pid)
+                phase = run_phase(pool, args, url, "heartbeat", beating)
+                worker_cpu[name] += cpu_s(worker.pid) - worker_before
+                rates.append(f"{'B' if name == 'with' else 'A'} {phase.rate:.0f}")
+                phases[name].merge(phase)
+                seconds[name] += phase.seconds
                 failer.join()
                 if name == "with":
                     failed_with.update(failed)
@@ -161,17 +179,21 @@ def main(argv=None) -> int:
         dead.close()
 
     without, with_ = phases["without"], phases["with"]
+    without.seconds, with_.seconds = seconds["without"], seconds["with"]
     ratio = with_.rate / without.rate
     latencies = sorted(arrivals.values())
     refused = [f"{job}: {why}" for job, why in failed_with.items() if isinstance(why, str)]
     missing = [job for job, sent in failed_with.items() if isinstance(sent, float) and job not in arrivals]
     print(f"gunicorn {args.web_workers} workers x {args.web_threads} threads, a Celery worker (8 threads); "
-          f"{args.clients * args.threads} concurrent heartbeats; {args.seconds:g} s a phase, A B A B; load average "
+          f"{args.clients * args.threads} concurrent heartbeats; {args.seconds:g} s a phase, "
+          f"{', '.join(rates)} heartbeats/s (A without, B with); load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'no subscriptions':20s}: {without.rate:8.0f} heartbeats/s   p99 {ms(without.p99)}")
     print(f"{f'{SUBSCRIPTIONS:,} subscriptions':20s}: {with_.rate:8.0f} heartbeats/s   p99 {ms(with_.p99)}   "
           f"(ratio {ratio:.3f}, need >= {RATIO_MIN}); {args.matching} of them, one a dead endpoint, told of each "
           f"of {len(failed_with)} failures ({dead_attempts} deliveries to the dead one)")
+    print(f"the Celery worker used {worker_cpu['without'] / seconds['without']:.3f} CPU s/s without, "
+          f"{worker_cpu['with'] / seconds['with']:.3f} with")
     if latencies:
         p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
         print(f"failure -> webhook delivered: p50 {ms(statistics.median(latencies))}  p95 {ms(p95)}  "
