@@ -58,6 +58,7 @@ from .storage.local import LocalStorage
 from .validation import ReferenceLoss, ValidationSettings, Verdict, judge, mark
 
 DEFAULT_INTERVAL_S = 600.0
+FRAMEWORK = "torch"
 LOCAL_LIVE_FRACTION = 0.5
 
 
@@ -206,9 +207,10 @@ class Checkpointer:
     `save(1200)` gives `load_latest().step == 1200` and the loop runs step 1200 next.
     """
 
-    def __init__(self, state: TrainState, config: CheckpointConfig):
+    def __init__(self, state: TrainState, config: CheckpointConfig, framework: str = FRAMEWORK):
         self.state = state
         self.config = config
+        self.framework = framework  # in state.json: a resume by another framework refuses it (DESIGN §11)
         self.storage: Storage = open_storage(config.uri)
         self._live_fraction = config.write_live_fraction
         if self._live_fraction is None:
@@ -393,7 +395,7 @@ class Checkpointer:
         owned, live = self._overlap_plan(tensors)
         later = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
-            "format": layout.FORMAT, "step": step, "kind": kind, "world_size": self.coord.world_size,
+            "format": layout.FORMAT, "framework": self.framework, "step": step, "kind": kind, "world_size": self.coord.world_size,
             "created_at": datetime.now(timezone.utc).isoformat(),
             "skeleton": skeleton, "slots": [s.to_json() for s in self._buffers.slots],
         }
@@ -649,12 +651,7 @@ class Checkpointer:
         return artifact
 
     def _record_verdict(self, loaded: LoadedCheckpoint, verdict: Verdict) -> None:
-        """Beside the checkpoint, and to the agent, which reports it: the checkpoint a
-        run resumes from or exports was validated here, not by the agent's validator."""
-        mark(loaded.ref, verdict)
-        if loaded.meta.get("checkpoint_id"):
-            channel.append_validation_report(self.config.validations_file, loaded.meta["checkpoint_id"],
-                                             protocol.ValidationReport(**verdict.to_json()))
+        record_verdict(self.config.validations_file, loaded, verdict)
 
     # --- resuming ------------------------------------------------------------------------
     def load_latest(self) -> Resumed:
@@ -668,7 +665,7 @@ class Checkpointer:
         if self.rank == 0:
             remove_torn(self.storage)
             validation = self.config.validation if self.config.validate_on_resume else None
-            chosen, skipped = choose(self.storage, self.config.resume_from, validation, self._record_verdict)
+            chosen, skipped = choose(self.storage, self.config.resume_from, validation, self._record_verdict, self.framework)
         name, skipped = self.coord.broadcast_from_zero((chosen.ref.name if chosen else None, skipped))
         if name is None:
             return Resumed(0, None, skipped)
@@ -677,6 +674,21 @@ class Checkpointer:
             self.state.load_state_dict(loaded.state)
         except (RuntimeError, KeyError, ValueError) as exc:
             raise IncompatibleCheckpointError(f"checkpoint {loaded.ref.uri} does not fit this training state: {exc}") from None
-        self._last_saved_step = self._last_committed_step = loaded.ref.step
-        self._last_save_at = time.monotonic()
+        self.resumed_at(loaded.ref.step)
         return Resumed(loaded.ref.step, loaded.ref.uri, skipped)
+
+    def resumed_at(self, step: int) -> None:
+        """The loop continues from committed checkpoint `step`, restored by `load_latest()`
+        or by a framework's own resume from a copy of it (agents/integrations): the next
+        periodic save is an interval from now, and a notice at this step saves nothing new."""
+        self._last_saved_step = self._last_committed_step = step
+        self._last_save_at = time.monotonic()
+
+
+def record_verdict(validations_file: str | None, loaded: LoadedCheckpoint, verdict: Verdict) -> None:
+    """Beside the checkpoint, and to the agent, which reports it: the checkpoint a
+    run resumes from or exports was validated here, not by the agent's validator."""
+    mark(loaded.ref, verdict)
+    if loaded.meta.get("checkpoint_id"):
+        channel.append_validation_report(validations_file, loaded.meta["checkpoint_id"],
+                                         protocol.ValidationReport(**verdict.to_json()))

@@ -6,10 +6,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import CorruptCheckpointError, EvalError
+from .errors import CorruptCheckpointError, EvalError, IncompatibleCheckpointError
 from .reader import CheckpointRef, LoadedCheckpoint, list_checkpoints, load, ref_from_uri
 from .storage import Storage
 from .validation import ValidationSettings, Verdict, judge, mark
+
+
+FRAMEWORK_NAMES = {"torch": "a PyTorch loop with Checkpointer (torch)", "hf": "the Hugging Face Trainer integration (hf)",
+                   "lightning": "the Lightning integration (lightning)", "accelerate": "the Accelerate integration (accelerate)",
+                   "jax": "the JAX integration (jax)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,18 +42,21 @@ class Resumed:
 
 
 def choose(storage: Storage, resume_from: str | None, validation: ValidationSettings | None,
-           record: Callable[[LoadedCheckpoint, Verdict], None]) -> tuple[LoadedCheckpoint | None, tuple[Skipped, ...]]:
+           record: Callable[[LoadedCheckpoint, Verdict], None],
+           framework: str = "torch") -> tuple[LoadedCheckpoint | None, tuple[Skipped, ...]]:
     """The newest usable checkpoint (not after `resume_from`), loaded and verified, and
     validated first with `validation` unless a verdict is recorded (an invalid one is
     marked and the previous one tried); and the newer ones skipped on the way. A verdict
-    reached here goes to `record`, which marks it beside the checkpoint."""
+    reached here goes to `record`, which marks it beside the checkpoint. One written by
+    another `framework` raises IncompatibleCheckpointError: falling back past it would
+    silently train from older state, and deleting it would lose the other run's work."""
     limit = ref_from_uri(resume_from).step if resume_from else None
     skipped: list[Skipped] = []
     for ref in reversed(list_checkpoints(storage)):
         if limit is not None and ref.step > limit:
             loaded, reason = None, f"newer than resume_from {resume_from}"
         else:
-            loaded, reason = _load_usable(ref, validation, record)
+            loaded, reason = _load_usable(ref, validation, record, framework)
         if loaded is not None:
             return loaded, tuple(skipped)
         skipped.append(Skipped(ref.step, ref.uri, reason))
@@ -57,7 +65,7 @@ def choose(storage: Storage, resume_from: str | None, validation: ValidationSett
 
 
 def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
-                 record: Callable[[LoadedCheckpoint, Verdict], None]) -> tuple[LoadedCheckpoint | None, str]:
+                 record: Callable[[LoadedCheckpoint, Verdict], None], framework: str) -> tuple[LoadedCheckpoint | None, str]:
     """The checkpoint loaded, or None and why it cannot be used."""
     if not ref.is_committed():
         return None, "not committed (no MANIFEST.json): its save was cut short or is still running"
@@ -69,6 +77,12 @@ def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
     except CorruptCheckpointError as exc:
         mark(ref, Verdict(False, None, None, str(exc)))
         return None, f"corrupt: {exc}"
+    written_by = loaded.meta.get("framework", "torch")  # checkpoints before DESIGN §11 are the torch loop's
+    if written_by != framework:
+        raise IncompatibleCheckpointError(
+            f"checkpoint {ref.uri} was written by {FRAMEWORK_NAMES.get(written_by, written_by)}, this run resumes "
+            f"{FRAMEWORK_NAMES.get(framework, framework)} checkpoints: point the job at another checkpoint root "
+            f"(nothing was deleted)")
     # A recorded `error` is checked again: the eval_fn may be fixed, and a check that cannot
     # run says nothing about the checkpoint, so it stops the resume (naming why) rather than
     # falling back to older ones it would fail on alike.

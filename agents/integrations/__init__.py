@@ -1,0 +1,16 @@
+"""Respawn for training code as it is: one line makes a framework's script spot-safe.
+
+- `agents.integrations.hf.spot_safe(trainer)`: Hugging Face Trainer.
+- `agents.integrations.lightning.SpotSafe()`: a Lightning callback, and `spot_safe_fit`.
+- `agents.integrations.accelerate.SpotSafeState(accelerator)`: Accelerate's
+  `save_state` / `load_state` users.
+
+Each keeps the framework's own resume code (so what it restores exactly stays exact)
+and puts Respawn's checkpointing under it (DESIGN §6: two-phase saves beside training,
+the notice save at the next step boundary, MANIFEST written last, LATEST, rotation,
+reports to the agent, validation). A checkpoint's state.json names the framework that
+wrote it (DESIGN §11); each integration refuses another's with IncompatibleCheckpointError.
+
+The frameworks are imported by these modules only, never by the agent or by
+`agents.checkpoint` (extras `respawn[hf]`, `respawn[lightning]`).
+"""

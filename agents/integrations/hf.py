@@ -1,0 +1,168 @@
+"""Hugging Face Trainer, spot-safe with one line added to the script:
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, ...)
+    spot_safe(trainer)              # from agents.integrations.hf import spot_safe
+    trainer.train()
+
+- A notice (SIGTERM from the agent, or the agent's stop) is seen at the next optimizer
+  step boundary (`on_step_end`: weights, optimizer, scheduler and global_step all
+  updated, the next batch not drawn): the state is saved there, inside the notice's
+  deadline, then training stops and the process exits 0 with `stopped` in the status
+  file, so neither the agent nor the rest of the script takes it for a finished run.
+- Periodic saves are Respawn's two-phase ones (Checkpointer): a host snapshot, then a
+  paced background write, committed under DESIGN §6 (MANIFEST last, LATEST, rotation,
+  a report to the agent). Trainer's own `save_strategy` is left as the script set it.
+- `trainer.train()` without `resume_from_checkpoint` resumes from the newest committed,
+  validated checkpoint: it is verified, written out as a Trainer checkpoint directory
+  (model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json) in
+  a temporary folder, and handed to Trainer's own resume, which skips the batches
+  already trained and restores the RNG as it does for its own checkpoints. A torn
+  directory (a save killed midway) has no manifest and is never picked.
+
+Single process only (`args.world_size == 1`); DeepSpeed and FSDP are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from agents import trainer as status
+from agents.checkpoint.checkpointer import Checkpointer, CheckpointConfig
+from agents.checkpoint.errors import ConfigError
+from agents.checkpoint.reader import LoadedCheckpoint
+from agents.checkpoint.state import TrainState
+
+from ._common import choose_checkpoint, report_stop
+
+FRAMEWORK = "hf"
+
+
+def spot_safe(trainer, config: CheckpointConfig | None = None, *, exit_on_stop: bool = True) -> "RespawnCallback":
+    """Make `trainer` spot-safe (see the module's text); returns the callback it added.
+    `config` defaults to `CheckpointConfig.from_env()` (the agent's settings); with
+    `exit_on_stop=False`, `train()` returns after a notice stop and the callback's
+    `stopped` says so."""
+    if trainer.args.world_size > 1:
+        raise ConfigError(f"agents.integrations.hf runs one process; this Trainer has world_size={trainer.args.world_size}")
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        raise ConfigError("agents.integrations.hf does not save DeepSpeed or FSDP state; use Trainer's own checkpoints")
+    callback = RespawnCallback(trainer, config or CheckpointConfig.from_env())
+    trainer.add_callback(callback)
+    original = trainer.train
+
+    @functools.wraps(original)
+    def train(resume_from_checkpoint=None, *args, **kwargs):
+        # A checkpoint the script names itself wins; `True` would pick Trainer's own newest
+        # checkpoint-N, torn or not, so it means "Respawn's newest" here.
+        staged = None
+        if resume_from_checkpoint in (None, True):
+            staged = resume_from_checkpoint = callback.stage_resume()
+        try:
+            output = original(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
+        if callback.stopped and exit_on_stop:
+            sys.exit(0)
+        return output
+
+    trainer.train = train
+    return callback
+
+
+class RespawnCallback(TrainerCallback):
+    """Saves through a Checkpointer at each step boundary where one is due or a notice came."""
+
+    def __init__(self, trainer, config: CheckpointConfig):
+        self.trainer = trainer
+        self.config = config
+        self.ckpt: Checkpointer | None = None
+        self.resumed_step = 0
+        self.stopped = False
+        self._extra: dict = {}
+
+    def stage_resume(self) -> str | None:
+        """The newest usable checkpoint, written out as a Trainer checkpoint directory
+        for Trainer's own resume; None when there is none."""
+        loaded = choose_checkpoint(self.config, FRAMEWORK)
+        if loaded is None:
+            return None
+        folder = tempfile.mkdtemp(prefix=f"respawn-hf-{loaded.ref.step}-")
+        write_trainer_checkpoint(loaded, folder)
+        self.resumed_step = loaded.ref.step
+        return folder
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        scaler = getattr(trainer.accelerator, "scaler", None)
+        # Accelerate wraps both; the state (and the optimizer's step hook) is the inner one's.
+        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+        scheduler = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
+        train_state = TrainState(trainer.model, optimizer, scheduler, scaler=scaler, extra=self._extra)
+        self.ckpt = Checkpointer(train_state, self.config, framework=FRAMEWORK)
+        if self.resumed_step:
+            self.ckpt.resumed_at(self.resumed_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # What Trainer's own save writes to trainer_state.json, taken here: the snapshot
+        # is the state at this step boundary, whenever its bytes reach storage.
+        self._extra["trainer_state"] = trainer_state_json(state, [*self.trainer.callback_handler.callbacks, control])
+        self.ckpt.save(state.global_step)
+        if self.ckpt.should_stop and not self.stopped:
+            self.stopped = True
+            control.should_training_stop = True
+            report_stop(state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            status.report(state.global_step, logs["loss"])
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.stopped:
+            self.ckpt.close()
+        else:
+            self.ckpt.finish(state.global_step)  # final save, validation, export when configured
+
+
+def trainer_state_json(state, callbacks) -> str:
+    """trainer_state.json as Trainer's `_save_checkpoint` writes it (its exportable
+    callbacks' states included), without changing the live TrainerState."""
+    exported: dict = {}
+    for cb in callbacks:
+        if isinstance(cb, ExportableState):
+            name = type(cb).__name__
+            exported[name] = [*exported[name], cb.state()] if isinstance(exported.get(name), list) else (
+                [exported[name], cb.state()] if name in exported else cb.state())
+    body = dataclasses.asdict(state) | {"stateful_callbacks": exported}
+    return json.dumps(body, indent=2, sort_keys=True) + "\n"
+
+
+def write_trainer_checkpoint(loaded: LoadedCheckpoint, folder: str) -> None:
+    """The files Trainer's `_save_checkpoint` would have written at that step."""
+    from safetensors.torch import save_file
+
+    state = loaded.state
+    # Loaded tensors are views into shared read buffers; safetensors wants each its own.
+    save_file({k: v.clone() for k, v in state["model"].items()}, os.path.join(folder, "model.safetensors"),
+              metadata={"format": "pt"})
+    torch.save(state["optimizer"], os.path.join(folder, "optimizer.pt"))
+    torch.save(state["scheduler"], os.path.join(folder, "scheduler.pt"))
+    if "scaler" in state:
+        torch.save(state["scaler"], os.path.join(folder, "scaler.pt"))
+    rng = state["rng"]
+    hf_rng = {"python": rng["python"], "numpy": rng["numpy"], "cpu": rng["torch"].clone()}
+    if "cuda" in rng:
+        hf_rng["cuda"] = rng["cuda"][0].clone()
+    torch.save(hf_rng, os.path.join(folder, "rng_state.pth"))
+    with open(os.path.join(folder, "trainer_state.json"), "w") as f:
+        f.write(state["extra"]["trainer_state"])
