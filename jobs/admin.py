@@ -8,6 +8,8 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "team", "owner", "status", "preemptions", "last_step", "created_at"]
     list_filter = ["status", "team"]
     search_fields = ["name"]
+    # Encrypted values only: a staff edit here would store one unencrypted (jobs.core.secret_env).
+    exclude = ["secret_env"]
 
 
 @admin.register(models.Instance)

@@ -129,3 +129,9 @@ def test_the_key_file_is_made_once_owner_only(settings, tmp_path):
     sealed = secret_env.seal({"A": "1"})
     assert (tmp_path / "secrets.key").stat().st_mode & 0o777 == 0o600
     assert secret_env.unseal(sealed) == {"A": "1"}
+
+
+def test_the_admin_site_neither_shows_nor_writes_a_jobs_secret_env(job, admin_client):
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/")
+    assert page.status_code == 200 and b"secret_env" not in page.content
+    assert job.secret_env["HF_TOKEN"].encode() not in page.content
