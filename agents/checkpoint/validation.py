@@ -160,15 +160,8 @@ def evaluate(settings: ValidationSettings, model: torch.nn.Module, batch) -> flo
 
 
 def training_device() -> torch.device:
-    """Where the separate validation process runs its check: the training GPU when there
-    is one, in full float32 precision: the reference loss was computed on the CPU from the
-    snapshot, and TF32 convolutions (cuDNN's default) alone differ from it by more than
-    the default tolerance."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return torch.device("cuda")
+    """Where the separate validation process runs its check: the training GPU when there is one."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
 def to_device(batch, device: torch.device):
@@ -291,7 +284,12 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
     model.eval()
     batch = _call(settings.batch_factory)
     if device is not None:
-        model, batch = model.to(device), to_device(batch, torch.device(device))
+        device = torch.device(device)
+        if device.type == "cuda":
+            # Full float32: the reference loss was computed on the CPU from the snapshot, and
+            # TF32 convolutions (cuDNN's default) alone differ from it by more than the tolerance.
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        model, batch = model.to(device), to_device(batch, device)
     reference = loaded.meta.get("reference_loss")
     if reference is None and loaded.meta.get("reference_error"):
         raise EvalError(f"checkpoint {uri} has no reference loss: at save, {loaded.meta['reference_error']}")
