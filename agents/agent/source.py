@@ -60,13 +60,14 @@ def put_in_place(job: protocol.JobSpec, client: ControlPlaneClient, work_dir: st
             tree = os.path.join(scratch, "tree")
             if job.source_sha256:
                 archive = os.path.join(work_dir, ARCHIVE)
-                _fetch(client, job.source_sha256, archive, give_up_s=give_up_s, backoff=backoff)
                 try:
+                    _fetch(client, job.source_sha256, archive, give_up_s=give_up_s, backoff=backoff)
                     unpack(archive, tree)
                 except BadArchive as exc:
                     raise SourceFailed(f"the source archive sha256:{job.source_sha256} cannot be unpacked: {exc}") from None
                 finally:
-                    os.remove(archive)
+                    if os.path.exists(archive):
+                        os.remove(archive)
             else:
                 _checkout(job.source_git_url, job.source_git_commit, tree)
             os.rename(tree, target)  # onto a missing or empty directory: whole, or not there

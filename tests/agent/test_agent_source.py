@@ -88,7 +88,7 @@ def test_a_tampered_archive_fails_the_job_as_setup_with_the_reason_and_no_traini
     said = output(job)
     assert "digest mismatch" in said and "not the code" not in said and "hello" not in said
     assert job.instances.count() == 1  # failed for good: no relaunch that would fail (and bill) again
-    assert not (agent.work_dir / "source").exists()
+    assert not (agent.work_dir / "source").exists() and not (agent.work_dir / "source.tar.gz").exists()
 
 
 def test_an_archive_that_would_write_outside_working_dir_is_refused_on_the_vm(team_setup, child_env, web_server,
@@ -103,6 +103,53 @@ def test_an_archive_that_would_write_outside_working_dir_is_refused_on_the_vm(te
     assert (job.status, job.failure_cause) == (JobStatus.FAILED, "setup"), (job.status, job.status_reason)
     assert "cannot be unpacked" in job.failure_headline and "'..'" in job.failure_headline, job.failure_headline
     assert not list(tmp_path.rglob("escaped.py")) and "hello" not in output(job)
+
+
+RUNS_TWICE = """\
+import json, os, pathlib, time
+
+first = not pathlib.Path("ran-before").exists()
+pathlib.Path("ran-before").touch()
+print("first run" if first else "second run, in the same directory")
+if first:
+    time.sleep(120)  # the agent is killed meanwhile, and this trainer with it
+status = os.environ["RESPAWN_STATUS_FILE"]
+with open(status + ".tmp", "w") as f:
+    json.dump({"step": 3}, f)
+os.replace(status + ".tmp", status)
+"""
+
+
+def test_an_agent_restarted_on_its_vm_runs_the_code_it_put_in_place_without_fetching_it_again(
+        team_setup, child_env, web_server, tmp_path):
+    project = user_workdir(tmp_path / "laptop")
+    (project / "train.py").write_text(RUNS_TWICE)
+    archive = workdir.build(project, 10**6)
+    upload(web_server.url, team_setup.people["member"], team_setup.team, archive)
+    job = make_job(team_setup.team, team_setup.people["member"].user, status=JobStatus.PROVISIONING,
+                   checkpoint_uri=str(tmp_path / "ckpt"), command=[sys.executable, "train.py"], total_steps=3,
+                   source_archive=SourceArchive.objects.get(sha256=archive.sha256))
+    instance = make_instance(job)
+    imds = MetadataServer("aws").start()
+    env = {**child_env, "RESPAWN_VALIDATE": "0"}
+    first = AgentProcess(env, tmp_path, url=web_server.url, bootstrap_token=instance.bootstrap_token, provider="aws",
+                         metadata_url=imds.url).start()
+    try:
+        wait_until(lambda: "first run" in output(job), timeout=60, what="the first trainer running", proc=first)
+    finally:
+        first.stop(9)
+    stored(tmp_path, archive.sha256).unlink()  # fetching again would fail the job
+    again = AgentProcess(env, tmp_path, url=web_server.url, bootstrap_token=instance.bootstrap_token, provider="aws",
+                         metadata_url=imds.url).start()
+    try:
+        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=60,
+                   what="the job to finish", proc=again, interval=0.2)
+    finally:
+        again.stop(9)
+        imds.stop()
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, (job.status_reason, job.failure_message, output(job))
+    assert "second run, in the same directory" in output(job)
 
 
 def git(*args: str, cwd: Path) -> str:
