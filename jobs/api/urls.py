@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, costs, invitations, notifications, report, sources, teamadmin, tokens, views
+from jobs.api import agent, audit, costs, dist, invitations, notifications, report, sources, teamadmin, tokens, views
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -39,5 +39,7 @@ agent_urlpatterns = [
     path("exit", agent.ExitView.as_view(), name="agent-exit"),
     path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
     path("rendezvous", agent.RendezvousView.as_view(), name="agent-rendezvous"),
+    path("dist/<str:name>", dist.DistView.as_view(), name="agent-dist"),
+    path("setup-failed", dist.SetupFailedView.as_view(), name="agent-setup-failed"),
     path("source", agent.SourceView.as_view(), name="agent-source"),
 ]
