@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,20 +39,42 @@ def stored(tmp_path: Path, sha256: str) -> Path:
     return tmp_path / "var" / "sources" / "sha256" / sha256[:2] / f"{sha256}.tar.gz"
 
 
-def run_job(team_setup, child_env, web_server, tmp_path, **fields) -> tuple[Job, AgentProcess]:
-    job = make_job(team_setup.team, team_setup.people["member"].user, status=JobStatus.PROVISIONING,
-                   checkpoint_uri=str(tmp_path / "ckpt"), command=[sys.executable, "train.py"], total_steps=3,
-                   **fields)
+def source_job(team_setup, tmp_path, **fields) -> Job:
+    return make_job(team_setup.team, team_setup.people["member"].user, status=JobStatus.PROVISIONING,
+                    checkpoint_uri=str(tmp_path / "ckpt"), command=[sys.executable, "train.py"], total_steps=3,
+                    **fields)
+
+
+@contextmanager
+def vm_of(job, child_env, web_server, tmp_path):
+    """A VM of `job`'s first instance: each call of what it yields starts its agent, on the
+    same work dir (a second start is the agent restarted on that VM)."""
     instance = make_instance(job)
     imds = MetadataServer("aws").start()
-    agent = AgentProcess({**child_env, "RESPAWN_VALIDATE": "0"}, tmp_path, url=web_server.url,
-                         bootstrap_token=instance.bootstrap_token, provider="aws", metadata_url=imds.url).start()
     try:
-        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=90,
-                   what="the job to finish", proc=agent, interval=0.2)
+        yield lambda: AgentProcess({**child_env, "RESPAWN_VALIDATE": "0"}, tmp_path, url=web_server.url,
+                                   bootstrap_token=instance.bootstrap_token, provider="aws",
+                                   metadata_url=imds.url).start()
+    finally:
+        imds.stop()
+
+
+def run_until(agent: AgentProcess, done, what: str) -> AgentProcess:
+    try:
+        wait_until(done, timeout=90, what=what, proc=agent, interval=0.2)
     finally:
         agent.stop(9)
-        imds.stop()
+    return agent
+
+
+def finished(job) -> bool:
+    return Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL
+
+
+def run_job(team_setup, child_env, web_server, tmp_path, **fields) -> tuple[Job, AgentProcess]:
+    job = source_job(team_setup, tmp_path, **fields)
+    with vm_of(job, child_env, web_server, tmp_path) as start_agent:
+        agent = run_until(start_agent(), lambda: finished(job), "the job to finish")
     job.refresh_from_db()
     return job, agent
 
@@ -126,27 +149,11 @@ def test_an_agent_restarted_on_its_vm_runs_the_code_it_put_in_place_without_fetc
     (project / "train.py").write_text(RUNS_TWICE)
     archive = workdir.build(project, 10**6)
     upload(web_server.url, team_setup.people["member"], team_setup.team, archive)
-    job = make_job(team_setup.team, team_setup.people["member"].user, status=JobStatus.PROVISIONING,
-                   checkpoint_uri=str(tmp_path / "ckpt"), command=[sys.executable, "train.py"], total_steps=3,
-                   source_archive=SourceArchive.objects.get(sha256=archive.sha256))
-    instance = make_instance(job)
-    imds = MetadataServer("aws").start()
-    env = {**child_env, "RESPAWN_VALIDATE": "0"}
-    first = AgentProcess(env, tmp_path, url=web_server.url, bootstrap_token=instance.bootstrap_token, provider="aws",
-                         metadata_url=imds.url).start()
-    try:
-        wait_until(lambda: "first run" in output(job), timeout=60, what="the first trainer running", proc=first)
-    finally:
-        first.stop(9)
-    stored(tmp_path, archive.sha256).unlink()  # fetching again would fail the job
-    again = AgentProcess(env, tmp_path, url=web_server.url, bootstrap_token=instance.bootstrap_token, provider="aws",
-                         metadata_url=imds.url).start()
-    try:
-        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=60,
-                   what="the job to finish", proc=again, interval=0.2)
-    finally:
-        again.stop(9)
-        imds.stop()
+    job = source_job(team_setup, tmp_path, source_archive=SourceArchive.objects.get(sha256=archive.sha256))
+    with vm_of(job, child_env, web_server, tmp_path) as start_agent:
+        run_until(start_agent(), lambda: "first run" in output(job), "the first trainer running")
+        stored(tmp_path, archive.sha256).unlink()  # fetching again would fail the job
+        run_until(start_agent(), lambda: finished(job), "the job to finish")
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED, (job.status_reason, job.failure_message, output(job))
     assert "second run, in the same directory" in output(job)
