@@ -23,6 +23,7 @@ from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm, config
 from jobs.core import trackers
 from jobs.core.services import cancel_job
 from jobs.models import Job, PriceQuote
+from jobs.money import downtime
 from jobs.money.costs import CostError, parse_month
 from jobs.people.permissions import can
 
@@ -131,8 +132,10 @@ def job_page(request, pk: int):
                                        reads.save_fit(job["id"]))
     interval = interval and story.interval_words(**interval)
     tracker_links = trackers.links(Job.objects.only("pk", "created_at", "env").get(pk=pk))
+    downtime_s, interruptions = downtime.job_downtime(pk, now)
     return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval,
-                save_warning=story.save_fit_warning(fit), tracker_links=tracker_links)
+                save_warning=story.save_fit_warning(fit), tracker_links=tracker_links, downtime_s=downtime_s,
+                interruptions=interruptions)
 
 
 @json_view

@@ -16,6 +16,7 @@ from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
 from jobs.fleet import catalog
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, SourceArchive, Team
+from jobs.money import downtime
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawncli.names import closest_name
 from respawncli.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
@@ -323,6 +324,48 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         if not validated_data.get("checkpoint_uri"):
             validated_data["checkpoint_uri"] = settings.RESPAWN["DEFAULT_CHECKPOINT_URI"]
         return create_job(**validated_data)
+
+
+class DowntimePartsSerializer(serializers.Serializer):
+    save = serializers.FloatField(help_text="Until the notice checkpoint was committed.")
+    capacity = serializers.FloatField(help_text="Until a replacement VM was requested (the old VM's end, placement).")
+    boot = serializers.FloatField(help_text="Until the replacement's agent registered.")
+    validation = serializers.FloatField(help_text="Until the verdict on the resume checkpoint, when it came later.")
+    restore = serializers.FloatField(help_text="Until the replacement reported a step past its resume step.")
+
+
+class DowntimeSerializer(serializers.Serializer):
+    instance = serializers.IntegerField(source="instance_id", help_text="The interrupted VM.")
+    replacement = serializers.IntegerField(source="replacement_id", allow_null=True,
+                                           help_text="The VM that resumed its node slot; null until one registered.")
+    kind = serializers.ChoiceField(choices=["notice", "preempted", "lost"])
+    interrupted = serializers.DateTimeField(help_text="The notice, or the last heartbeat of a VM gone without one.")
+    resumed = serializers.DateTimeField(allow_null=True, help_text="null while the interruption is still open.")
+    ongoing = serializers.BooleanField()
+    downtime_s = serializers.FloatField(source="total_s", help_text="The sum of the parts; an open one up to now.")
+    parts = DowntimePartsSerializer(help_text="Seconds on the path to the resumed training (docs/downtime.md).")
+
+
+class JobDetailSerializer(JobSerializer):
+    """A job as its detail answers it: with its downtime (one read per interruption, so not in the list)."""
+
+    downtime_s = serializers.SerializerMethodField(help_text="Seconds the job was down across its interruptions "
+                                                             "(overlaps counted once); open ones up to now.")
+    interruptions = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "downtime_s", "interruptions"]
+
+    def to_representation(self, job):
+        self._measured = downtime.job_downtime(job.pk, timezone.now())  # read once for both fields
+        return super().to_representation(job)
+
+    def get_downtime_s(self, job) -> float:
+        return self._measured[0]
+
+    @extend_schema_field(DowntimeSerializer(many=True))
+    def get_interruptions(self, job):
+        return DowntimeSerializer(self._measured[1], many=True).data
 
 
 class JobEventSerializer(serializers.ModelSerializer):

@@ -76,6 +76,9 @@ class JobViewSet(TeamScopedViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
         "logs": "job.view",
     }
 
+    def get_serializer_class(self):
+        return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
+
     def perform_create(self, serializer):
         team = serializer.validated_data["team"]  # one of the requester's teams (TeamField)
         if not can(self.request.user, "job.create", team.pk):
