@@ -44,7 +44,10 @@ Public API (everything else in this package is internal):
 - `validate(uri)` -> Verdict; `python -m agents.checkpoint.validate <uri>` prints it as JSON.
 - `export_weights(ref)` writes model.safetensors from a checkpoint recorded valid.
 - `init_process_group(timeout_s=...)`: gloo/nccl with a short timeout; under
-  torch.distributed each rank writes its own data files, rank 0 commits.
+  torch.distributed each rank writes its own data files, rank 0 commits. Ranks agree
+  on a gloo group of the checkpointer's own (the job's may be NCCL-only), without
+  blocking a step; a stop seen by one rank stops all at the same step, within
+  2 x `agree_every_steps` - 1 steps (docs/coordination.md).
   `leave_process_group()` at the end: all ranks tear the group down together.
 - Format: DESIGN §6, one step-NNNNNNNN/ directory per checkpoint (agents/checkpoint/layout.py).
   Tensors are packed into a few raw data files per rank (not torch.distributed.checkpoint):
