@@ -286,6 +286,11 @@ class Instance(models.Model):
 
     # A spot VM the cloud stops rather than deletes on eviction (Azure, eviction policy
     # Deallocate) keeps its disk, billed until the VM is deleted.
+    standby_for = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="spares",
+        help_text="A spare launched on this instance's notice (docs/spares.md): it boots and prepares but holds no "
+                  "node slot and trains nothing until that instance has ended; then it is promoted (this is "
+                  "cleared). Kept on a spare that ended before that.")
     stopped_disk_sku = models.CharField(
         max_length=50, blank=True,
         help_text="Price SKU of the disk this VM keeps while stopped (e.g. 'P10 LRS'); empty when an eviction "
@@ -298,10 +303,17 @@ class Instance(models.Model):
         ordering = ["requested_at", "id"]
         constraints = [
             # A job has at most one live instance per node slot (DESIGN §3).
+            # A spare holds no slot until promoted, and promoting it while the instance it
+            # stands by for still lives breaks this constraint: never two trainers per slot.
             models.UniqueConstraint(
                 fields=["job", "rank"],
-                condition=Q(state__in=sorted(InstanceState.LIVE)),
+                condition=Q(state__in=sorted(InstanceState.LIVE), standby_for__isnull=True),
                 name="instance_one_live_per_slot",
+            ),
+            models.UniqueConstraint(
+                fields=["job", "rank"],
+                condition=Q(state__in=sorted(InstanceState.LIVE), standby_for__isnull=False),
+                name="instance_one_live_spare_per_slot",
             ),
         ]
         indexes = [
