@@ -13,7 +13,6 @@ agents.examples.hf_trainer:make_model and agents.examples.hf_trainer:validation_
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -21,6 +20,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from agents.checkpoint import CheckpointConfig
+from agents.examples import framework_cli
 from agents.integrations.hf import spot_safe
 
 SEQ = 16
@@ -58,12 +58,7 @@ class Slow(TrainerCallback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uri", default=os.environ.get("RESPAWN_CHECKPOINT_URI", ""))
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--every-steps", type=int, default=None)
-    parser.add_argument("--n-embd", type=int, default=16)
-    parser.add_argument("--step-delay", type=float, default=0.0)
+    parser = framework_cli.parser(__doc__.splitlines()[0])
     parser.add_argument("--output-dir", default=None, help="Trainer's output_dir (default: beside the checkpoints)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # bitwise reproducibility does not survive a change of thread count

@@ -1,0 +1,114 @@
+"""HF Trainer and Lightning with one line added (`spot_safe(trainer)`): real processes,
+real signals (issue 18 items 3 and 4).
+
+Each framework's example is run uninterrupted, then stopped by SIGTERM (the agent's
+notice) and resumed, then SIGKILLed while a save is being written and resumed: the
+resumed runs end bitwise equal to the uninterrupted one on CPU (model, optimizer and
+scheduler state). A checkpoint root holding another framework's checkpoint is refused,
+with nothing deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+
+import pytest
+
+from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState
+from agents.examples import tiny_lm
+
+from .trials import differing, final_state, kill_mid_save, newest_committed, reports, run, start, wait_for
+
+STEPS = 40
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    module: str
+    other: str  # another framework's name, for the refusal test
+    other_says: str
+
+    def step_of(self, state: dict) -> int:
+        """The framework's own step counter in a checkpoint's saved state."""
+        if self.name == "hf":
+            return json.loads(state["extra"]["trainer_state"])["global_step"]
+        return state["extra"]["lightning"]["global_step"]
+
+    def scheduler(self, state: dict):
+        return state["scheduler"] if self.name == "hf" else state["extra"]["lightning"]["lr_schedulers"]
+
+
+FRAMEWORKS = {
+    "hf": Framework("hf", "agents.examples.hf_trainer", "lightning", "was written by the Lightning integration (lightning)"),
+    "lightning": Framework("lightning", "agents.examples.lightning_module", "hf",
+                           "was written by the Hugging Face Trainer integration (hf)"),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FRAMEWORKS))
+def framework(request):
+    pytest.importorskip({"hf": "transformers", "lightning": "lightning"}[request.param])
+    return FRAMEWORKS[request.param]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(framework, tmp_path_factory):
+    uri = tmp_path_factory.mktemp(framework.name) / "uninterrupted"
+    code, out = run(framework.module, uri, "--steps", str(STEPS), "--every-steps", "10")
+    assert code == 0, out
+    return final_state(uri, STEPS)
+
+
+def test_notice_saves_at_a_step_boundary_stops_and_resumes_bitwise(framework, uninterrupted, tmp_path):
+    uri, channel = tmp_path / "ckpt", tmp_path / "channel"
+    args = ("--steps", str(STEPS), "--every-steps", "10")
+    proc = start(framework.module, uri, *args, "--step-delay", "0.1", channel=channel)
+    wait_for(lambda: newest_committed(uri), proc, "a first periodic commit", poll_s=0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "finished" not in out  # the script did not carry on as after a finished run
+    notice = [r for r in reports(channel) if r["kind"] == "notice"]
+    assert len(notice) == 1, reports(channel)
+    stopped_at = notice[0]["step"]
+    assert 10 <= stopped_at < STEPS
+    assert json.loads((channel / "status.json").read_text())["stopped"] is True
+    # Saved at an optimizer step boundary: the framework's own step counter in the
+    # checkpoint is the step it is named by.
+    assert framework.step_of(final_state(uri, stopped_at)) == stopped_at
+    code, out = run(framework.module, uri, *args)
+    assert code == 0, out
+    assert f"resumed at step {stopped_at} from" in out
+    resumed = final_state(uri, STEPS)
+    assert differing(resumed["model"], uninterrupted["model"]) == []
+    assert differing(resumed["optimizer"], uninterrupted["optimizer"]) == []
+    assert differing(framework.scheduler(resumed), framework.scheduler(uninterrupted)) == []
+
+
+def test_sigkill_mid_save_resumes_from_the_previous_commit(framework, tmp_path):
+    args = ("--steps", "30", "--every-steps", "4", "--n-embd", "192")
+    reference = tmp_path / "reference"
+    assert run(framework.module, reference, *args)[0] == 0
+    uri = tmp_path / "ckpt"
+    torn, previous = kill_mid_save(framework.module, uri, *args, "--step-delay", "0.05")
+    assert previous is not None and previous < torn
+    code, out = run(framework.module, uri, *args)
+    assert code == 0, out
+    assert f"resumed at step {previous} from" in out
+    assert differing(final_state(uri, 30)["model"], final_state(reference, 30)["model"]) == []
+
+
+def test_another_frameworks_checkpoint_is_refused_and_kept(framework, tmp_path):
+    uri = tmp_path / "ckpt"
+    other = Checkpointer(TrainState(tiny_lm.make_model()), CheckpointConfig(uri=str(uri), handle_signals=False),
+                         framework=framework.other)
+    other.save(5, kind="final")
+    other.close()
+    before = sorted(p.relative_to(uri) for p in uri.rglob("*"))
+    code, out = run(framework.module, uri, "--steps", "10")
+    assert code != 0
+    assert framework.other_says in out and "nothing was deleted" in out
+    assert sorted(p.relative_to(uri) for p in uri.rglob("*")) == before
