@@ -10,9 +10,23 @@ from typing import Any
 import torch
 
 from . import codec, layout, manifest
-from .errors import CorruptCheckpointError
+from .errors import CorruptCheckpointError, IncompatibleCheckpointError
 from .snapshot import Slot, view_of
 from .storage import Storage, open_storage
+
+
+FRAMEWORK_NAMES = {"torch": "a PyTorch loop with Checkpointer (torch)", "hf": "the Hugging Face Trainer integration (hf)",
+                   "lightning": "the Lightning integration (lightning)", "accelerate": "the Accelerate integration (accelerate)",
+                   "jax": "the JAX integration (jax)"}
+
+
+def other_framework(uri: str, written_by: str, wanted: str) -> IncompatibleCheckpointError:
+    """The error for a checkpoint another framework wrote (DESIGN §11): falling back past it
+    would silently train from older state, and deleting it would lose the other run's work."""
+    return IncompatibleCheckpointError(
+        f"checkpoint {uri} was written by {FRAMEWORK_NAMES.get(written_by, written_by)}, this run resumes "
+        f"{FRAMEWORK_NAMES.get(wanted, wanted)} checkpoints: point the job at another checkpoint root "
+        f"(nothing was deleted)")
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,8 @@ def load(ref: CheckpointRef, rank: int = 0) -> LoadedCheckpoint:
     """Verify the manifest and every file this rank needs, then rebuild its state."""
     man = manifest.read(ref.storage, ref.name)
     meta = _read_json(ref, man, layout.STATE)
+    if "slots" not in meta:  # a framework's own files (agents/integrations/accelerate.py), not Respawn's tensors
+        raise other_framework(ref.uri, meta.get("framework", "?"), "torch, hf or lightning")
     if rank >= meta.get("world_size", 1):
         raise CorruptCheckpointError(f"checkpoint {ref.uri} was saved by {meta.get('world_size', 1)} ranks, rank {rank} has no state in it")
     rank_state = meta if rank == 0 else _read_json(ref, man, layout.rank_state_file(rank))

@@ -6,15 +6,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import CorruptCheckpointError, EvalError, IncompatibleCheckpointError
-from .reader import CheckpointRef, LoadedCheckpoint, list_checkpoints, load, ref_from_uri
+from .errors import CorruptCheckpointError, EvalError
+from .reader import CheckpointRef, LoadedCheckpoint, list_checkpoints, load, other_framework, ref_from_uri
 from .storage import Storage
 from .validation import ValidationSettings, Verdict, judge, mark
-
-
-FRAMEWORK_NAMES = {"torch": "a PyTorch loop with Checkpointer (torch)", "hf": "the Hugging Face Trainer integration (hf)",
-                   "lightning": "the Lightning integration (lightning)", "accelerate": "the Accelerate integration (accelerate)",
-                   "jax": "the JAX integration (jax)"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +72,8 @@ def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
     except CorruptCheckpointError as exc:
         mark(ref, Verdict(False, None, None, str(exc)))
         return None, f"corrupt: {exc}"
-    written_by = loaded.meta.get("framework", "torch")  # checkpoints before DESIGN §11 are the torch loop's
-    if written_by != framework:
-        raise IncompatibleCheckpointError(
-            f"checkpoint {ref.uri} was written by {FRAMEWORK_NAMES.get(written_by, written_by)}, this run resumes "
-            f"{FRAMEWORK_NAMES.get(framework, framework)} checkpoints: point the job at another checkpoint root "
-            f"(nothing was deleted)")
+    if loaded.meta.get("framework", "torch") != framework:  # checkpoints before DESIGN §11 are the torch loop's
+        raise other_framework(ref.uri, loaded.meta.get("framework", "torch"), framework)
     # A recorded `error` is checked again: the eval_fn may be fixed, and a check that cannot
     # run says nothing about the checkpoint, so it stops the resume (naming why) rather than
     # falling back to older ones it would fail on alike.
