@@ -220,6 +220,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "CheckpointKindEnum": "agents.protocol.CheckpointKind.ALL",
         "InterruptionKindEnum": "jobs.core.choices.InterruptionKind.CHOICES",
+        "DeliveryStatusEnum": "jobs.core.choices.DeliveryStatus.CHOICES",
+        "JobStatusEnum": "jobs.core.choices.JobStatus.CHOICES",
     },
 }
 
