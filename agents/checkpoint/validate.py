@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.model_factory or args.batch_factory:
             settings = ValidationSettings(args.model_factory or "", args.batch_factory or "", args.tolerance, args.eval_fn)
         ref = ref_from_uri(args.uri)
+        if written_by(ref) == "jax":
+            # Orbax's files, read through Orbax: jax is imported for JAX checkpoints only.
+            from agents.integrations import jax as jax_integration
+
+            load, judge = jax_integration.load_checkpoint, jax_integration.judge
         loaded = load(ref)
     except CorruptCheckpointError as exc:
         print(json.dumps({"result": "invalid", "message": str(exc), "unreadable": True}))
@@ -52,6 +57,18 @@ def main(argv: list[str] | None = None) -> int:
         mark(ref, verdict)
     print(json.dumps(verdict.to_json()))
     return 0 if verdict.valid else 2 if verdict.error else 1
+
+
+def written_by(ref) -> str | None:
+    """The framework a checkpoint's state.json names (None when there is none to read:
+    the reader then says what is missing)."""
+    from agents.checkpoint import layout
+    from agents.checkpoint.storage import StorageError
+
+    try:
+        return json.loads(ref.storage.read(ref.key(layout.STATE))).get("framework")
+    except (StorageError, OSError, ValueError, AttributeError):
+        return None
 
 
 if __name__ == "__main__":

@@ -293,12 +293,16 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
     reference = loaded.meta.get("reference_loss")
     if reference is None and loaded.meta.get("reference_error"):
         raise EvalError(f"checkpoint {uri} has no reference loss: at save, {loaded.meta['reference_error']}")
-    loss = evaluate(settings, model, batch)
+    return compare(uri, evaluate(settings, model, batch), reference, settings.tolerance)
+
+
+def compare(uri: str, loss: float, reference: float | None, tolerance: float) -> Verdict:
+    """The verdict on a checkpoint whose reloaded state gives `loss`, saved with `reference`."""
     if reference is None:
         return Verdict(False, loss, None, f"checkpoint {uri} stores no reference loss")
-    if _close_enough(loss, reference, settings.tolerance):
+    if _close_enough(loss, reference, tolerance):
         return Verdict(True, loss, reference)
-    return Verdict(False, loss, reference, f"checkpoint {uri}: loss {loss!r} differs from reference {reference!r} beyond tolerance {settings.tolerance}")
+    return Verdict(False, loss, reference, f"checkpoint {uri}: loss {loss!r} differs from reference {reference!r} beyond tolerance {tolerance}")
 
 
 def mark(ref: CheckpointRef, verdict: Verdict) -> None:

@@ -4,6 +4,8 @@
 - `agents.integrations.lightning.SpotSafe()`: a Lightning callback, and `spot_safe_fit`.
 - `agents.integrations.accelerate.SpotSafeState(accelerator)`: Accelerate's
   `save_state` / `load_state` users.
+- `agents.integrations.jax.SpotSafe(config)`: a JAX / Flax / optax loop saving through
+  Orbax (`restore`, `save` each step, `stop`, `finish`).
 
 Each keeps the framework's own resume code (so what it restores exactly stays exact)
 and puts Respawn's checkpointing under it (DESIGN §6: two-phase saves beside training,
@@ -12,5 +14,7 @@ reports to the agent, validation). A checkpoint's state.json names the framework
 wrote it (DESIGN §11); each integration refuses another's with IncompatibleCheckpointError.
 
 The frameworks are imported by these modules only, never by the agent or by
-`agents.checkpoint` (extras `respawn[hf]`, `respawn[lightning]`).
+`agents.checkpoint` (extras `respawn[hf]`, `respawn[lightning]`, `respawn[jax]`); the
+validator process (`python -m agents.checkpoint.validate`) imports agents.integrations.jax
+for a JAX checkpoint only.
 """

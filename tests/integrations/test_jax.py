@@ -1,0 +1,135 @@
+"""JAX / Flax / optax with Orbax under agents.integrations.jax (issue 18 item 5): real
+processes, real signals, CPU JAX.
+
+The example (agents/examples/jax_flax.py) is run uninterrupted, stopped by SIGTERM and
+resumed, SIGKILLed while a save is being written and resumed: the resumed runs end
+bitwise equal to the uninterrupted one (params, optimizer state, PRNG key) with the
+same data position. The agent's validator process validates a JAX checkpoint with the
+script's eval_fn. A torch checkpoint is refused with nothing deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("orbax.checkpoint")
+
+from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, layout  # noqa: E402
+from agents.checkpoint.reader import ref_from_uri  # noqa: E402
+from agents.examples import jax_flax, tiny  # noqa: E402
+from agents.integrations.jax import load_checkpoint, restore_state  # noqa: E402
+
+from .trials import ROOT, kill_mid_save, newest_committed, reports, run, start, wait_for  # noqa: E402
+
+MODULE = "agents.examples.jax_flax"
+STEPS = 30
+ARGS = ("--steps", str(STEPS), "--every-steps", "8")
+VALIDATION_ENV = {"RESPAWN_MODEL_FACTORY": "agents.examples.jax_flax:make_state",
+                  "RESPAWN_BATCH_FACTORY": "agents.examples.jax_flax:validation_batch",
+                  "RESPAWN_EVAL_FN": "agents.examples.jax_flax:eval_loss"}
+
+
+def saved(uri, step: int) -> tuple[dict, dict]:
+    """(the train state, state.json) of committed checkpoint `step`, digests verified."""
+    loaded = load_checkpoint(ref_from_uri(f"{uri}/{layout.step_dir(step)}"))
+    return restore_state(loaded, jax_flax.make_state()), loaded.meta
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    import jax
+
+    leaves_a, tree_a = jax.tree.flatten_with_path(jax.tree.map(_raw, a))
+    leaves_b, tree_b = jax.tree.flatten_with_path(jax.tree.map(_raw, b))
+    assert tree_a == tree_b
+    differ = [jax.tree_util.keystr(path) for (path, x), (_, y) in zip(leaves_a, leaves_b)
+              if x.dtype != y.dtype or not np.array_equal(x, y)]
+    assert differ == []
+
+
+def _raw(leaf):
+    import jax
+
+    is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The uninterrupted run, with validation configured (reference loss at each save)."""
+    uri = tmp_path_factory.mktemp("jax") / "uninterrupted"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")} | VALIDATION_ENV
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run([sys.executable, "-m", MODULE, "--uri", str(uri), *ARGS], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return uri
+
+
+def test_notice_saves_at_a_step_boundary_stops_and_resumes_bitwise(uninterrupted, tmp_path):
+    uri, channel = tmp_path / "ckpt", tmp_path / "channel"
+    proc = start(MODULE, uri, *ARGS, "--step-delay", "0.1", channel=channel)
+    wait_for(lambda: newest_committed(uri), proc, "a first periodic commit", poll_s=0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "finished" not in out
+    notice = [r for r in reports(channel) if r["kind"] == "notice"]
+    assert len(notice) == 1, reports(channel)
+    stopped_at = notice[0]["step"]
+    assert 8 <= stopped_at < STEPS
+    assert json.loads((channel / "status.json").read_text())["stopped"] is True
+    # Saved at a step boundary: the data position is the number of batches trained.
+    _, meta = saved(uri, stopped_at)
+    assert meta["framework"] == "jax" and meta["extra"] == {"position": stopped_at}
+    code, out = run(MODULE, uri, *ARGS)
+    assert code == 0, out
+    assert f"resuming at step {stopped_at} from" in out
+    resumed, meta = saved(uri, STEPS)
+    expected, expected_meta = saved(uninterrupted, STEPS)
+    assert_bitwise_equal(resumed, expected)  # params, optimizer state and PRNG key
+    assert meta["extra"] == expected_meta["extra"] == {"position": STEPS}
+
+
+def test_sigkill_mid_save_resumes_from_the_previous_commit(uninterrupted, tmp_path):
+    uri = tmp_path / "ckpt"
+    torn, previous = kill_mid_save(MODULE, uri, *ARGS, "--n-embd", "16", "--step-delay", "0.05")
+    assert previous is not None and previous < torn
+    code, out = run(MODULE, uri, *ARGS)
+    assert code == 0, out
+    assert f"resuming at step {previous} from" in out
+    assert_bitwise_equal(saved(uri, STEPS)[0], saved(uninterrupted, STEPS)[0])
+
+
+def test_the_validator_process_checks_a_jax_checkpoint_with_the_scripts_eval_fn(uninterrupted):
+    uri = f"{uninterrupted}/{layout.step_dir(STEPS)}"
+    assert saved(uninterrupted, STEPS)[1]["reference_loss"] > 0
+    validate = [sys.executable, "-m", "agents.checkpoint.validate", uri, "--no-record"]
+    proc = subprocess.run(validate, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["result"] == "valid"
+    # An eval_fn that raises: the check failed (`error`), the checkpoint is not condemned.
+    proc = subprocess.run([*validate, "--model-factory", VALIDATION_ENV["RESPAWN_MODEL_FACTORY"],
+                           "--batch-factory", VALIDATION_ENV["RESPAWN_BATCH_FACTORY"],
+                           "--eval-fn", "agents.examples.jax_flax:no_such_function"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    verdict = json.loads(proc.stdout.splitlines()[-1])
+    assert proc.returncode == 2 and verdict["result"] == "error" and "no_such_function" in verdict["message"]
+
+
+def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):
+    uri = tmp_path / "ckpt"
+    other = Checkpointer(TrainState(tiny.make_model()), CheckpointConfig(uri=str(uri), handle_signals=False))
+    other.save(5, kind="final")
+    other.close()
+    before = sorted(p.relative_to(uri) for p in uri.rglob("*"))
+    code, out = run(MODULE, uri, "--steps", "10")
+    assert code != 0
+    assert "was written by framework 'torch', not by the JAX integration" in out and "nothing was deleted" in out
+    assert sorted(p.relative_to(uri) for p in uri.rglob("*")) == before
