@@ -5,6 +5,7 @@ Celery's own apply: retries included)."""
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.core import mail
@@ -15,6 +16,7 @@ from jobs.core.choices import Channel, DeliveryStatus, EndReason, InstanceState,
 from jobs.core.choices import NotificationKind as Kind
 from jobs.core.services import record_validation
 from jobs.core.transitions import transition_job
+from jobs.fleet import orchestration
 from jobs.models import Checkpoint, Delivery, JobEvent, Notification, Subscription, Team
 from jobs.money.budget import warn_over_budget
 from jobs.notify import events, subscriptions
@@ -167,3 +169,16 @@ def test_a_disabled_subscription_or_one_of_a_person_who_left_is_told_nothing(set
     transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
     assert not Delivery.objects.exists()
     assert Subscription.objects.count() == 2
+
+
+def test_a_launch_held_by_the_budget_is_told_once_per_hold(setup, settings):
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    sub = subscribe(setup.team, [Kind.LAUNCH_HELD], user=setup.people["member"].user)
+    Team.objects.filter(pk=setup.team.pk).update(monthly_budget_usd=Decimal("0.10"))
+    job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"])
+    orchestration.schedule()
+    orchestration.schedule()  # still held: the same hold
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+    delivery = Delivery.objects.get(subscription=sub)
+    assert "monthly budget" in delivery.notification.text and delivery.notification.job_id == job.pk
