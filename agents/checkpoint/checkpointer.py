@@ -207,7 +207,8 @@ class Checkpointer:
     `save(1200)` gives `load_latest().step == 1200` and the loop runs step 1200 next.
     """
 
-    def __init__(self, state: TrainState, config: CheckpointConfig, framework: str = FRAMEWORK):
+    def __init__(self, state: TrainState, config: CheckpointConfig, framework: str = FRAMEWORK, *,
+                 hook_optimizer: bool = True):
         self.state = state
         self.config = config
         self.framework = framework  # in state.json: a resume by another framework refuses it (DESIGN §11)
@@ -232,8 +233,9 @@ class Checkpointer:
         self.should_stop = False
         self.last_outcome: SaveOutcome | None = None
         self._previous_handlers: dict = {}
+        self._overlap = config.overlap_snapshot and state.optimizer is not None
         self._step_hook = None
-        if config.overlap_snapshot and state.optimizer is not None:
+        if self._overlap and hook_optimizer:
             self._step_hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
         if config.handle_signals and threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
@@ -245,6 +247,12 @@ class Checkpointer:
 
     def _on_checkpoint_now(self, signum, frame) -> None:
         self._now_seen = True
+
+    def before_optimizer_step(self) -> None:
+        """With `hook_optimizer=False`: call it after forward/backward, right before the
+        optimizer changes the weights (Lightning runs forward/backward inside
+        `optimizer.step(closure)`, where a step pre-hook would wait before them)."""
+        self._before_optimizer_step(None, (), {})
 
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         """The weights are about to change: the in-flight snapshot must hold them first."""
@@ -409,7 +417,7 @@ class Checkpointer:
         parameters it updates and its per-parameter state), and those of them to
         write live: the largest moments, up to `write_live_fraction` of the state."""
         optimizer = self.state.optimizer
-        if self._step_hook is None:
+        if not self._overlap:
             return frozenset(), frozenset()
         params = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
         moments = {t.data_ptr() for per_param in optimizer.state.values()

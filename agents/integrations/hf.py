@@ -25,6 +25,7 @@ Single process only (`args.world_size == 1`); DeepSpeed and FSDP are refused.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import functools
 import json
 import os
@@ -89,7 +90,6 @@ class RespawnCallback(TrainerCallback):
         self.ckpt: Checkpointer | None = None
         self.resumed_step = 0
         self.stopped = False
-        self._extra: dict = {}
 
     def stage_resume(self) -> str | None:
         """The newest usable checkpoint, written out as a Trainer checkpoint directory
@@ -108,15 +108,12 @@ class RespawnCallback(TrainerCallback):
         # Accelerate wraps both; the state (and the optimizer's step hook) is the inner one's.
         optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
         scheduler = getattr(trainer.lr_scheduler, "scheduler", trainer.lr_scheduler)
-        train_state = TrainState(trainer.model, optimizer, scheduler, scaler=scaler, extra=self._extra)
+        train_state = _TrainerState(trainer.model, optimizer, scheduler, scaler=scaler, trainer=trainer)
         self.ckpt = Checkpointer(train_state, self.config, framework=FRAMEWORK)
         if self.resumed_step:
             self.ckpt.resumed_at(self.resumed_step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        # What Trainer's own save writes to trainer_state.json, taken here: the snapshot
-        # is the state at this step boundary, whenever its bytes reach storage.
-        self._extra["trainer_state"] = trainer_state_json(state, [*self.trainer.callback_handler.callbacks, control])
         self.ckpt.save(state.global_step)
         if self.ckpt.should_stop and not self.stopped:
             self.stopped = True
@@ -132,6 +129,19 @@ class RespawnCallback(TrainerCallback):
             self.ckpt.close()
         else:
             self.ckpt.finish(state.global_step)  # final save, validation, export when configured
+
+
+@dataclass
+class _TrainerState(TrainState):
+    """The TrainState plus what Trainer's own save writes to trainer_state.json, taken
+    when a save snapshots the state (at a step boundary), not at every step."""
+
+    trainer: object = None
+
+    def state_dict(self) -> dict:
+        trainer = self.trainer
+        self.extra["trainer_state"] = trainer_state_json(trainer.state, [*trainer.callback_handler.callbacks, trainer.control])
+        return super().state_dict()
 
 
 def trainer_state_json(state, callbacks) -> str:

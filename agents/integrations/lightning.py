@@ -117,7 +117,9 @@ class SpotSafe(Callback):
         if len(trainer.optimizers) != 1:
             raise ConfigError(f"agents.integrations.lightning saves one optimizer; this module has {len(trainer.optimizers)}")
         state = _LightningState(pl_module, trainer.optimizers[0], trainer=trainer)
-        self.ckpt = Checkpointer(state, self.config, framework=FRAMEWORK)
+        # Lightning runs forward/backward inside optimizer.step(closure): an optimizer step
+        # pre-hook would make them wait for the snapshot; on_before_optimizer_step comes after.
+        self.ckpt = Checkpointer(state, self.config, framework=FRAMEWORK, hook_optimizer=False)
         if self.resumed_step:
             self.ckpt.resumed_at(self.resumed_step)
             self._seen_step = self.resumed_step
@@ -126,6 +128,9 @@ class SpotSafe(Callback):
         if self._rng is not None:  # the resumed run's first batch: the RNG as the saved step left it
             set_rng_state(self._rng)
             self._rng = None
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.ckpt.before_optimizer_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._at_boundary = trainer.global_step != self._seen_step

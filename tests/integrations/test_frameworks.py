@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState
 from agents.examples import tiny_lm
 
-from .trials import differing, final_state, kill_mid_save, newest_committed, reports, run, start, wait_for
+from .trials import ROOT, differing, final_state, kill_mid_save, newest_committed, reports, run, start, wait_for
 
 STEPS = 40
 
@@ -112,3 +114,11 @@ def test_another_frameworks_checkpoint_is_refused_and_kept(framework, tmp_path):
     assert code != 0
     assert framework.other_says in out and "nothing was deleted" in out
     assert sorted(p.relative_to(uri) for p in uri.rglob("*")) == before
+
+
+def test_the_agent_and_the_checkpoint_library_import_no_framework():
+    probe = ("import sys, agents.__main__, agents.agent.lifecycle, agents.checkpoint.checkpointer, "
+             "agents.checkpoint.validate, agents.integrations; "
+             "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr

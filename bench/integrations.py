@@ -1,0 +1,160 @@
+"""What the framework integrations cost (agents/integrations), one row per framework.
+
+    python bench/integrations.py [--check] [--frameworks hf,lightning] [--n-embd 512] [--steps 40] [--every 8]
+
+Each framework trains a small causal LM (one block of width --n-embd, AdamW: weights +
+two moments) in this process with its one line (`spot_safe(trainer)`) and Respawn's
+periodic saves every --every steps, and:
+
+1. periodic save stall: training time a periodic save of our integration takes from
+   training (each save's `stall_s`, as reported to the agent: the snapshot, and any wait
+   of the next optimizer step for it), mean over the run's saves, divided by the
+   framework's own synchronous save of the same state (Trainer's `_save_checkpoint`,
+   Lightning's `save_checkpoint`; the median of three, made at step 2, before any of
+   ours runs beside it). --check: <= 0.2.
+2. notice -> committed: a real SIGTERM near the end; the notice save's `save_s` (its
+   snapshot, write and commit, as reported) divided by a raw sequential write + fsync
+   of the same number of bytes in the same directory (bench/notice.py's, the median of
+   three). --check: <= 1.5.
+
+A framework is one entry in FRAMEWORKS: a function that runs the trial and returns
+the own-save times; the reports file gives the rest. Another framework (JAX) adds one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from notice import raw_write_s  # noqa: E402
+
+from agents.checkpoint import CheckpointConfig  # noqa: E402
+
+MAX_STALL_RATIO = 0.2
+MAX_NOTICE_RATIO = 1.5
+OWN_SAVE_STEP = 2
+
+
+def timed_thrice(save: Callable[[], None]) -> list[float]:
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        save()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from agents.examples.hf_trainer import Tokens, make_model
+    from agents.integrations.hf import spot_safe
+
+    own: list[float] = []
+
+    class Bench(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == OWN_SAVE_STEP:
+                own.extend(timed_thrice(lambda: trainer._save_checkpoint(trainer.model, None)))
+            if state.global_step == steps - 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    args = TrainingArguments(output_dir=str(work / "own"), max_steps=steps, per_device_train_batch_size=8,
+                             save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, logging_steps=10**6)
+    trainer = Trainer(model=make_model(n_embd), args=args, train_dataset=Tokens(), callbacks=[Bench()])
+    spot_safe(trainer, config, exit_on_stop=False)
+    trainer.train()
+    return own
+
+
+def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
+    import lightning as L
+
+    from agents.checkpoint import ResumableLoader
+    from agents.examples import tiny_lm
+    from agents.examples.lightning_module import LitLM
+    from agents.integrations.lightning import spot_safe
+
+    own: list[float] = []
+
+    class Bench(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == OWN_SAVE_STEP:
+                own.extend(timed_thrice(lambda: trainer.save_checkpoint(work / "own.ckpt")))
+            if trainer.global_step == steps - 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(work),
+                        callbacks=[Bench()])
+    spot_safe(trainer, config, exit_on_stop=False)
+    loader = ResumableLoader(tiny_lm.tokens(4096, seed=1), batch_size=8, seed=0, shuffle=True)
+    try:
+        trainer.fit(LitLM(n_embd), loader)
+    except SystemExit:  # Lightning's own end of a run on SIGTERM (SIGTERMException)
+        pass
+    return own
+
+
+FRAMEWORKS: dict[str, Callable[[Path, CheckpointConfig, int, int], list[float]]] = {
+    "hf": hf_trial,
+    "lightning": lightning_trial,
+}
+
+
+def measure(name: str, n_embd: int, steps: int, every: int) -> tuple[float, float, str]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=os.environ.get("BENCH_DIR")) as tmp:
+        work = Path(tmp)
+        reports = work / "checkpoints.jsonl"
+        config = CheckpointConfig(uri=str(work / "ckpt"), every_steps=every, checkpoints_file=str(reports))
+        own = FRAMEWORKS[name](work, config, n_embd, steps)
+        rows = [json.loads(line) for line in reports.read_text().splitlines()]
+        stalls = [r["stall_s"] for r in rows if r["kind"] == "periodic"]
+        notice = [r for r in rows if r["kind"] == "notice"]
+        if not stalls or len(notice) != 1:
+            raise SystemExit(f"{name}: expected periodic saves and one notice save, got {[r['kind'] for r in rows]}")
+        raw = statistics.median(raw_write_s(work, notice[0]["bytes"]) for _ in range(3))
+    stall_ratio = statistics.mean(stalls) / statistics.median(own)
+    notice_ratio = notice[0]["save_s"] / raw
+    detail = (f"{notice[0]['bytes'] / 1e6:.0f} MB state; periodic stall {statistics.mean(stalls) * 1e3:.1f} ms mean of "
+              f"{len(stalls)} / own sync save {statistics.median(own) * 1e3:.1f} ms; notice save {notice[0]['save_s'] * 1e3:.0f} ms "
+              f"/ raw write+fsync {raw * 1e3:.0f} ms")
+    return stall_ratio, notice_ratio, detail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when a ratio is over its bound")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--n-embd", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--every", type=int, default=8)
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    ok = True
+    for name in args.frameworks.split(","):
+        stall, notice, detail = measure(name, args.n_embd, args.steps, args.every)
+        print(f"{name}: periodic save stall / own sync save {stall:.3f} (bound {MAX_STALL_RATIO}); "
+              f"notice -> committed / raw write {notice:.2f} (bound {MAX_NOTICE_RATIO}) [{detail}]", flush=True)
+        ok = ok and stall <= MAX_STALL_RATIO and notice <= MAX_NOTICE_RATIO
+    if args.check and not ok:
+        print("FAIL: a ratio is over its bound", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
