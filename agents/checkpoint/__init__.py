@@ -49,6 +49,12 @@ Public API (everything else in this package is internal):
   blocking a step; a stop seen by one rank stops all at the same step, within
   2 x `agree_every_steps` - 1 steps (docs/coordination.md).
   `leave_process_group()` at the end: all ranks tear the group down together.
+- Frameworks: agents/integrations (HF Trainer, Lightning, Accelerate) build on this
+  package. `Checkpointer(state, config, framework="torch")` names the writer in
+  state.json and `load_latest()` refuses another framework's checkpoint
+  (IncompatibleCheckpointError, nothing deleted); `resumed_at(step)` when a framework's
+  own resume restored a checkpoint; `hook_optimizer=False` + `before_optimizer_step()`
+  when forward/backward run inside `optimizer.step(closure)`.
 - Format: DESIGN §6, one step-NNNNNNNN/ directory per checkpoint (agents/checkpoint/layout.py).
   Tensors are packed into a few raw data files per rank (not torch.distributed.checkpoint):
   that is what lets snapshots reuse one set of (pinned) host buffers, persists be paced
