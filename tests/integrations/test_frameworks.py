@@ -122,3 +122,15 @@ def test_the_agent_and_the_checkpoint_library_import_no_framework():
              "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_hf_checkpoints_are_validated_with_the_models_own_loss(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.setenv("RESPAWN_MODEL_FACTORY", "agents.examples.hf_trainer:make_model")
+    monkeypatch.setenv("RESPAWN_BATCH_FACTORY", "agents.examples.hf_trainer:validation_batch")
+    uri = tmp_path / "ckpt"
+    code, out = run(FRAMEWORKS["hf"].module, uri, "--steps", "12", "--every-steps", "6", keep_env=("RESPAWN_MODEL_FACTORY", "RESPAWN_BATCH_FACTORY"))
+    assert code == 0, out
+    verdict = json.loads((uri / "step-00000012" / "VALIDATION.json").read_text())
+    assert verdict["result"] == "valid" and verdict["loss"] == verdict["reference_loss"]
+    assert (uri / "export").is_dir()  # finish() exported the validated weights

@@ -17,8 +17,8 @@ from agents.checkpoint.storage.local import LocalStorage
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(module: str, uri: Path, *args: str, channel: Path | None = None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
+def start(module: str, uri: Path, *args: str, channel: Path | None = None, keep_env: tuple[str, ...] = ()) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_") or k in keep_env}
     env["PYTHONPATH"] = str(ROOT)
     if channel is not None:
         channel.mkdir(exist_ok=True)
@@ -28,8 +28,8 @@ def start(module: str, uri: Path, *args: str, channel: Path | None = None) -> su
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def run(module: str, uri: Path, *args: str, channel: Path | None = None) -> tuple[int, str]:
-    proc = start(module, uri, *args, channel=channel)
+def run(module: str, uri: Path, *args: str, channel: Path | None = None, keep_env: tuple[str, ...] = ()) -> tuple[int, str]:
+    proc = start(module, uri, *args, channel=channel, keep_env=keep_env)
     out, _ = proc.communicate(timeout=600)
     return proc.returncode, out
 
