@@ -27,6 +27,7 @@ PATH_METRICS = "metrics"  # every step's loss and speed, in batches (the heartbe
 PATH_EXIT = "exit"
 PATH_PREPARE = "prepare"
 PATH_RENDEZVOUS = "rendezvous"  # GET: rank 0's address, for a rank that registered before rank 0 did
+PATH_STANDBY = "standby"  # GET: whether a spare still waits, and once promoted the checkpoint it resumes from
 PATH_SOURCE = "source"  # GET: the job's source archive (agents/sourcetree.py), whose SHA-256 the job spec pins
 
 MAX_LOG_LINES_PER_BATCH = 1000
@@ -43,7 +44,10 @@ class Action:
     CHECKPOINT = "checkpoint"
     CHECKPOINT_AND_STOP = "checkpoint_and_stop"
     STOP = "stop"
-    ALL = (CONTINUE, CHECKPOINT, CHECKPOINT_AND_STOP, STOP)
+    # To a VM holding a notice (JobSpec.notice_hold): its spare is launching, so train on until
+    # checkpoint_and_stop, at the latest when only the save's budget is left (docs/spares.md).
+    HOLD = "hold"
+    ALL = (CONTINUE, CHECKPOINT, CHECKPOINT_AND_STOP, STOP, HOLD)
 
 
 class CheckpointKind:
@@ -177,6 +181,13 @@ class JobSpec:
     run_id: str = ""
     # OCI image the trainer runs in (agents/agent/container.py); empty: the VM's own Python.
     container_image: str = ""
+    # A spare launched on another VM's notice (docs/spares.md): prepare, then poll `standby`
+    # and start the trainer only once promoted, from the checkpoint that answer names.
+    standby: bool = False
+    # On a notice whose window leaves more than notice_budget_s, train on a few seconds for the
+    # control plane's word: `hold` (a spare is launching) keeps training until checkpoint_and_stop
+    # or until only that budget is left; no word, and it saves as without a spare.
+    notice_hold: bool = False
 
 
 @dataclass(kw_only=True)
@@ -200,6 +211,14 @@ class HeartbeatAnswer:
     action: str = Action.CONTINUE
     checkpoint_interval_s: float | None = None
     heartbeat_interval_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class StandbyAnswer:
+    standby: bool = False  # still waiting for the instance it stands by for to end
+    resume_from: str | None = None  # once promoted: as JobSpec's
+    resume_step: int | None = None
+    resume_validation: str = ""
 
 
 @dataclass(kw_only=True)

@@ -279,6 +279,8 @@ PROVIDER_CONFIG["local"] = {
     "market_every_s": env_float("RESPAWN_LOCAL_PREEMPT_EVERY_S", 60.0),
     "market_rate_per_hour": env_float("RESPAWN_LOCAL_PREEMPTIONS_PER_HOUR", 20.0),
     "notice_lead_s": env_float("RESPAWN_LOCAL_NOTICE_S", 30.0),
+    # Seconds a local VM takes to boot before its agent starts (a cloud's image, drivers, agent install).
+    "boot_delay_s": env_float("RESPAWN_LOCAL_BOOT_DELAY_S", 0.0),
     **PROVIDER_CONFIG.get("local", {}),
 }
 

@@ -77,6 +77,11 @@ def terminate_instance(instance_id: int) -> None:
     orchestration.terminate(instance_id)
 
 
+@shared_task(name="jobs.tasks.launch_spare", ignore_result=True)
+def launch_spare(instance_id: int) -> None:
+    orchestration.launch_spare(instance_id)
+
+
 @shared_task(name="jobs.tasks.check_gang_failure", ignore_result=True, **CLOUD_RETRY)
 def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:
     orchestration.check_gang_failure(job_id, signature, output_tail, instance_id)
@@ -105,6 +110,7 @@ def reconcile() -> int:
             orchestration.confirm_silent(instance)
             handled += 1
     handled += orchestration.retry_stuck_provisioning()
+    orchestration.release_stale_spares()
     orchestration.release_stopped_disks()
     orchestration.resend_lost_launches()
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():

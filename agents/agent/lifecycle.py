@@ -67,6 +67,11 @@ from agents.notices.base import notice_budget_s, utcnow
 log = logging.getLogger(__name__)
 
 TRAINER_LOG = "trainer.log"
+# How often a spare asks whether it is promoted, and a VM holding a notice for a spare
+# heartbeats to hear that it is ready: each hand-over waits at most this long on the ask.
+STANDBY_POLL_S = 0.5
+# How long a VM holding a notice trains on without the control plane's `hold` (a spare is launching).
+HOLD_CONFIRM_S = 10.0
 PREPARE_DIR = "prepare"  # under the work dir: the prepare step's outputs ($RESPAWN_PREPARE_DIR)
 PREPARE_RESULT = "prepare-result.json"  # under the work dir: how the step went (agents.agent.prepare)
 LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.log was journaled, for a restart
@@ -156,6 +161,8 @@ class Agent:
         self.commit_journaled_at: datetime | None = None
         self.stopped_by_control_plane = False
         self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
+        self.hold_until: float | None = None  # monotonic time a notice's save starts at the latest, while held
+        self.hold_limit: float | None = None  # hold_until once the control plane confirmed a spare is launching
         self.heartbeat_interval_s = 10.0
         self.checkpoint_interval_s: float | None = None
 
@@ -375,6 +382,12 @@ class Agent:
                 env.update(gang_env(job))
             except ValueError as exc:
                 return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
+        if job.standby:
+            ended = self._await_promotion()
+            if ended is not None:
+                return ended
+            if job.resume_from:
+                env[protocol.ENV_RESUME_FROM] = job.resume_from
         if trackers.wants_mlflow_run(env, {**job.env, **job.secret_env}):
             self._find_mlflow_run(env)
         try:
@@ -450,13 +463,16 @@ class Agent:
                 self._agent_line("the trainer did not stop in time; killing it")
                 self.trainer.kill()
                 continue
+            if self.hold_until is not None and now >= self.hold_until:
+                self._stop_for_notice(report=False)
             if now >= next_logs:
                 self._ship_logs()
                 next_logs = now + self.config.log_batch_interval_s
             if now >= next_heartbeat:
                 self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
                 self._ship_metrics()
-                next_heartbeat = now + self.heartbeat_interval_s
+                # While a notice is held, the control plane's word that the spare is ready must come soon.
+                next_heartbeat = now + (min(STANDBY_POLL_S, self.heartbeat_interval_s) if self.hold_until is not None else self.heartbeat_interval_s)
             try:
                 event = self.events.get(timeout=self.config.tick_s)
             except queue.Empty:
@@ -498,33 +514,71 @@ class Agent:
 
     def _await_rendezvous(self) -> protocol.ExitReport | None:
         """A rank > 0 that registered before rank 0 has no rendezvous address yet (on a
-        cloud it is known only once rank 0 registers): keep heartbeating, so this
-        instance is not taken for lost, and ask for the address at the heartbeat
-        interval until it comes. It sets `self.job.rendezvous_addr`; an exit report
-        when the job cannot go on here (a notice or a stop came first, the control
-        plane refused the call, or no address within the register timeout)."""
+        cloud it is known only once rank 0 registers): ask for it until it comes. It
+        sets `self.job.rendezvous_addr`; an exit report as `_poll_until`'s, or when no
+        address came within the register timeout."""
         job = self.job
         assert job is not None
         self._agent_line(f"rank {job.rank} of {job.world_size}: waiting for rank 0 to register and give its rendezvous address")
-        give_up = time.monotonic() + self.config.register_timeout_s
+
+        def arrived(answer: dict) -> bool:
+            addr = answer.get("rendezvous_addr")
+            if not isinstance(addr, str):
+                log.warning("rendezvous answer with an unusable rendezvous_addr, ignored: %r", answer)
+            elif addr:
+                job.rendezvous_addr = addr
+                self._agent_line(f"rank 0's rendezvous address: {addr}")
+                return True
+            return False
+
+        return self._poll_until(protocol.PATH_RENDEZVOUS, "rendezvous", arrived, self.heartbeat_interval_s,
+                                give_up=(self.config.register_timeout_s, f"rank {job.rank} got no rendezvous address within {self.config.register_timeout_s}s: rank 0 did not register"))
+
+    def _await_promotion(self) -> protocol.ExitReport | None:
+        """A spare (docs/spares.md), booted and prepared during another VM's notice: ask
+        `standby` every STANDBY_POLL_S until that VM has ended and this one is promoted, then take
+        the checkpoint the answer names. No limit here: the control plane releases a
+        spare it will not need (the `stop` this loop ends on)."""
+        job = self.job
+        assert job is not None
+        self._agent_line("spare: prepared; waiting for the noticed VM's checkpoint before training")
+
+        def promoted(answer: dict) -> bool:
+            if answer.get("standby") is not False:
+                return False
+            resume_step = answer.get("resume_step")
+            job.resume_from = answer.get("resume_from") if isinstance(answer.get("resume_from"), str) else None
+            job.resume_step = resume_step if isinstance(resume_step, int) else None
+            job.resume_validation = str(answer.get("resume_validation") or "")
+            job.standby = False
+            self.status.start_step = job.resume_step or 0
+            return True
+
+        return self._poll_until(protocol.PATH_STANDBY, "standby", promoted, STANDBY_POLL_S)
+
+    def _poll_until(self, path: str, what: str, done, every_s: float,
+                    give_up: tuple[float, str] | None = None) -> protocol.ExitReport | None:
+        """GET `path` every `every_s` until `done(answer)`, heartbeating meanwhile so this
+        instance is not taken for lost. None once done; else an exit report: a notice or
+        a stop came first, the control plane refused the call, or `give_up`'s seconds
+        passed (a setup failure with its message)."""
+        give_up_at = time.monotonic() + give_up[0] if give_up else None
         next_poll = time.monotonic()
+        next_beat = next_poll
         while not (self.notice or self.stopped_by_control_plane):
             now = time.monotonic()
             if now >= next_poll:
-                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
-                outcome = self.client.get(protocol.PATH_RENDEZVOUS)
-                addr = (outcome.answer or {}).get("rendezvous_addr") if outcome.kind == DELIVERED else None
-                if isinstance(addr, str) and addr:
-                    job.rendezvous_addr = addr
-                    self._agent_line(f"rank 0's rendezvous address: {addr}")
+                if now >= next_beat:
+                    self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                    next_beat = now + self.heartbeat_interval_s
+                outcome = self.client.get(path)
+                if outcome.kind == DELIVERED and isinstance(outcome.answer, dict) and done(outcome.answer):
                     return None
                 if outcome.kind == REFUSED:
-                    return self._setup_failed(f"the control plane refused the rendezvous call (HTTP {outcome.status}): {outcome.detail[:500]}")
-                if outcome.kind == DELIVERED and not isinstance(addr, str):
-                    log.warning("rendezvous answer with an unusable rendezvous_addr, ignored: %r", outcome.answer)
-                if now >= give_up:
-                    return self._setup_failed(f"rank {job.rank} got no rendezvous address within {self.config.register_timeout_s}s: rank 0 did not register")
-                next_poll = time.monotonic() + self.heartbeat_interval_s
+                    return self._setup_failed(f"the control plane refused the {what} call (HTTP {outcome.status}): {outcome.detail[:500]}")
+                if give_up_at is not None and now >= give_up_at:
+                    return self._setup_failed(give_up[1])
+                next_poll = time.monotonic() + every_s
             try:
                 event = self.events.get(timeout=max(0.0, min(self.config.tick_s, next_poll - time.monotonic())))
             except queue.Empty:
@@ -611,6 +665,28 @@ class Agent:
             log.info("another notice (%s) while handling one from %s; already stopping", notice.source, self.notice.source)
             return
         self.notice = notice
+        stated = notice.deadline or notice.notice_time + timedelta(seconds=self.budget_s())
+        hold_s = notice.budget_s(self.budget_s()) - self.budget_s()
+        if self.job is not None and self.job.notice_hold and hold_s > 0 and self.trainer is not None and not self.preparing:
+            # A spare may boot meanwhile (docs/spares.md): train on until the control plane says
+            # it is ready (checkpoint_and_stop), at the latest when only the save's budget is left,
+            # and only briefly unless it says one is launching (`hold`).
+            self.hold_limit = time.monotonic() + hold_s
+            self.hold_until = min(self.hold_limit, time.monotonic() + HOLD_CONFIRM_S)
+            self.reporter.report(
+                protocol.PATH_NOTICE,
+                protocol.Notice(source=notice.source, notice_time=notice.notice_time.isoformat(), deadline=stated.isoformat(), raw=notice.raw),
+            )
+            self._agent_line(f"preemption notice from {notice.source}, deadline {stated.isoformat()}: training on while a spare boots, checkpointing and stopping within {hold_s:.1f}s")
+            return
+        self._stop_for_notice(report=True)
+
+    def _stop_for_notice(self, report: bool) -> None:
+        """Checkpoint and stop within what is left of the notice's budget (`report`: tell
+        the control plane of the notice too, unless done when the hold began)."""
+        notice = self.notice
+        assert notice is not None
+        self.hold_until = None
         budget = notice.budget_s(self.budget_s())
         working_deadline = utcnow() + timedelta(seconds=budget)
         stated = notice.deadline or notice.notice_time + timedelta(seconds=self.budget_s())
@@ -622,10 +698,11 @@ class Agent:
         )
         self._signal_trainer(self.config.stop_signal)
         self.kill_at = time.monotonic() + budget
-        self.reporter.report(
-            protocol.PATH_NOTICE,
-            protocol.Notice(source=notice.source, notice_time=notice.notice_time.isoformat(), deadline=stated.isoformat(), raw=notice.raw),
-        )
+        if report:
+            self.reporter.report(
+                protocol.PATH_NOTICE,
+                protocol.Notice(source=notice.source, notice_time=notice.notice_time.isoformat(), deadline=stated.isoformat(), raw=notice.raw),
+            )
         if self.validator is not None:
             self.validator.stop()  # the CPU is the notice save's now
             self.validator = None
@@ -662,7 +739,13 @@ class Agent:
         heartbeat = finite_or_none(answer.get("heartbeat_interval_s"))
         if heartbeat is not None and heartbeat > 0:
             self.heartbeat_interval_s = heartbeat
-        if action == protocol.Action.CHECKPOINT and self._checkpoint_wanted(heartbeat_sent_at):
+        if self.hold_until is not None and action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP):
+            self._agent_line("the spare is ready: checkpointing and stopping")
+            self._stop_for_notice(report=False)
+        elif self.hold_until is not None and action == protocol.Action.HOLD and self.hold_until != self.hold_limit:
+            self.hold_until = self.hold_limit
+            self._agent_line("a spare is launching: training on until it is ready")
+        elif action == protocol.Action.CHECKPOINT and self._checkpoint_wanted(heartbeat_sent_at):
             self.checkpoint_requested = True
             self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
         elif action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP) and not (self.stopped_by_control_plane or self.notice):

@@ -442,6 +442,26 @@ class RendezvousView(AgentView):
         return Response(protocol.to_dict(protocol.RendezvousAnswer(rendezvous_addr=self.instance.rendezvous_addr)))
 
 
+class StandbyView(AgentView):
+    """A spare (docs/spares.md) polls here once prepared: `standby` while the instance it
+    stands by for lives, then, promoted, the checkpoint to resume from, fixed at the
+    promotion (services.promote_spare). Asking says the spare is ready, so that instance,
+    training on through its notice, is told to save and stop (idempotent, as a GET must
+    be). Any other instance reads `standby` false and its own resume checkpoint."""
+
+    @extend_schema(responses=inline_serializer("StandbyAnswer", {
+        "standby": serializers.BooleanField(), "resume_from": serializers.CharField(allow_null=True),
+        "resume_step": serializers.IntegerField(allow_null=True), "resume_validation": serializers.CharField()}))
+    def get(self, request):
+        instance = Instance.objects.select_related("resume_checkpoint").get(pk=self.instance.pk)
+        if instance.standby_for_id is not None:
+            services.end_notice_hold(instance.standby_for_id)
+        resume = instance.resume_checkpoint
+        return Response(protocol.to_dict(protocol.StandbyAnswer(
+            standby=instance.standby_for_id is not None, resume_from=resume.uri if resume else None,
+            resume_step=resume.step if resume else None, resume_validation=resume.validation if resume else "")))
+
+
 class SourceView(AgentView):
     """The job's source archive, as uploaded (jobs.core.sources); the agent checks it against
     the SHA-256 its job spec pins before unpacking it. 404 when the job has none."""
@@ -583,4 +603,6 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         source_git_commit=job.source_git_commit,
         run_id=trackers.run_id(job),
         container_image=job.container_image,
+        standby=instance.standby_for_id is not None,
+        notice_hold=job.nodes == 1 and not post,  # a single VM's notice launches a spare (services.record_notice)
     )

@@ -39,6 +39,7 @@ agent_urlpatterns = [
     path("exit", agent.ExitView.as_view(), name="agent-exit"),
     path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
     path("rendezvous", agent.RendezvousView.as_view(), name="agent-rendezvous"),
+    path("standby", agent.StandbyView.as_view(), name="agent-standby"),
     path("dist/<str:name>", dist.DistView.as_view(), name="agent-dist"),
     path("setup-failed", dist.SetupFailedView.as_view(), name="agent-setup-failed"),
     path("source", agent.SourceView.as_view(), name="agent-source"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
@@ -101,7 +102,8 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
     """The agent is up: the instance runs, and its resume checkpoint is fixed now. Its
     checkpoint interval is the fleet's to set (jobs.fleet.placement.refresh_interval)."""
     now = timezone.now()
-    resume = usable_checkpoint(instance.job)
+    # A spare's checkpoint is fixed when it is promoted (promote_spare), not before the notice save.
+    resume = usable_checkpoint(instance.job) if instance.standby_for_id is None else None
     if instance.state == InstanceState.REQUESTED:
         transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING, message="agent registered")
     transition_instance(
@@ -116,7 +118,8 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         last_heartbeat_at=now,
         heartbeat_deadline=now + heartbeat_timeout(),
         resume_checkpoint=resume,
-        last_step=resume.step if resume else 0,  # where its trainer starts, until it reports
+        # where its trainer starts, until it reports (a spare's heartbeats must not move the job's step back)
+        last_step=resume.step if resume else (instance.job.last_step if instance.standby_for_id else 0),
         # The VM's id as the cloud gave it at launch wins over the agent's word (it decides
         # which VM the control plane asks about and terminates); the agent's is taken only
         # when it registered before its launch was recorded.
@@ -182,6 +185,8 @@ def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw
     ask its replacement to stop."""
     instance = Instance.objects.select_for_update(of=("self",)).select_related("job").get(pk=instance.pk)
     if instance.state == InstanceState.ENDED:
+        log_job_event(instance.job_id, f"notice from {source} for instance {instance.pk} ignored: the instance had "
+                                       f"already ended ({instance.end_reason}), no spare is launched for it")
         return None
     event = InterruptionEvent.objects.create(
         instance=instance,
@@ -196,6 +201,8 @@ def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw
     # A gang saves together: every other node checkpoints the same step and stops.
     request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk)
     log_job_event(instance.job_id, f"preemption notice for instance {instance.pk} ({source})")
+    if instance.job.nodes == 1 and instance.purpose == Purpose.TRAIN and instance.job.status == JobStatus.RUNNING:
+        nudges.send_on_commit(nudges.LAUNCH_SPARE, instance.pk)  # its replacement boots during the notice
     return event
 
 
@@ -240,6 +247,8 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
         if notice is not None:
             notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
             notice.save(update_fields=["checkpoint_saved"])
+        # After this transaction, whose job row lock must not be held while the job's endings are locked.
+        transaction.on_commit(lambda: _hand_over_to_spare(instance.pk))
     if instance.requested_action == Action.CHECKPOINT:
         Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
     return checkpoint, True
@@ -325,6 +334,16 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
     it: jobs.core.transitions.end_instance took the job's lock, so when two ranks end at
     once the second decision sees the first."""
     job = Job.objects.get(pk=job_id)
+    if instance_id is not None and Instance.objects.filter(pk=instance_id, standby_for__isnull=False).exists():
+        _after_spare_ended(job, instance_id, end_reason)
+        return
+    spare = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE,
+                                    standby_for__state=InstanceState.ENDED).first()
+    if spare is not None:
+        if end_reason in SPARE_TAKES_OVER and job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+            promote_spare(job, spare, end_reason)
+            return
+        release_spare(spare, f"instance {spare.standby_for_id} ended {end_reason}: no replacement is needed")
     if job.status == JobStatus.CANCELLING:
         finish_cancelling(job_id)
         return
@@ -341,6 +360,88 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
         _after_interruption(job, end_reason)
     else:
         _after_stop(job)
+
+
+# The ends of an instance after which the spare launched on its notice takes its slot.
+SPARE_TAKES_OVER = (EndReason.PREEMPTED, EndReason.LOST, EndReason.FENCED)
+
+
+def promote_spare(job: Job, spare: Instance, end_reason: str) -> None:
+    """The instance a spare stood by for has ended (it stopped after its notice save, or
+    its VM went): the spare takes its node slot now, resuming from the newest usable
+    checkpoint, which its agent reads from `standby`. The job passes through recovering
+    and provisioning as any relaunch does (the table of DESIGN §4), and is running again
+    at once when the spare has registered. Clearing standby_for while the old instance
+    still lived would break the one-live-instance-per-slot constraint."""
+    resume = usable_checkpoint(job)
+    old = spare.standby_for
+    Instance.objects.filter(pk=spare.pk).update(
+        standby_for=None, **({"resume_checkpoint": resume, "last_step": resume.step if resume else 0}
+                             if spare.state == InstanceState.RUNNING else {}))
+    counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.FENCED else {}
+    transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {old.pk} {end_reason}", **counted)
+    transition_job(job.pk, JobStatus.RECOVERING, JobStatus.PROVISIONING,
+                   message=f"spare instance {spare.pk}, launched on the notice, takes over"
+                           + (f" from step {resume.step}" if resume else ""))
+    if spare.state == InstanceState.RUNNING:
+        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="the spare had registered")
+    log_job_event(job.pk, f"spare instance {spare.pk} promoted; {overlap_words(spare, old.ended_at)}")
+
+
+def overlap_words(spare: Instance, until) -> str:
+    """The price of a spare's overlap with the instance it stood by for, in words: the
+    ledger bills the spare from its launch like any instance (its waiting is boot time, no
+    kept work, so the savings baseline gains nothing from it); this names that share."""
+    seconds = max(0.0, (until - spare.requested_at).total_seconds())
+    price = spare.price_per_hour_at_launch
+    cost = f", about ${price * Decimal(seconds) / 3600:.4f} at ${price}/h" if price is not None else ""
+    return f"it ran {seconds:.0f}s beside instance {spare.standby_for_id}{cost}: the price of the overlap"
+
+
+@transaction.atomic
+def _hand_over_to_spare(instance_id: int) -> None:
+    """A noticed instance committed its notice save, the last thing its trainer does: when
+    a spare stands by for it, it ends now (preempted) and the spare is promoted at once,
+    rather than after its agent's exit report, which is still taken in its grace window."""
+    instance = Instance.objects.get(pk=instance_id)
+    if instance.state == InstanceState.ENDED or not Instance.objects.filter(
+            standby_for=instance, state__in=InstanceState.LIVE).exists():
+        return
+    if end_instance(instance, EndReason.PREEMPTED, message="notice checkpoint committed; its spare takes over"):
+        after_instance_ended(instance.job_id, EndReason.PREEMPTED, instance_id=instance.pk)
+
+
+def end_notice_hold(instance_id: int) -> None:
+    """A noticed VM trains on while its spare boots (JobSpec.notice_hold): tell it to save
+    and stop now, because the spare is ready, or because none is coming."""
+    Instance.objects.filter(pk=instance_id, state__in=InstanceState.LIVE).exclude(
+        requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,
+                                                            requested_action_at=timezone.now())
+
+
+def release_spare(spare: Instance, why: str) -> None:
+    """End a spare that will not be needed (fenced) and terminate its VM."""
+    if end_instance(spare, EndReason.FENCED, message=f"spare released: {why}"[:500]):
+        log_job_event(spare.job_id, f"spare instance {spare.pk} released ({why}); "
+                                    f"{overlap_words(spare, spare.ended_at or timezone.now())}")
+        if spare.provider_instance_id:
+            enqueue_terminate(spare.pk)
+
+
+def _after_spare_ended(job: Job, spare_id: int, end_reason: str) -> None:
+    """A spare ended before it was promoted (it never registered, was lost, was released):
+    the job goes on as without one; if its old instance has ended meanwhile, the
+    scheduler relaunches as usual."""
+    spare = Instance.objects.get(pk=spare_id)
+    end_notice_hold(spare.standby_for_id)
+    if end_reason != EndReason.FENCED:
+        log_job_event(job.pk, f"spare instance {spare_id} ended {end_reason} before it was needed; the job "
+                              "recovers without it if its instance is interrupted")
+    if job.status == JobStatus.RECOVERING and not Instance.objects.filter(
+            job=job, state__in=InstanceState.LIVE).exists():
+        nudge_schedule()
+    elif job.status == JobStatus.CANCELLING:
+        finish_cancelling(job.pk)
 
 
 def _after_stop(job: Job) -> None:
@@ -441,7 +542,7 @@ def mark_lost(instance: Instance) -> bool:
     )
     log.info("instance %s of job %s marked lost: no heartbeat since %s", instance.pk, instance.job_id,
              instance.last_heartbeat_at)
-    after_instance_ended(instance.job_id, EndReason.LOST)
+    after_instance_ended(instance.job_id, EndReason.LOST, instance_id=instance.pk)
     return True
 
 

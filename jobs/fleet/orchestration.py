@@ -23,8 +23,8 @@ from django.utils import timezone
 from agents.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
-from jobs.core.services import (after_instance_ended, enqueue_terminate, give_up_registering, judge_failure, mark_lost,
-                                nudge_schedule, request_action)
+from jobs.core.services import (after_instance_ended, end_notice_hold, enqueue_terminate, give_up_registering,
+                                judge_failure, mark_lost, nudge_schedule, release_spare, request_action)
 from jobs.core.signals import launch_held
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.fleet import agent_dist
@@ -159,15 +159,83 @@ def gang_rendezvous(job: Job, placement) -> str:
 
 
 def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str,
-                  purpose: str = Purpose.TRAIN) -> int:
+                  purpose: str = Purpose.TRAIN, standby_for: Instance | None = None) -> int:
     p = chosen.placement
     instance = Instance(job=job, rank=rank, world_size=job.nodes if purpose == Purpose.TRAIN else 1,
                         provider=p.provider, region=p.region, zone=p.zone, instance_type=p.instance_type,
                         market=p.market, price_per_hour_at_launch=chosen.usd_per_hour, rendezvous_addr=rendezvous,
-                        purpose=purpose)
+                        purpose=purpose, standby_for=standby_for)
     instance.bootstrap_token_hash = hash_token(bootstrap_token_for(instance))
     instance.save()
     return instance.pk
+
+
+def launch_spare(instance_id: int) -> int | None:
+    """A notice came for this instance: place and launch its replacement now, as a spare
+    (docs/spares.md) that boots and prepares during the notice and trains once the
+    instance has ended (jobs.core.services.promote_spare). Placement's usual rules, with
+    the noticed zone taken as just preempted. Nothing when the instance has ended meanwhile
+    (said why), the job is not running, a spare stands by already, or a GPU limit, the
+    budget or placement says no (the job then recovers as without one). Returns the
+    spare's id."""
+    with transaction.atomic():
+        old = Instance.objects.select_for_update().select_related("job", "job__team").filter(pk=instance_id).first()
+        if old is None or old.state != InstanceState.PREEMPTING or old.job.status != JobStatus.RUNNING:
+            if old is not None:
+                end_notice_hold(old.pk)
+            if old is not None and old.state == InstanceState.ENDED:
+                log_job_event(old.job_id, f"no spare for instance {old.pk}: its VM had already ended when its "
+                                          "notice was handled; the job recovers as usual")
+            return None
+        job = old.job
+        if Instance.objects.filter(standby_for=old).exists():
+            return None  # a resent nudge
+        where = _spare_placement(job, old)
+        if isinstance(where, str):
+            log_job_event(job.pk, f"no spare for instance {old.pk}: {where}; the job recovers when it has ended")
+            end_notice_hold(old.pk)
+            return None
+        spare_id = _new_instance(job, old.rank, where, "", standby_for=old)
+        Instance.objects.filter(pk=old.pk, state__in=InstanceState.LIVE).update(requested_action=Action.HOLD,
+                                                                                requested_action_at=timezone.now())
+        p = where.placement
+        log_job_event(job.pk, f"spare instance {spare_id} launching on {p.provider} {p.zone} {p.instance_type} "
+                              f"({p.market}, ${where.usd_per_hour}/h) during the notice of instance {old.pk}")
+        transaction.on_commit(lambda: _enqueue_launches([spare_id]))
+    return spare_id
+
+
+def _spare_placement(job: Job, old: Instance) -> str | placements.PricedPlacement:
+    """Where the spare goes, or why none is launched."""
+    wanted = job.accelerator_count
+    team_limit, deployment_limit = job.team.max_concurrent_gpus, settings.RESPAWN["MAX_CONCURRENT_GPUS"]
+    if team_limit is not None and gpus_in_use(job.team_id) + wanted > team_limit:
+        return f"the team GPU limit ({team_limit}) has no room for it beside the noticed VM"
+    if deployment_limit is not None and gpus_in_use() + wanted > deployment_limit:
+        return f"the deployment GPU limit ({deployment_limit}) has no room for it beside the noticed VM"
+    choice = placements.choose(job, leaving=old)
+    if choice.chosen is None:
+        return choice.reason
+    over_budget = budget.hold_reason(job.team, budget.job_remaining_cost(choice.chosen.usd_per_hour, job, 1))
+    return over_budget or choice.chosen
+
+
+def release_stale_spares() -> int:
+    """A spare whose instance still runs one heartbeat timeout past its notice's deadline
+    stood by for a notice that turned out false and an agent that did not stop: released,
+    the instance keeps its slot (docs/spares.md). Returns how many were released."""
+    grace = timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
+    released = 0
+    spares = Instance.objects.filter(state__in=InstanceState.LIVE, standby_for__state__in=InstanceState.LIVE)
+    for spare in spares.select_related("standby_for")[: settings.RESPAWN["RECONCILE_BATCH"]]:
+        deadline = spare.standby_for.interruptions.filter(kind=InterruptionKind.NOTICE).exclude(
+            deadline=None).order_by("-deadline").values_list("deadline", flat=True).first()
+        if deadline is not None and timezone.now() > deadline + grace:
+            with transaction.atomic():
+                release_spare(spare, f"instance {spare.standby_for_id} still ran past its notice's deadline "
+                                     "(a false notice)")
+            released += 1
+    return released
 
 
 def start_post_steps() -> list[int]:
@@ -359,8 +427,9 @@ def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None
                     storage_released_at=F("ended_at"))
             InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
                                              source="provider_api", checkpoint_saved=False)
-            after_instance_ended(instance.job_id, EndReason.PREEMPTED)
-            if not instance.interruptions.filter(kind=InterruptionKind.NOTICE).exists():
+            after_instance_ended(instance.job_id, EndReason.PREEMPTED, instance_id=instance.pk)
+            if instance.standby_for_id is None and not instance.interruptions.filter(
+                    kind=InterruptionKind.NOTICE).exists():
                 # Gone without a notice: no collective save can succeed without it, so the
                 # rest of its gang stops at once (from their newest committed checkpoint).
                 request_action(instance.job_id, Action.STOP)
@@ -491,7 +560,7 @@ def retry_stuck_provisioning() -> int:
                 give_up_registering(instance, f"never registered: the control plane failed to answer its "
                                               f"{instance.register_failures} register(s) until its agent gave up")
             elif end_instance(instance, EndReason.CAPACITY_ERROR, message="never registered: provisioning timed out"):
-                after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR)
+                after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR, instance_id=instance.pk)
                 count += 1
     if count:
         nudge_schedule()

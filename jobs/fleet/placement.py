@@ -138,9 +138,10 @@ def _just_preempted(job: Job) -> tuple[str, str] | None:
     return (last.provider, last.zone) if last and last.end_reason in INTERRUPTED else None
 
 
-def choose(job: Job, now=None) -> Choice:
+def choose(job: Job, now=None, leaving: Instance | None = None) -> Choice:
     """The placement with the lowest expected cost to finish, on the market the job's
-    settings and deadline call for; None with the reason when nothing fits now."""
+    settings and deadline call for; None with the reason when nothing fits now.
+    `leaving`: a VM under notice, whose zone counts as just preempted (for its spare)."""
     now = now or timezone.now()
     found = lifetimes(now)
     events = placement_events(now)
@@ -155,7 +156,7 @@ def choose(job: Job, now=None) -> Choice:
                for p in priced]
     decision: PlacementDecision = choose_placement(
         options, work_s=remaining_work_s(job), now=now.timestamp(), nodes=job.nodes, restart_s=DEFAULT_RESTART_S,
-        checkpoint_cost_s=checkpoint_cost_s(job), events=events, just_preempted=_just_preempted(job),
+        checkpoint_cost_s=checkpoint_cost_s(job), events=events, just_preempted=(leaving.provider, leaving.zone) if leaving else _just_preempted(job),
         max_price_per_hour=float(job.max_price_per_hour) if job.max_price_per_hour is not None else None)
     if decision.chosen is None:
         why = "; ".join(sorted({e.excluded for e in decision.ranked if e.excluded})) or "no allowed placement is priced"

@@ -1,7 +1,8 @@
-"""Where each interruption's minutes went: the time from the interruption (its notice,
-or the last heartbeat of a VM that vanished without one) to the first heartbeat of the
-replacement reporting a step past its resume step, split into parts, from timestamps
-the control plane already records.
+"""Where each interruption's minutes went: the time from the interruption (the later of
+its notice and the VM's last step, as its heartbeats tell it: a VM may train on through
+its notice while its spare boots) to the first heartbeat of the replacement reporting a
+step past its resume step, split into parts, from timestamps the control plane already
+records (docs/downtime.md).
 
 The parts follow the path a recovery takes, each ending at a mark:
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from django.db.models import Max, Min, Q
+from django.db.models import Min, Q
 
 from agents.protocol import CheckpointKind, Purpose
 from jobs.core.choices import InterruptionKind
@@ -115,17 +116,21 @@ def timelines(job_id: int) -> list[Timeline]:
                                          filter=Q(interruptions__kind=InterruptionKind.NOTICE)),
                              notice_received=Min("interruptions__received_at",
                                                  filter=Q(interruptions__kind=InterruptionKind.NOTICE)),
-                             first_event=Min("interruptions__received_at"),
-                             last_beat=Max("metrics__time"))
-                   .order_by("pk").distinct())
+                             first_event=Min("interruptions__received_at"))
+                   .filter(standby_for__isnull=True).order_by("pk").distinct())
     found = []
     for old in interrupted:
         noticed = old.noticed or old.notice_received
-        at = noticed or old.last_beat or old.ended_at or old.first_event
+        # Its last step: a VM that trained on through its notice (while its spare booted) was down only after it.
+        last_step_at = MetricPoint.objects.filter(instance=old).order_by("-step", "time").values_list(
+            "time", flat=True).first()
+        at = max(filter(None, (noticed, last_step_at)), default=None) or old.ended_at or old.first_event
         saved = None
-        if noticed is not None:
-            saved = Checkpoint.objects.filter(job_id=job_id, kind=CheckpointKind.NOTICE, committed_at__gte=at).order_by(
-                "committed_at").values_list("committed_at", flat=True).first()
+        if noticed is not None:  # its notice's save: in a gang rank 0 commits it, and before the VM has ended
+            saves = Checkpoint.objects.filter(job_id=job_id, kind=CheckpointKind.NOTICE, committed_at__gte=noticed)
+            if old.ended_at is not None:
+                saves = saves.filter(committed_at__lte=old.ended_at)
+            saved = saves.order_by("committed_at").values_list("committed_at", flat=True).first()
         after = Instance.objects.filter(job_id=job_id, rank=old.rank, purpose=Purpose.TRAIN, pk__gt=old.pk).order_by("pk")
         first = after.first()
         trained = _first_training(after)

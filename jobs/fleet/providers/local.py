@@ -91,6 +91,8 @@ class LocalConfig:
     """On terminate: seconds between SIGTERM to the agent and SIGKILL of the whole VM."""
     boot_timeout_s: float = 30.0
     """How long `launch` waits for the supervisor to fork off and record itself."""
+    boot_delay_s: float = 0.0
+    """Seconds each VM waits before starting its agent: a cloud VM's boot (image, drivers, agent)."""
     vm_id_base: int = 2_000_000_000
     """Run as root, each VM's agent runs as uid vm_id_base + its instance id, in group
     vm_id_base + its job id (ids no account uses: no /etc/passwd entry is needed).
@@ -110,6 +112,8 @@ class LocalConfig:
         for name in ("notice_lead_s", "terminate_grace_s", "boot_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"LocalConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not self.boot_delay_s >= 0:
+            raise ValueError(f"LocalConfig.boot_delay_s must be >= 0, got {self.boot_delay_s}")
         if self.sigterm_after_notice_s is not None and not 0 <= self.sigterm_after_notice_s <= self.notice_lead_s:
             raise ValueError(f"LocalConfig.sigterm_after_notice_s must be within 0..notice_lead_s ({self.notice_lead_s}), got {self.sigterm_after_notice_s}")
         if self.vm_id_base and not 1000 <= self.vm_id_base <= 2**31:
@@ -293,6 +297,7 @@ class LocalProvider(Provider):
             notice_lead_s=config.notice_lead_s,
             sigterm_after_notice_s=config.notice_lead_s / 2 if config.sigterm_after_notice_s is None else config.sigterm_after_notice_s,
             terminate_grace_s=config.terminate_grace_s,
+            boot_delay_s=config.boot_delay_s,
         )
 
     def _vm_env(self, vm: VmDir) -> dict[str, str]:

@@ -82,6 +82,8 @@ class VmSpec:
     notice_lead_s: float = 30.0
     sigterm_after_notice_s: float = 15.0
     terminate_grace_s: float = 5.0
+    boot_delay_s: float = 0.0
+    """Seconds before the agent starts (a cloud VM's boot); a terminate meanwhile ends the VM."""
 
 
 def write_json_atomic(path: Path, obj: dict, mode: int = 0o644) -> None:
@@ -293,6 +295,8 @@ class Supervisor:
 
     def _run_agent(self, metadata: MetadataServer) -> str:
         spec = self.spec
+        if self.shutdown.wait(spec.boot_delay_s):
+            return "terminated"
         fd = os.open(self.vm.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             if spec.run_as:
