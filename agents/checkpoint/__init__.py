@@ -78,6 +78,7 @@ _EXPORTS = {
     ".reader": ("CheckpointRef", "ref_from_uri"),
     ".resume": ("Resumed", "Skipped"),
     ".sampler": ("ResumableSampler",),
+    ".sharded": ("ShardedCheckpointer", "ShardedState"),
     ".state": ("TrainState",),
     ".validation": ("ValidationSettings", "Verdict"),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import mmap
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import xxhash
 
@@ -84,6 +85,20 @@ def read(storage: Storage, ckpt: str) -> Manifest:
         return Manifest(step=_count(body["step"], "step"), files=files, raw=raw)
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpointError(f"checkpoint {where}: {layout.MANIFEST} is malformed ({exc})") from None
+
+
+def commit(storage: Storage, ckpt: str, step: int, files: dict[str, FileEntry], state: dict) -> tuple[Manifest, str]:
+    """The commit of checkpoint `ckpt` whose data `files` are durable: its state.json, then
+    MANIFEST.json naming them and it, then LATEST (DESIGN §6). Returns the manifest and
+    its creation time."""
+    state_bytes = json.dumps(state).encode()
+    storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
+    files = files | {layout.STATE: FileEntry(len(state_bytes), digest_bytes(state_bytes))}
+    created = datetime.now(timezone.utc).isoformat()
+    raw = encode(step, files, created)
+    storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
+    storage.write_atomic(layout.LATEST, ckpt.encode())
+    return Manifest(step, files, raw), created
 
 
 def _count(value, what: str) -> int:

@@ -1,8 +1,11 @@
 """A batch sampler that remembers where it is, so resume neither repeats nor skips a sample.
 
 Each epoch is a permutation drawn from `seed + epoch` (independent of the global
-RNG), split across ranks; `position` counts batches already handed out in the
-current epoch. Use it as `DataLoader(dataset, batch_sampler=sampler,
+RNG), cut into global batches of `batch_size x world_size` samples; rank r takes the
+r-th `batch_size` of each. `position` counts global batches already handed out in
+the current epoch, so it means the same on any world size: a checkpoint resumes on
+another world size with the same global sample order as long as the global batch
+is the same (4 ranks x 8 -> 2 ranks x 16); another global batch is refused. Use it as `DataLoader(dataset, batch_sampler=sampler,
 generator=torch.Generator())` with `num_workers=0` (or index the dataset yourself):
 worker prefetching would hand out batches before training consumes them, and
 without a generator of its own the DataLoader draws from torch's global RNG each
@@ -34,27 +37,28 @@ class ResumableSampler:
         self.epoch = 0
         self.position = 0
 
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world_size
+
     def _epoch_indices(self) -> list[int]:
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.dataset_len, generator=g).tolist()
-        else:
-            order = list(range(self.dataset_len))
-        return order[self.rank :: self.world_size]
+            return torch.randperm(self.dataset_len, generator=g).tolist()
+        return list(range(self.dataset_len))
 
     def batches_per_epoch(self) -> int:
-        per_rank = len(range(self.rank, self.dataset_len, self.world_size))
-        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+        whole, rest = divmod(self.dataset_len, self.global_batch)
+        return whole + int(bool(rest) and not self.drop_last)
 
     def next_batch(self) -> list[int]:
         """The next batch of indices; moves to the next epoch when this one is used up."""
         if self.position >= self.batches_per_epoch():
             self.epoch += 1
             self.position = 0
-        indices = self._epoch_indices()
-        start = self.position * self.batch_size
+        start = self.position * self.global_batch + self.rank * self.batch_size
         self.position += 1
-        return indices[start : start + self.batch_size]
+        return self._epoch_indices()[start : start + self.batch_size]
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:
@@ -68,8 +72,14 @@ class ResumableSampler:
                 "dataset_len": self.dataset_len, "batch_size": self.batch_size, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in ("seed", "dataset_len", "batch_size", "world_size"):
+        for name in ("seed", "dataset_len"):
             if state[name] != getattr(self, name):
                 raise ValueError(f"sampler state was saved with {name}={state[name]}, this sampler has {getattr(self, name)}")
+        saved_global = state["batch_size"] * state["world_size"]
+        if saved_global != self.global_batch:
+            raise ValueError(
+                f"sampler state was saved by {state['world_size']} ranks x batch {state['batch_size']} (global batch "
+                f"{saved_global}); this run has {self.world_size} ranks x batch {self.batch_size} = {self.global_batch}: "
+                f"resume on a world size that divides {saved_global}, with batch_size {saved_global} / world size")
         self.epoch = state["epoch"]
         self.position = state["position"]

@@ -1,0 +1,190 @@
+"""Sharded and replicated gang state through torch.distributed.checkpoint (agents/checkpoint/sharded.py):
+gangs of forked gloo ranks on CPU, DDP and FSDP2 (`fully_shard` on a CPU DeviceMesh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from agents.checkpoint import CheckpointConfig, IncompatibleCheckpointError, ShardedCheckpointer
+from agents.checkpoint.sampler import ResumableSampler
+from agents.examples import dcp_loop
+
+from .ranks import run_gang as gang
+
+
+def write(tmp: Path, wrap: str, world: int, steps: int, *, global_batch: int = 8, width: int = 64, **config) -> Path:
+    """Train `steps` steps on `world` ranks, saving every 2; rank 0 keeps the full state
+    and the next global batch it would draw in ref.pt. Returns the checkpoint root."""
+    root = tmp / "ckpt"
+
+    def body(rank):
+        state = dcp_loop.build(wrap, global_batch=global_batch, width=width)
+        ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), every_steps=2, handle_signals=False, **config))
+        data = dcp_loop.dataset()
+        for step in range(ckpt.load_latest().step, steps):
+            dcp_loop.train_step(state, data)
+            ckpt.save(step + 1)
+        ckpt.close()
+        full = dcp_loop.full_state(state)
+        if rank == 0:
+            torch.save(full, tmp / "ref.pt")
+
+    assert gang(world, body) == [0] * world
+    return root
+
+
+def resume(tmp: Path, root: Path, wrap: str, world: int, *, global_batch: int = 8, width: int = 64) -> list[int]:
+    """Load the newest checkpoint on `world` ranks into a differently initialised model;
+    each rank records the step, whether its full state equals ref.pt bitwise, and its next batch."""
+    def body(rank):
+        state = dcp_loop.build(wrap, global_batch=global_batch, width=width, init_seed=7)
+        ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), handle_signals=False))
+        resumed = ckpt.load_latest()
+        assert dcp_loop.first_difference(torch.load(tmp / "ref.pt", weights_only=False), dcp_loop.full_state(state)) is None
+        (tmp / f"resumed-{rank}.json").write_text(json.dumps({"step": resumed.step, "batch": state.sampler.next_batch()}))
+        ckpt.close()
+
+    return gang(world, body)
+
+
+def global_batches(position: int, global_batch: int = 8) -> list[int]:
+    """The global batch at `position` of epoch 0, as one rank alone would draw it."""
+    sampler = ResumableSampler(dcp_loop.DATASET_SIZE, global_batch, seed=0)
+    sampler.position = position
+    return sampler.next_batch()
+
+
+def resumed_batches(tmp: Path, world: int) -> tuple[int, list[int]]:
+    rows = [json.loads((tmp / f"resumed-{r}.json").read_text()) for r in range(world)]
+    assert len({row["step"] for row in rows}) == 1
+    return rows[0]["step"], [i for row in rows for i in row["batch"]]
+
+
+def test_ddp_replica_is_written_once_split_across_ranks_and_every_rank_loads_it(tmp_path):
+    root = write(tmp_path, "ddp", 2, 4, width=512)  # big enough that DCP's per-tensor headers are noise
+    ckpt = root / "step-00000004"
+    files = json.loads((ckpt / "MANIFEST.json").read_text())["files"]
+    data = {name: entry["size"] for name, entry in files.items() if name.endswith(".distcp")}
+    per_rank = [sum(size for name, size in data.items() if name.startswith(f"__{r}_")) for r in range(2)]
+    # One replica in all, each rank about half of it (DCP's dedup balances by bytes).
+    assert sum(per_rank) < 1.1 * sum(t.numel() * t.element_size() for t in _tensors(torch.load(tmp_path / "ref.pt", weights_only=False)))
+    assert all(0.35 < part / sum(per_rank) < 0.65 for part in per_rank), per_rank
+    assert {"state.json", ".metadata", "rank-0.json", "rank-1.json"} <= files.keys()
+    assert (root / "LATEST").read_text() == "step-00000004"
+    assert resume(tmp_path, root, "ddp", 2, width=512) == [0, 0]
+    assert resumed_batches(tmp_path, 2) == (4, global_batches(4))
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+
+
+def test_fsdp2_shards_commit_under_our_protocol_with_rotation_and_reports(tmp_path):
+    reports = tmp_path / "checkpoints.jsonl"
+    root = write(tmp_path, "fsdp", 2, 6, keep=2, checkpoints_file=str(reports))
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step-00000004", "step-00000006"]
+    files = json.loads((root / "step-00000006" / "MANIFEST.json").read_text())["files"]
+    shards = {n for n in files if n.endswith(".distcp")}
+    assert {n.split("_")[2] for n in shards} == {"0", "1"} and all(re.fullmatch(r"__[01]_\d+\.distcp", n) for n in shards)
+    assert sorted(os.listdir(root / "step-00000006")) == sorted([*files, "MANIFEST.json"])
+    assert [json.loads(line)["step"] for line in reports.read_text().splitlines()] == [2, 4, 6]
+    assert resume(tmp_path, root, "fsdp", 2) == [0, 0]
+    assert resumed_batches(tmp_path, 2) == (6, global_batches(6))
+
+
+@pytest.mark.parametrize("wrap,written_by,resumed_on", [("fsdp", 4, 2), ("fsdp", 2, 4), ("ddp", 4, 2), ("ddp", 2, 4)])
+def test_resharded_resume_is_bitwise_with_the_same_global_sample_order(tmp_path, wrap, written_by, resumed_on):
+    root = write(tmp_path, wrap, written_by, 4)
+    assert resume(tmp_path, root, wrap, resumed_on) == [0] * resumed_on
+    assert resumed_batches(tmp_path, resumed_on) == (4, global_batches(4))
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def refusals(tmp: Path, world: int, root: Path, load: bool = True, **build) -> list[str]:
+    """Each rank's IncompatibleCheckpointError when `world` ranks build `dcp_loop.build(**build)`
+    and a ShardedCheckpointer on `root` (and load its newest checkpoint)."""
+    errors = tmp / "errors"
+    errors.mkdir(exist_ok=True)
+
+    def body(rank):
+        state = dcp_loop.build(**{key: value(rank) if callable(value) else value for key, value in build.items()})
+        with pytest.raises(IncompatibleCheckpointError) as caught:
+            ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), handle_signals=False))
+            if load:
+                ckpt.load_latest()
+        (errors / str(rank)).write_text(str(caught.value))
+
+    assert gang(world, body) == [0] * world
+    return [(errors / str(rank)).read_text() for rank in range(world)]
+
+
+def test_a_world_size_the_global_batch_does_not_split_over_is_refused_naming_it(tmp_path):
+    root = write(tmp_path, "fsdp", 2, 2)
+    before = _snapshot(root)
+    # 3 ranks cannot split the checkpoint's global batch of 8
+    message = refusals(tmp_path, 3, root, wrap="fsdp", global_batch=6)[2]
+    assert "written by 2 ranks" in message and "cannot resume on 3 ranks" in message and "global batch 8" in message
+    assert _snapshot(root) == before
+
+
+def test_a_rank_with_another_model_is_refused_naming_it(tmp_path):
+    root = tmp_path / "ckpt"
+    # fully_shard takes it; DDP would refuse it itself
+    for message in refusals(tmp_path, 2, root, load=False, wrap="fsdp", width=lambda rank: 64 if rank == 0 else 48):
+        assert "rank 1: 0.bias is (48,) float32 there, (64,) float32 on rank 0" in message
+    assert not root.exists() or not any(root.iterdir())
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
+    root = write(tmp_path, "fsdp", 2, 2)
+    before = _snapshot(root)
+    message = refusals(tmp_path, 2, root, wrap="fsdp", width=32)[0]
+    assert ("does not fit rank 0's model: ValueError: Size mismatch between saved torch.Size([64, 16]) and current: "
+            "torch.Size([32, 16]) for model.0.weight") in message
+    assert _snapshot(root) == before
+
+
+def test_a_rank_killed_mid_save_leaves_no_manifest_and_the_previous_checkpoint_resumes(tmp_path):
+    root = tmp_path / "ckpt"
+
+    def body(rank):
+        state = dcp_loop.build("fsdp", width=256)
+        ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), every_steps=2, handle_signals=False))
+        data = dcp_loop.dataset()
+        if rank == 1:
+            def kill_once_rank_0_writes():  # rank 1 dies while rank 0 is writing its part of step 4
+                while not (root / "step-00000004" / "__0_0.distcp").exists():
+                    time.sleep(0.001)
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Thread(target=kill_once_rank_0_writes, daemon=True).start()
+        for step in range(4):
+            dcp_loop.train_step(state, data)
+            ckpt.save(step + 1)
+
+    codes = gang(2, body, timeout_s=10)
+    assert codes[1] == -signal.SIGKILL and codes[0] != 0
+    assert not (root / "step-00000004" / "MANIFEST.json").exists()
+    assert (root / "LATEST").read_text() == "step-00000002"
+
+    def again(rank):
+        state = dcp_loop.build("fsdp", width=256, init_seed=3)
+        ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), handle_signals=False))
+        assert ckpt.load_latest().step == 2
+
+    assert gang(2, again) == [0, 0]
