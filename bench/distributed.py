@@ -1,6 +1,8 @@
-"""What checkpointing costs a gang per step when nothing is being saved.
+"""What checkpointing costs a gang: per step when nothing is saved, a DDP notice save
+split across ranks, and a resharded resume.
 
     .venv/bin/python bench/distributed.py [--check] [--ranks 2] [--steps 100] [--step-ms 50]
+                                          [--state-mb 48] [--trials 2]
 
 Coordination: `--ranks` processes on 127.0.0.1 over gloo, each running `--steps`
 steps of `--step-ms` (a sleep, as a GPU step leaves the CPU waiting, then a small
@@ -11,6 +13,16 @@ inside save(), mean over steps, worst rank; divided by the step time.
 --check: <= 0.01. Printed beside it: the same loop's wall time against a loop
 without save() (noisier: the difference of two sleeps' sums), and what one blocking
 all_gather of the same row on the same group costs (what every step paid before).
+
+DDP notice save (agents/checkpoint/sharded.py): 1, 2 and 4 gloo ranks each hold the
+same DDP replica of about `--state-mb` MB (weights and AdamW moments) and save it as a
+notice; time from a barrier to the last rank's committed outcome, median of
+`--trials`. Ratio: that time at N ranks / at 1 rank (the same state saved by one rank
+alone, as each rank did before). --check: <= 0.65 at 2 ranks, <= 0.40 at 4.
+
+Resharded resume: FSDP2 state written by 4 ranks resumed on 2, and by 2 resumed on 4,
+`--trials` times each with fresh weights; the full model and optimizer state after the
+resume is compared bitwise with the writers' (--check: equal in every trial).
 """
 
 from __future__ import annotations
@@ -28,11 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402  (after the path insert)
 import torch.distributed as dist  # noqa: E402
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, init_process_group  # noqa: E402
-from agents.examples import tiny  # noqa: E402
-from tests.checkpoint.ranks import fork_ranks, wait_all  # noqa: E402
+from agents.checkpoint import CheckpointConfig, Checkpointer, ShardedCheckpointer, TrainState, init_process_group  # noqa: E402
+from agents.checkpoint import layout  # noqa: E402
+from agents.examples import dcp_loop, tiny  # noqa: E402
+from tests.checkpoint.ranks import fork_ranks, run_gang, wait_all  # noqa: E402
 
 MAX_COORDINATION_RATIO = 0.01
+MAX_SPLIT_SAVE_RATIO = {2: 0.65, 4: 0.40}
+RESHARDS = ((4, 2), (2, 4))
 
 
 def loop(steps: int, step_s: float, save=None) -> tuple[float, list[float]]:
@@ -95,14 +110,112 @@ def coordination(args) -> bool:
     return ratio <= MAX_COORDINATION_RATIO
 
 
+def gang(world: int, body) -> None:
+    codes = run_gang(world, body, timeout_s=120)
+    if codes != [0] * world:
+        raise SystemExit(f"ranks exited with {codes}")
+
+
+def width_for(state_mb: float, depth: int = 4) -> int:
+    """The layer width whose model, with AdamW's two moments, holds about `state_mb` MB."""
+    return max(16, int((state_mb * 2**20 / (3 * 4 * depth)) ** 0.5))
+
+
+def ddp_save(world: int, args, every_rank_writes: bool = False) -> tuple[float, float]:
+    """Median over trials of a DDP notice save's time, barrier to the slowest rank's commit,
+    and the largest share of the data bytes one rank wrote. `every_rank_writes`: the
+    per-rank Checkpointer, where each rank writes its whole replica (before item 2)."""
+    width = width_for(args.state_mb)
+    with tempfile.TemporaryDirectory() as work:
+        def body(rank):
+            state = dcp_loop.build("ddp", width=width, depth=4, global_batch=4)
+            config = CheckpointConfig(uri=f"{work}/ckpt", keep=2, handle_signals=False)
+            ckpt = (Checkpointer(TrainState(state.model, state.optimizer), config) if every_rank_writes
+                    else ShardedCheckpointer(state, config))
+            dcp_loop.train_step(state, dcp_loop.dataset())  # AdamW's moments exist from the first step
+            took = []
+            for trial in range(args.trials):
+                dist.barrier()
+                began = time.perf_counter()
+                outcome = ckpt.save(trial + 1, kind="notice")
+                dist.barrier()  # the slowest rank's part is in
+                took.append(time.perf_counter() - began)
+                assert outcome.committed, outcome.message
+            ckpt.close()
+            Path(work, f"{rank}.json").write_text(json.dumps(statistics.median(took)))
+
+        gang(world, body)
+        files = json.loads(Path(work, "ckpt", layout.step_dir(args.trials), layout.MANIFEST).read_text())["files"]
+        data = {n: e["size"] for n, e in files.items() if n.endswith((".distcp", ".bin"))}
+        share = max(sum(size for n, size in data.items() if n.startswith((f"__{r}_", f"data-r{r}-"))) for r in range(world))
+        return json.loads(Path(work, "0.json").read_text()), share / sum(data.values())
+
+
+def split_save(args) -> bool:
+    alone, _ = ddp_save(1, args)
+    print(f"DDP notice save, replica of ~{args.state_mb:g} MB, median of {args.trials}:")
+    print(f"  1 rank  {alone:7.3f} s")
+    ok = True
+    for world, target in MAX_SPLIT_SAVE_RATIO.items():
+        took, share = ddp_save(world, args)
+        before, _ = ddp_save(world, args, every_rank_writes=True)
+        ok &= took / alone <= target
+        print(f"  {world} ranks {took:7.3f} s  ratio {took / alone:.3f}  target <= {target}  "
+              f"(largest rank's share of the bytes {share:.2f}; every rank writing its replica: {before:.3f} s, "
+              f"ratio {before / alone:.3f})")
+    return ok
+
+
+def reshard(args, written_by: int, resumed_on: int) -> int:
+    """Trials (of `args.trials`) whose resumed state equals the writers' bitwise."""
+    equal = 0
+    for trial in range(args.trials):
+        with tempfile.TemporaryDirectory() as work:
+            def write(rank):
+                state = dcp_loop.build("fsdp", init_seed=trial)
+                ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=f"{work}/ckpt", every_steps=3, handle_signals=False))
+                data = dcp_loop.dataset()
+                for step in range(3):
+                    dcp_loop.train_step(state, data)
+                    ckpt.save(step + 1)
+                full = dcp_loop.full_state(state)
+                if rank == 0:
+                    torch.save(full, f"{work}/ref.pt")
+
+            def resume(rank):
+                state = dcp_loop.build("fsdp", init_seed=trial + 1000)
+                ShardedCheckpointer(state, CheckpointConfig(uri=f"{work}/ckpt", handle_signals=False)).load_latest()
+                diff = dcp_loop.first_difference(torch.load(f"{work}/ref.pt", weights_only=False), dcp_loop.full_state(state))
+                Path(work, f"diff-{rank}").write_text(diff or "")
+
+            gang(written_by, write)
+            gang(resumed_on, resume)
+            equal += all(not Path(work, f"diff-{r}").read_text() for r in range(resumed_on))
+    return equal
+
+
+def resharding(args) -> bool:
+    print("resharded resume, FSDP2 model and AdamW state:")
+    ok = True
+    for written_by, resumed_on in RESHARDS:
+        equal = reshard(args, written_by, resumed_on)
+        ok &= equal == args.trials
+        print(f"  {written_by} -> {resumed_on} ranks: bitwise equal in {equal} of {args.trials} trials  target: all")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a ratio misses its target")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--state-mb", type=float, default=48.0, help="DDP replica size of the split-save entry")
+    parser.add_argument("--trials", type=int, default=2, help="saves timed, and resharded resumes compared")
     args = parser.parse_args()
     ok = coordination(args)
+    ok &= split_save(args)
+    ok &= resharding(args)
     print("all targets met" if ok else "a target was missed")
     return 0 if ok or not args.check else 1
 
