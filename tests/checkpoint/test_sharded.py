@@ -188,3 +188,29 @@ def test_a_rank_killed_mid_save_leaves_no_manifest_and_the_previous_checkpoint_r
         assert ckpt.load_latest().step == 2
 
     assert gang(2, again) == [0, 0]
+
+
+def test_a_stop_seen_by_one_rank_saves_and_stops_every_rank_at_the_same_step(tmp_path):
+    root = tmp_path / "ckpt"
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+
+    def body(rank):
+        state = dcp_loop.build("fsdp")
+        ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), every_steps=100, handle_signals=False))
+        data = dcp_loop.dataset()
+        for step in range(20):
+            dcp_loop.train_step(state, data)
+            if rank == 1 and step + 1 == 5:
+                ckpt.request_stop()
+            outcome = ckpt.save(step + 1)
+            if ckpt.should_stop:
+                (stopped / str(rank)).write_text(json.dumps([step + 1, outcome.kind, outcome.committed]))
+                break
+        ckpt.close()
+
+    assert gang(2, body) == [0, 0]
+    rows = [json.loads((stopped / str(r)).read_text()) for r in range(2)]
+    bound = 1  # Coordinator.stop_within_steps with agree_every_steps=1
+    assert rows[0] == rows[1] and 5 <= rows[0][0] <= 5 + bound and rows[0][1:] == ["notice", True]
+    assert (root / "LATEST").read_text() == f"step-{rows[0][0]:08d}"
