@@ -15,6 +15,12 @@ every step seen in both the reference and the interrupted runs has the same
 loss (within a relative tolerance): the training loss from the status file, and
 the reference (validation) loss of checkpoints where the script records one.
 The restart logic works, not just exists.
+
+Any kind of script: a PyTorch loop with Checkpointer, or one of the framework
+integrations (agents/integrations: hf, lightning, accelerate, jax). The kind is read
+from what each run's newest checkpoint says wrote it (state.json's `framework`, DESIGN
+§11), and every run must agree; `--framework` names the kind expected, so a script
+that saves through the wrong path (e.g. Trainer's own checkpoints beside ours) fails.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from agents.agent.channel import ChannelPaths, CheckpointsTail, StatusReader, fi
 from agents.agent.supervisor import TrainerProcess
 
 POLL_S = 0.005
+FRAMEWORKS = ("torch", "hf", "lightning", "accelerate", "jax")
+OWN_FORMAT = "the script's own format"
 
 
 class PreflightFailure(Exception):
@@ -51,8 +59,12 @@ class PreflightConfig:
     tolerance: float = 1e-6
     """Relative difference allowed between the losses of the same step."""
     work_dir: str = ""
+    framework: str = "auto"
+    """The kind of script (one of FRAMEWORKS), or auto: whatever its checkpoints say."""
 
     def __post_init__(self):
+        if self.framework not in ("auto", *FRAMEWORKS):
+            raise ValueError(f"framework must be auto or one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
         if not self.command:
             raise ValueError("no training command: put it after `--`, e.g. respawn-agent preflight -- python train.py")
         for name in ("steps", "checkpoint_interval_s", "notice_budget_s", "run_timeout_s"):
@@ -82,6 +94,7 @@ class Preflight:
     def __init__(self, config: PreflightConfig, say=print):
         self.config = config
         self.say = say
+        self.framework = ""  # what the script's checkpoints say wrote them, once the reference run is done
         self.root = config.work_dir or tempfile.mkdtemp(prefix="respawn-preflight-")
         os.makedirs(self.root, exist_ok=True)
 
@@ -90,7 +103,9 @@ class Preflight:
         cfg = self.config
         reference = self._start("reference", os.path.join(self.root, "ckpt-reference"))
         self._finish(reference)
-        self.say(f"reference: {len(reference.trajectory)} steps sampled, {len(reference.checkpoints)} checkpoint(s)")
+        self.framework = framework = self._framework(reference, cfg.framework)
+        self.say(f"reference: {len(reference.trajectory)} steps sampled, {len(reference.checkpoints)} checkpoint(s), "
+                 f"written by {framework}")
 
         job_ckpt = os.path.join(self.root, "ckpt-interrupted")
         notice = self._start("notice", job_ckpt)
@@ -105,6 +120,7 @@ class Preflight:
         if len(notice.checkpoints) == before:
             raise PreflightFailure(f"the script exited (code {code}) after the notice without committing a checkpoint: on a spot VM the work since step {notice.checkpoints[-1].step} would be lost")
         resume_from = notice.checkpoints[-1]
+        self._framework(notice, framework)
         self.say(f"notice: checkpoint at step {resume_from.step} committed, exit code {code}")
 
         resumed = self._start("resume", job_ckpt, resume_from)
@@ -118,6 +134,7 @@ class Preflight:
         finish = self._start("finish", job_ckpt, last)
         self._finish(finish)
         self._check_resumed(finish, last)
+        self._framework(finish, framework)
         self.say(f"finish: continued from step {last.step} to the end")
 
         compared = self._compare("loss", lambda r: r.trajectory, reference, [notice, resumed, finish])
@@ -198,6 +215,26 @@ class Preflight:
         return output_tail(run.log_path, 2000)
 
     # --- verdicts -----------------------------------------------------------------
+    def _framework(self, run: Run, expected: str) -> str:
+        """What wrote the run's newest checkpoint: the framework its state.json names, or
+        OWN_FORMAT for a script's own checkpoints (checked against `expected` unless auto)."""
+        from agents.checkpoint.errors import CheckpointError
+        from agents.checkpoint.reader import ref_from_uri
+        from agents.checkpoint.validate import written_by
+
+        if not run.checkpoints:
+            raise PreflightFailure(f"{run.name} run: no checkpoint reported to RESPAWN_CHECKPOINTS_FILE")
+        newest = max(run.checkpoints, key=lambda c: c.step)
+        try:
+            found = written_by(ref_from_uri(newest.uri)) or "torch"  # checkpoints before DESIGN §11 are the torch loop's
+        except CheckpointError:  # not a step-N directory: the script writes checkpoints of its own
+            found = OWN_FORMAT
+        if expected != "auto" and found != expected:
+            raise PreflightFailure(
+                f"{run.name} run: checkpoint {newest.uri} was written by {found!r}, expected {expected!r}: "
+                f"does the script save through the {expected} integration (agents/integrations) every time?")
+        return found
+
     def _check_resumed(self, run: Run, resume: protocol.CheckpointReport) -> None:
         if not run.trajectory:
             raise PreflightFailure(f"{run.name} run: no step reported to RESPAWN_STATUS_FILE after resuming")
@@ -239,6 +276,8 @@ def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s)
     parser.add_argument("--tolerance", type=float, default=defaults.tolerance)
     parser.add_argument("--work-dir", default="", help="keep each run's output and checkpoints here (a temp dir otherwise)")
+    parser.add_argument("--framework", default=defaults.framework, choices=("auto", *FRAMEWORKS),
+                        help="the kind of script: its checkpoints must say they were written by it (auto: any, all runs alike)")
     parser.add_argument("training_command", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- python train.py")
 
 
@@ -247,7 +286,7 @@ def run_preflight(args: argparse.Namespace) -> int:
     try:
         config = PreflightConfig(
             command=command, steps=args.steps, checkpoint_interval_s=args.checkpoint_interval_s, notice_budget_s=args.notice_budget_s,
-            run_timeout_s=args.run_timeout_s, tolerance=args.tolerance, work_dir=args.work_dir,
+            run_timeout_s=args.run_timeout_s, tolerance=args.tolerance, work_dir=args.work_dir, framework=args.framework,
         )
     except ValueError as exc:
         print(f"respawn-agent preflight: {exc}")
@@ -258,5 +297,6 @@ def run_preflight(args: argparse.Namespace) -> int:
     except PreflightFailure as exc:
         print(f"PREFLIGHT FAILED: {exc}\n(runs kept in {preflight.root})")
         return 1
-    print(f"PREFLIGHT PASSED: {' '.join(command)} resumes exactly after a notice and after SIGKILL")
+    print(f"PREFLIGHT PASSED: {' '.join(command)} resumes exactly after a notice and after SIGKILL "
+          f"({preflight.framework} checkpoints)")
     return 0

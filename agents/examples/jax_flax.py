@@ -7,7 +7,8 @@ train state holds params, optimizer state and a PRNG key. Run it under the agent
     python -m agents.examples.jax_flax --uri /tmp/ckpt --steps 60
 
 A SIGTERM saves at the next step and exits 0; running it again resumes there exactly.
-Validation: RESPAWN_MODEL_FACTORY=agents.examples.jax_flax:make_state,
+Validation (a reference loss at each save, checked by the validator): `--validate`, or
+RESPAWN_MODEL_FACTORY=agents.examples.jax_flax:make_state,
 RESPAWN_BATCH_FACTORY=agents.examples.jax_flax:validation_batch,
 RESPAWN_EVAL_FN=agents.examples.jax_flax:eval_loss.
 """
@@ -24,7 +25,7 @@ import numpy as np
 import optax
 
 from agents import protocol, trainer
-from agents.checkpoint import CheckpointConfig
+from agents.checkpoint import CheckpointConfig, ValidationSettings
 from agents.examples import framework_cli
 from agents.integrations.jax import SpotSafe
 
@@ -34,18 +35,20 @@ BATCH = 16
 
 class MLP(nn.Module):
     hidden: int
+    layers: int = 1
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = nn.relu(nn.Dense(self.hidden)(x))
+        for _ in range(self.layers):
+            x = nn.relu(nn.Dense(self.hidden)(x))
         x = nn.Dropout(0.1, deterministic=not train)(x)
         return nn.Dense(1)(x)
 
 
-def make_state(hidden: int = 16) -> dict:
+def make_state(hidden: int = 16, layers: int = 1) -> dict:
     """The train state from scratch: params, optimizer state, PRNG key (also the
     validation template: only its structure, shapes and dtypes are used there)."""
-    params = MLP(hidden).init(jax.random.key(0), jnp.zeros((1, FEATURES)))
+    params = MLP(hidden, layers).init(jax.random.key(0), jnp.zeros((1, FEATURES)))
     return {"params": params, "opt_state": optimizer().init(params), "key": jax.random.key(1)}
 
 
@@ -70,8 +73,8 @@ def eval_loss(state: dict, batch) -> float:
     return float(jnp.mean((MLP(hidden).apply(state["params"], x) - y) ** 2))
 
 
-def make_train_step(hidden: int):
-    model, tx = MLP(hidden), optimizer()
+def make_train_step(hidden: int, layers: int = 1):
+    model, tx = MLP(hidden, layers), optimizer()
 
     @jax.jit
     def train_step(state, x, y):
@@ -90,8 +93,12 @@ def make_train_step(hidden: int):
 def main(argv: list[str] | None = None) -> int:
     parser = framework_cli.parser(__doc__.splitlines()[0])
     parser.set_defaults(steps=int(os.environ.get(protocol.ENV_TOTAL_STEPS, "60")))
+    parser.add_argument("--validate", action="store_true", help="name this module's validation factories")
     args = parser.parse_args(argv)
-    ckpt = SpotSafe(CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps))
+    here = "agents.examples.jax_flax"  # not __name__: it is __main__ under `python -m`
+    overrides = {"validation": ValidationSettings(f"{here}:make_state", f"{here}:validation_batch",
+                                                  eval_fn=f"{here}:eval_loss")} if args.validate else {}
+    ckpt = SpotSafe(CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, **overrides))
     restored = ckpt.restore(make_state(args.n_embd))
     state, position = restored.state, restored.extra.get("position", 0)
     train_step = make_train_step(args.n_embd)
@@ -104,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.stop(step + 1)
         if args.step_delay:
             time.sleep(args.step_delay)
+    if restored.step < args.steps:
+        trainer.report(args.steps, float(loss), force=True)
     ckpt.finish(args.steps, state, extra={"position": position})
     print(f"finished {args.steps} steps", flush=True)
     return 0

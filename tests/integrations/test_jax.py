@@ -11,7 +11,6 @@ script's eval_fn. A torch checkpoint is refused with nothing deleted.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,9 +30,6 @@ from .trials import ROOT, kill_mid_save, newest_committed, reports, run, start, 
 MODULE = "agents.examples.jax_flax"
 STEPS = 30
 ARGS = ("--steps", str(STEPS), "--every-steps", "8")
-VALIDATION_ENV = {"RESPAWN_MODEL_FACTORY": "agents.examples.jax_flax:make_state",
-                  "RESPAWN_BATCH_FACTORY": "agents.examples.jax_flax:validation_batch",
-                  "RESPAWN_EVAL_FN": "agents.examples.jax_flax:eval_loss"}
 
 
 def saved(uri, step: int) -> tuple[dict, dict]:
@@ -64,11 +60,8 @@ def _raw(leaf):
 def uninterrupted(tmp_path_factory):
     """The uninterrupted run, with validation configured (reference loss at each save)."""
     uri = tmp_path_factory.mktemp("jax") / "uninterrupted"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")} | VALIDATION_ENV
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run([sys.executable, "-m", MODULE, "--uri", str(uri), *ARGS], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, out = run(MODULE, uri, *ARGS, "--validate")
+    assert code == 0, out
     return uri
 
 
@@ -88,6 +81,7 @@ def test_notice_saves_at_a_step_boundary_stops_and_resumes_bitwise(uninterrupted
     # Saved at a step boundary: the data position is the number of batches trained.
     _, meta = saved(uri, stopped_at)
     assert meta["framework"] == "jax" and meta["extra"] == {"position": stopped_at}
+    assert "arrays" in meta  # the notice save's own raw file, not Orbax's format: the resume reads it
     code, out = run(MODULE, uri, *ARGS)
     assert code == 0, out
     assert f"resuming at step {stopped_at} from" in out
@@ -115,12 +109,30 @@ def test_the_validator_process_checks_a_jax_checkpoint_with_the_scripts_eval_fn(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["result"] == "valid"
     # An eval_fn that raises: the check failed (`error`), the checkpoint is not condemned.
-    proc = subprocess.run([*validate, "--model-factory", VALIDATION_ENV["RESPAWN_MODEL_FACTORY"],
-                           "--batch-factory", VALIDATION_ENV["RESPAWN_BATCH_FACTORY"],
-                           "--eval-fn", "agents.examples.jax_flax:no_such_function"],
+    proc = subprocess.run([*validate, "--model-factory", f"{MODULE}:make_state", "--batch-factory",
+                           f"{MODULE}:validation_batch", "--eval-fn", f"{MODULE}:no_such_function"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     verdict = json.loads(proc.stdout.splitlines()[-1])
     assert proc.returncode == 2 and verdict["result"] == "error" and "no_such_function" in verdict["message"]
+
+
+@pytest.mark.e2e  # four real training runs, then one more
+def test_preflight_proves_the_jax_example_resumes(tmp_path):
+    """`respawn-agent preflight --framework jax`: the four runs, the reference loss of every
+    checkpoint compared, the checkpoints' framework checked."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agents", "preflight", "--steps", "120", "--checkpoint-interval-s", "0.3",
+         "--notice-budget-s", "20", "--run-timeout-s", "200", "--framework", "jax", "--work-dir", str(tmp_path / "pf"),
+         "--", sys.executable, "-m", MODULE, "--validate", "--step-delay", "0.02"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "same checkpoint reference loss at" in proc.stdout and "(jax checkpoints)" in proc.stdout
+    # The same script checked as another kind fails, naming what wrote its checkpoints.
+    proc = subprocess.run(
+        [sys.executable, "-m", "agents", "preflight", "--steps", "40", "--checkpoint-interval-s", "0.3",
+         "--framework", "torch", "--work-dir", str(tmp_path / "pf-torch"), "--", sys.executable, "-m", MODULE],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "was written by 'jax', expected 'torch'" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):
