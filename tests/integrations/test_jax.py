@@ -145,3 +145,12 @@ def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):
     assert code != 0
     assert "was written by framework 'torch', not by the JAX integration" in out and "nothing was deleted" in out
     assert sorted(p.relative_to(uri) for p in uri.rglob("*")) == before
+
+
+def test_the_agent_preflight_and_validator_import_no_jax():
+    """jax is imported for a JAX checkpoint only, inside the validator process."""
+    modules = ("jax", "flax", "optax", "orbax")
+    probe = ("import sys, agents.__main__, agents.agent.lifecycle, agents.agent.preflight, agents.checkpoint.validate, "
+             f"agents.integrations; print([m for m in {modules!r} if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr
