@@ -96,7 +96,6 @@ class SpotSafe:
         self._last_save_at = time.monotonic()
         self._last_saved_step, self._last_committed_step = 0, -1
         self._commit_thread: threading.Thread | None = None
-        self._error: BaseException | None = None
         self._stop_seen = self._now_seen = False
         self.should_stop = False
         self.last_uri: str | None = None
@@ -133,7 +132,6 @@ class SpotSafe:
         """Called after every step with the state at that step boundary: saves when due
         or asked; True when a save started. `extra` (JSON: the data position, ...) is
         stored in state.json and handed back by `restore()`."""
-        self._raise_failure()
         new_interval = self._control.new_interval()
         if new_interval:
             self._interval_s = new_interval
@@ -150,6 +148,8 @@ class SpotSafe:
             return False
         self._now_seen = False
         meta = self._start(step, state, extra, protocol.CheckpointKind.PERIODIC)
+        # A failed periodic save is reported on stderr and costs nothing else: training goes
+        # on, its directory never gets a manifest, and the next save is due as usual.
         self._commit_thread = threading.Thread(target=self._commit_when_written, args=(step, meta, None),
                                                name="respawn-jax-commit", daemon=True)
         self._commit_thread.start()
@@ -210,15 +210,17 @@ class SpotSafe:
         self._last_save_at = time.monotonic()
         return meta
 
-    def _commit_when_written(self, step: int, meta: dict, deadline: float | None) -> None:
+    def _commit_when_written(self, step: int, meta: dict, deadline: float | None) -> BaseException | None:
+        """Commit once the save's files are all in place; the exception when it failed."""
         try:
             self._orbax.wait_until_finished()  # Orbax's finalize: its files renamed into place
             if deadline is not None and time.monotonic() > deadline:
                 raise CheckpointError(f"step {step} was written but its notice deadline passed before the commit")
             self._commit(step, meta)
-        except BaseException as exc:
-            self._error = exc
+        except Exception as exc:
             print(f"respawn jax: save of step {step} failed: {exc}", file=sys.stderr, flush=True)
+            return exc
+        return None
 
     def _commit(self, step: int, meta: dict) -> None:
         """state.json, then MANIFEST.json (durable), then LATEST; report; rotate."""
@@ -258,9 +260,8 @@ class SpotSafe:
             meta = self._write_arrays(step, state, extra, kind)
         else:  # the final checkpoint in Orbax's format: what a script's later use of it expects
             meta = self._start(step, state, extra, kind)
-        self._commit_when_written(step, meta, deadline)
-        if self._error is not None:
-            error, self._error = self._error, None
+        error = self._commit_when_written(step, meta, deadline)
+        if error is not None:
             self.storage.delete_prefix(layout.step_dir(step))
             print(f"respawn jax: {kind} save of step {step} not committed ({error}); "
                   f"the previous checkpoint is intact", file=sys.stderr, flush=True)
@@ -273,18 +274,12 @@ class SpotSafe:
         remaining = channel.notice_deadline(self.config.notice_file)
         return time.monotonic() + (self.config.notice_budget_s if remaining is None else remaining)
 
-    def _raise_failure(self) -> None:
-        if self._error is not None and not self._busy():
-            error, self._error = self._error, None
-            raise CheckpointError(f"a periodic save failed: {error}") from error
-
     # --- waiting, stopping, finishing -------------------------------------------------
     def wait(self) -> None:
         """Finish the save in flight, if any (its commit included)."""
         if self._commit_thread is not None:
             self._commit_thread.join()
             self._commit_thread = None
-        self._raise_failure()
 
     def close(self) -> None:
         """Wait for the save in flight and put back the previous signal handlers."""
