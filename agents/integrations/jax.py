@@ -231,7 +231,7 @@ class SpotSafe:
                  for name in sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())}
         _fsync_dirs(base)
         meta["checkpoint_id"] = str(uuid.uuid4())
-        save_s, stall_s = time.monotonic() - meta.pop("started"), meta.pop("stall_s")
+        started, stall_s = meta.pop("started"), meta.pop("stall_s")
         state_bytes = json.dumps(meta).encode()
         self.storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
         files[layout.STATE] = manifest.FileEntry(len(state_bytes), manifest.digest_bytes(state_bytes))
@@ -239,6 +239,7 @@ class SpotSafe:
         raw = manifest.encode(step, files, created)
         self.storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
         self.storage.write_atomic(layout.LATEST, ckpt.encode())
+        save_s = time.monotonic() - started  # to LATEST, as the torch Checkpointer counts it
         self._last_committed_step = step
         self.last_uri = self.storage.url_for(ckpt)
         man = manifest.Manifest(step, files, raw)
