@@ -229,11 +229,16 @@ class SpotSafe:
         known = meta.pop("written", {})  # entries of files this process wrote and fsynced itself
         files = {name: known.get(name) or _entry(base / name)
                  for name in sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())}
-        _fsync_dirs(base)
         meta["checkpoint_id"] = str(uuid.uuid4())
         started, stall_s = meta.pop("started"), meta.pop("stall_s")
         state_bytes = json.dumps(meta).encode()
-        self.storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
+        # A plain write: nothing reads this directory before its manifest, so no rename is
+        # needed, and one fsync of each directory below then covers every name in it.
+        with open(base / layout.STATE, "wb") as f:
+            f.write(state_bytes)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dirs(base)
         files[layout.STATE] = manifest.FileEntry(len(state_bytes), manifest.digest_bytes(state_bytes))
         created = datetime.now(timezone.utc).isoformat()
         raw = manifest.encode(step, files, created)
