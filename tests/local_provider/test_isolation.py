@@ -21,11 +21,15 @@ from django.db import connection
 from agents.agent.config import SETTINGS_ENV
 from jobs.core import secret_env
 from jobs.fleet.providers.base import CloudState, PrecheckError
+from jobs.fleet.providers.local import LocalConfig, isolation_off_because
 from tests.conftest import wait_until
 from tests.local_provider.helpers import FAST_AGENT_ENV, launch_request
 
 PROBE = Path(__file__).with_name("isolation_probe.py")
 ROOT = os.geteuid() == 0
+# Run as root, VMs are users of their own only where they can reach the control plane's
+# Python: a fresh pyenv under a 0700 /root keeps it from them (.ci/run opens the path).
+ISOLATION_OFF = isolation_off_because(LocalConfig(root="unused"))
 WORKER_SECRETS = {"DJANGO_SECRET_KEY": "django-key-of-the-worker", "DATABASE_URL": "postgres://u:pw@db/respawn",
                   "AWS_SECRET_ACCESS_KEY": "aws-key-of-the-worker", "RESPAWN_GCP_BILLING_API_KEY": "gcp-key",
                   "RESPAWN_PROVIDER_CONFIG": '{"aws": {"aws_secret_access_key": "k"}}', "LANG": "C.UTF-8"}
@@ -57,6 +61,7 @@ def test_a_vm_starts_with_the_allow_listed_environment_only(local_provider, tmp_
 
 
 @pytest.mark.skipif(not ROOT, reason="as any other user a local VM is that user's process: only its environment is clean")
+@pytest.mark.skipif(bool(ISOLATION_OFF), reason=f"VMs run as root here: {ISOLATION_OFF}")
 def test_a_vm_run_by_root_reads_nothing_of_the_control_plane_nor_of_other_vms(local_provider, tmp_path, db):
     secret_env.seal({"A": "make the secrets key"})
     control_plane = [str(settings.VAR_DIR / "secret_key"), settings.RESPAWN["SECRETS_KEY_FILE"]]
@@ -94,6 +99,7 @@ def test_a_vm_run_by_root_reads_nothing_of_the_control_plane_nor_of_other_vms(lo
 
 
 @pytest.mark.skipif(not ROOT, reason="only a provider run as root starts VMs as other users")
+@pytest.mark.skipif(bool(ISOLATION_OFF), reason=f"VMs run as root here: {ISOLATION_OFF}")
 def test_a_storage_folder_no_vm_user_can_reach_is_refused_at_launch_naming_it(local_provider, tmp_path):
     hidden = tmp_path / "private"
     hidden.mkdir(mode=0o700)
@@ -101,3 +107,17 @@ def test_a_storage_folder_no_vm_user_can_reach_is_refused_at_launch_naming_it(lo
     with pytest.raises(PrecheckError, match=f"{hidden} lacks the search bit for others"):
         local_provider().launch(request)
     assert [vm.state for vm in local_provider().list_ours()] in ([], [CloudState.GONE])
+
+
+@pytest.mark.skipif(not ROOT, reason="only a provider run as root starts VMs as other users")
+def test_a_program_other_users_cannot_reach_runs_vms_as_root_instead_of_refusing_every_launch(local_provider, tmp_path):
+    hidden = tmp_path / "hidden-bin"
+    hidden.mkdir(mode=0o700)
+    program = hidden / "sleep"
+    program.write_bytes(Path("/bin/sleep").read_bytes())
+    program.chmod(0o755)
+    provider = local_provider(agent_command=(str(program), "30"))
+    assert not provider.isolates and f"chmod o+x {hidden}" in provider.isolation_off_because
+    vm_id = provider.launch(launch_request(1))
+    wait_until(lambda: provider.processes(vm_id), timeout=30, what="the VM to boot as root")
+    assert {os.stat(f"/proc/{pid}").st_uid for pid in provider.processes(vm_id)} == {0}

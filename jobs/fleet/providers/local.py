@@ -24,6 +24,8 @@ process, like the control plane: only its environment is clean.
 from __future__ import annotations
 
 import fcntl
+import functools
+import logging
 import os
 import re
 import shutil
@@ -45,6 +47,8 @@ from jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, 
 from jobs.fleet.providers.local_market import MarketConfig, SpotMarket
 from jobs.fleet.providers.local_vm import (VmDir, VmSpec, is_running, kill_vm_processes, read_json, vm_processes,
                                            write_json_atomic)
+
+log = logging.getLogger("respawn.local")
 
 VM_ID = re.compile(r"^local-\d+-[0-9a-f]{8}$")
 MARKET_EPOCH_FILE = "market-epoch"
@@ -139,6 +143,9 @@ class LocalProvider(Provider):
     def __init__(self, config: LocalConfig):
         self.config = config
         self.root = Path(config.root).resolve()
+        self.isolation_off_because = isolation_off_because(config)
+        if self.isolation_off_because:
+            _warn_once(f"local VMs run as this provider's user (root): {self.isolation_off_because}")
         self.root.mkdir(parents=True, exist_ok=True)
         # Run as root, each VM's user enters its own directory here, and lists none.
         self.root.chmod(0o711 if self.isolates else 0o700)
@@ -230,8 +237,9 @@ class LocalProvider(Provider):
     # --- beyond the interface ---------------------------------------------------------
     @property
     def isolates(self) -> bool:
-        """Whether VMs run as users of their own (the provider runs as root)."""
-        return os.geteuid() == 0 and bool(self.config.vm_id_base)
+        """Whether VMs run as users of their own (the provider runs as root and
+        they can reach their program)."""
+        return os.geteuid() == 0 and bool(self.config.vm_id_base) and not self.isolation_off_because
 
     def terminate_all(self, *, wait_s: float = 30.0) -> list[str]:
         """Terminate every live VM under the root and wait until each is gone (what
@@ -304,7 +312,7 @@ class LocalProvider(Provider):
         """The allow-list: nothing of the launching process's beyond PATH, the locale,
         the time zone and the agent's own settings; HOME is the VM's own directory."""
         passed = {name: os.environ[name] for name in (*PASSED_ENV, *SETTINGS_ENV) if name in os.environ}
-        return {**passed, "PATH": self._vm_path(), "HOME": str(vm.work_dir), **self.config.agent_env}
+        return {**passed, "PATH": vm_path(self.config), "HOME": str(vm.work_dir), **self.config.agent_env}
 
     @staticmethod
     def _local_storage(request: LaunchRequest) -> Path | None:
@@ -313,12 +321,10 @@ class LocalProvider(Provider):
         return Path(storage.path).resolve() if request.storage_uri and storage.scheme in ("", "file") else None
 
     def _check_reachable(self, storage_dir: Path | None) -> None:
-        """A VM's user must pass through every folder above its own, its program's and
-        its job's storage: a PrecheckError naming the first it cannot, before any launch."""
-        program = (self.config.agent_command or (self.config.python,))[0]
-        program = shutil.which(program, path=self._vm_path()) or program
-        for path in (self.root, Path(program).resolve(), storage_dir.parent if storage_dir else None):
-            unreachable = path and next((p for p in (path, *path.parents) if p.exists() and not p.stat().st_mode & stat.S_IXOTH), None)
+        """A VM's user must pass through every folder above its own and its job's
+        storage: a PrecheckError naming the first it cannot, before any launch."""
+        for path in (self.root, storage_dir.parent if storage_dir else None):
+            unreachable = path and _first_unsearchable(path)
             if unreachable:
                 raise PrecheckError(f"local VMs run as users of their own (the control plane runs as root) and cannot "
                                     f"reach {path}: {unreachable} lacks the search bit for others (chmod o+x "
@@ -339,13 +345,6 @@ class LocalProvider(Provider):
                     parent.chmod(0o711)  # other jobs' VMs pass through, and list nothing
             os.chown(storage_dir, 0, gid)
             storage_dir.chmod(0o770)
-
-    def _vm_path(self) -> str:
-        """PATH on the VM: the checkout is the VM's image and the control plane's
-        interpreter its Python, so a job's `python` is that one (with torch and the
-        project installed), not the first `python` of the launching shell's PATH.
-        Not resolved: a virtual environment's python is a link out of it."""
-        return os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", os.defpath)])
 
     def _boot(self, vm: VmDir, env: dict[str, str]) -> None:
         """Start the supervisor detached (it forks into a session of its own) and wait
@@ -398,3 +397,35 @@ class LocalProvider(Provider):
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def vm_path(config: LocalConfig) -> str:
+    """PATH on a VM: the checkout is the VM's image and the control plane's
+    interpreter its Python, so a job's `python` is that one (with torch and the
+    project installed), not the first `python` of the launching shell's PATH.
+    Not resolved: a virtual environment's python is a link out of it."""
+    return os.pathsep.join([str(Path(config.python).parent), os.environ.get("PATH", os.defpath)])
+
+
+def isolation_off_because(config: LocalConfig) -> str:
+    """Run as root, why VMs cannot be users of their own: their program (the
+    control plane's Python, often under a 0700 /root, as a fresh pyenv install
+    leaves it) is out of their reach. The VMs then run as root, with the clean
+    environment only, rather than every launch failing; '' when nothing stops it."""
+    if os.geteuid() != 0 or not config.vm_id_base:
+        return ""
+    program = (config.agent_command or (config.python,))[0]
+    program = Path(shutil.which(program, path=vm_path(config)) or program).resolve()
+    unreachable = _first_unsearchable(program)
+    return (f"{program} is out of other users' reach ({unreachable} lacks the search bit for others): "
+            f"`chmod o+x {unreachable}` runs each VM as a user of its own") if unreachable else ""
+
+
+def _first_unsearchable(path: Path) -> Path | None:
+    """The first existing folder from `path` up that other users cannot pass through."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.stat().st_mode & stat.S_IXOTH), None)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)  # once per process: providers are made for every task
