@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.chaos import stack
-from tests.conftest import ROOT, WebServer, free_port, start_worker_and_beat, wait_until
+from tests.conftest import ROOT, WebServer, free_port, searchable_by_vms, start_worker_and_beat, wait_until
 
 
 class PostgresCluster:
@@ -83,6 +83,7 @@ def job_row(cluster, job_id):
 
 @pytest.mark.e2e
 def test_postgres_restarted_mid_run_loses_no_report_and_no_instance(cluster, tmp_path, uninterrupted_digest):
+    searchable_by_vms(tmp_path)  # its own stack, not child_env's: its VMs pass through to var/ and ckpt/ too
     env = {**os.environ, **stack.STACK_ENV, "DATABASE_URL": cluster.url, "RESPAWN_VAR_DIR": str(tmp_path / "var"),
            "CELERY_BROKER_URL": "filesystem://", "PYTHONUNBUFFERED": "1"}
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True,

@@ -171,10 +171,11 @@ class PlayedVm:
         """The cloud announces the reclaim on the VM's metadata service."""
         self.metadata.schedule_notice(in_s=0, deadline_in_s=deadline_in_s)
 
-    def power_off(self, grace_s: float) -> None:
+    def power_off(self, grace_s: float, *, then=lambda: None) -> None:
         """Shutdown: SIGTERM to the agent and `grace_s` to exit, then everything of the VM
-        is killed. Once. No grace is a power cut: a SIGTERM even a moment before the kill
-        let the agent report a notice now and then, which a lost VM never sends."""
+        is killed, and `then` runs at once. Once. No grace is a power cut: a SIGTERM even a
+        moment before the kill let the agent report a notice now and then, which a lost VM
+        never sends."""
         with self._power:
             if self.powered_off:
                 return
@@ -186,6 +187,7 @@ class PlayedVm:
                 except subprocess.TimeoutExpired:
                     pass
             _signal_group(self.proc.pid, signal.SIGKILL, whole_group=True)
+            then()
             self.proc.wait()
             self.metadata.stop()
 
@@ -254,9 +256,14 @@ class VmPlayer:
     def reclaim(self, played: PlayedVm, *, hard: bool = False) -> None:
         """The cloud takes the VM back. `hard`: its power goes first, with no shutdown
         (a host failure); otherwise the watcher shuts it down once it is gone."""
+        reclaim = lambda: self.cloud.reclaim(played.vm.provider_instance_id)  # noqa: E731
         if hard:
-            played.power_off(grace_s=0)
-        self.cloud.reclaim(played.vm.provider_instance_id)
+            # The cloud's deletion follows the kill at once: waiting for the processes and
+            # the metadata server first could outlast a heartbeat timeout on a busy
+            # machine, and the control plane would find (and end) the VM before the cloud.
+            played.power_off(grace_s=0, then=reclaim)
+        else:
+            reclaim()
 
     def story(self) -> str:
         """Each VM's console and trainer log tails, for a failure message."""
