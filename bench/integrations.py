@@ -1,6 +1,7 @@
 """What the framework integrations cost (agents/integrations), one row per framework.
 
     python bench/integrations.py [--check] [--frameworks hf,lightning] [--n-embd 512] [--steps 40] [--every 8]
+                                 [--no-validation]
 
 Each framework trains a small causal LM (one block of width --n-embd, AdamW: weights +
 two moments) in this process with its one line (`spot_safe(trainer)`) and Respawn's
@@ -16,6 +17,15 @@ periodic saves every --every steps, and:
    snapshot, write and commit, as reported) divided by a raw sequential write + fsync
    of the same number of bytes in the same directory (bench/notice.py's, the median of
    three). --check: <= 1.5.
+
+3. validation of a causal-LM checkpoint: the validator's own code
+   (`agents.checkpoint.validate.main`, called in this process: read and verify the
+   checkpoint, build the model from its factory, load the weights, score the batch with
+   the default shifted cross-entropy) divided by one training step of the same model
+   (tiny_lm's TinyGPT, one block of width --n-embd) on the same batch (forward,
+   backward, AdamW step); medians of three after a warm-up. The validator's process
+   start (a Python and torch import, a second or so) is not counted: the agent pays it
+   beside training, not per step. --check: <= 3.
 
 A framework is one entry in FRAMEWORKS: a function that runs the trial and returns
 the own-save times; the reports file gives the rest. JAX trains a Flax MLP of eight
@@ -44,6 +54,8 @@ from agents.checkpoint import CheckpointConfig  # noqa: E402
 
 MAX_STALL_RATIO = 0.2
 MAX_NOTICE_RATIO = 1.5
+MAX_VALIDATION_RATIO = 3.0
+LM_WIDTH_ENV = "BENCH_LM_N_EMBD"  # read by bench_lm, which the validator builds by name
 OWN_SAVE_STEP = 2
 
 
@@ -133,6 +145,56 @@ def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> 
     return own
 
 
+def bench_lm():
+    """The validation row's model factory (`integrations:bench_lm`; bench/ is on sys.path)."""
+    from agents.examples import tiny_lm
+
+    return tiny_lm.TinyGPT(tiny_lm.Config(n_embd=int(os.environ[LM_WIDTH_ENV]), n_head=8))
+
+
+def measure_validation(n_embd: int) -> tuple[float, str]:
+    """Validation of a causal-LM checkpoint / one training step of it (see item 3 above)."""
+    import contextlib
+    import io
+
+    import torch
+
+    from agents.checkpoint import Checkpointer, TrainState, ValidationSettings
+    from agents.checkpoint.validate import main as validate
+    from agents.examples import tiny_lm
+
+    os.environ[LM_WIDTH_ENV] = str(n_embd)
+    model = bench_lm()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = tiny_lm.validation_batch()["input_ids"]  # the batch the validator scores
+
+    def train_step():
+        tiny_lm.shifted_cross_entropy(model(ids), ids).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def validate_once():
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = validate([uri, "--device", "cpu", "--no-record"])
+        if code != 0:
+            raise SystemExit(f"validation: the validator said {out.getvalue().strip()}")
+
+    with tempfile.TemporaryDirectory(prefix="bench-validation-", dir=os.environ.get("BENCH_DIR")) as tmp:
+        settings = ValidationSettings(f"{Path(__file__).stem}:bench_lm", "agents.examples.tiny_lm:validation_batch")
+        train_step()  # the optimizer's moments exist, as in any checkpoint after step 1
+        ckpt = Checkpointer(TrainState(model, optimizer), CheckpointConfig(uri=tmp, validation=settings, handle_signals=False))
+        uri = ckpt.save(1, kind="final").uri
+        ckpt.close()
+        train_step(), validate_once()  # warm-ups: first-call allocations and imports
+        step_s = statistics.median(timed_thrice(train_step))
+        validation_s = statistics.median(timed_thrice(validate_once))
+    params = sum(p.numel() for p in model.parameters())
+    detail = (f"TinyGPT width {n_embd}, {params / 1e6:.1f} M parameters, batch {tuple(ids.shape)}; validation "
+              f"{validation_s * 1e3:.1f} ms / training step {step_s * 1e3:.1f} ms")
+    return validation_s / step_s, detail
+
+
 FRAMEWORKS: dict[str, Callable[[Path, CheckpointConfig, int, int], list[float]]] = {
     "hf": hf_trial,
     "lightning": lightning_trial,
@@ -167,16 +229,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-embd", type=int, default=512)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=8)
+    parser.add_argument("--no-validation", action="store_true", help="skip the causal-LM validation row")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     ok = True
-    for name in args.frameworks.split(","):
+    for name in filter(None, args.frameworks.split(",")):  # --frameworks "": the validation row only
         stall, notice, detail = measure(name, args.n_embd, args.steps, args.every)
         print(f"{name}: periodic save stall / own sync save {stall:.3f} (bound {MAX_STALL_RATIO}); "
               f"notice -> committed / raw write {notice:.2f} (bound {MAX_NOTICE_RATIO}) [{detail}]", flush=True)
         ok = ok and stall <= MAX_STALL_RATIO and notice <= MAX_NOTICE_RATIO
+    if not args.no_validation:
+        ratio, detail = measure_validation(args.n_embd)
+        print(f"validation of a causal-LM checkpoint / one training step {ratio:.2f} (bound {MAX_VALIDATION_RATIO}) "
+              f"[{detail}]", flush=True)
+        ok = ok and ratio <= MAX_VALIDATION_RATIO
     if args.check and not ok:
         print("FAIL: a ratio is over its bound", flush=True)
         return 1

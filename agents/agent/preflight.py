@@ -12,7 +12,8 @@ agents/protocol.py, as the agent would start it on a VM:
 
 It passes when every resumed run continued after the step it resumed from, and
 every step seen in both the reference and the interrupted runs has the same
-loss (within a relative tolerance): the training loss from the status file, and
+loss (within a relative tolerance): the training loss from the metrics and status
+files (every step the script reports through agents.trainer.report), and
 the reference (validation) loss of checkpoints where the script records one.
 The restart logic works, not just exists.
 
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from agents import protocol
-from agents.agent.channel import ChannelPaths, CheckpointsTail, StatusReader, finite_or_none, int_or_none, output_tail, write_json_atomic
+from agents.agent.channel import (ChannelPaths, CheckpointsTail, MetricsTail, StatusReader, finite_or_none, int_or_none, output_tail,
+                                  write_json_atomic)
 from agents.agent.supervisor import TrainerProcess
 
 POLL_S = 0.005
@@ -83,9 +85,10 @@ class Run:
     paths: ChannelPaths
     status: StatusReader
     tail: CheckpointsTail
+    metrics: MetricsTail
     log_path: str
     deadline: float  # monotonic time the run is given up on
-    trajectory: dict[int, float] = field(default_factory=dict)  # step -> loss, as sampled from the status file
+    trajectory: dict[int, float] = field(default_factory=dict)  # step -> loss, from the metrics and status files
     checkpoints: list[protocol.CheckpointReport] = field(default_factory=list)
     exit_code: int | None = None
 
@@ -163,7 +166,7 @@ class Preflight:
         log_path = os.path.join(run_dir, "output.log")
         run = Run(
             name, TrainerProcess(cfg.command, env=env, cwd=None, log_path=log_path), paths, StatusReader(paths.status), CheckpointsTail(paths.checkpoints),
-            log_path, deadline=time.monotonic() + cfg.run_timeout_s,
+            MetricsTail(paths.metrics), log_path, deadline=time.monotonic() + cfg.run_timeout_s,
         )
         try:
             run.process.start()
@@ -176,6 +179,10 @@ class Preflight:
         step, loss = int_or_none(status.get("step")), finite_or_none(status.get("loss"))
         if step is not None and loss is not None:
             run.trajectory.setdefault(step, loss)
+        # The metrics file has every step the script reported; the status file only the latest.
+        for point in run.metrics.new_reports():
+            if point.loss is not None:
+                run.trajectory.setdefault(point.step, point.loss)
         run.checkpoints.extend(run.tail.new_reports())
 
     def _until(self, run: Run, condition, what: str) -> None:

@@ -18,6 +18,10 @@
   a temporary folder, and handed to Trainer's own resume, which skips the batches
   already trained and restores the RNG as it does for its own checkpoints. A torn
   directory (a save killed midway) has no manifest and is never picked.
+- Each optimizer step's loss (what `training_step` returned, summed over its
+  micro-batches) goes to the agent's status and metrics files, so a resumed run reports
+  the same losses as an uninterrupted one (Trainer's logged loss is averaged since its
+  last log).
 
 Single process only (`args.world_size == 1`); DeepSpeed and FSDP are refused.
 """
@@ -78,6 +82,15 @@ def spot_safe(trainer, config: CheckpointConfig | None = None, *, exit_on_stop: 
         return output
 
     trainer.train = train
+    original_step = trainer.training_step
+
+    @functools.wraps(original_step)
+    def training_step(*args, **kwargs):
+        loss = original_step(*args, **kwargs)
+        callback.add_loss(loss)
+        return loss
+
+    trainer.training_step = training_step
     return callback
 
 
@@ -90,6 +103,12 @@ class RespawnCallback(TrainerCallback):
         self.ckpt: Checkpointer | None = None
         self.resumed_step = 0
         self.stopped = False
+        self._step_loss = None  # the current optimizer step's loss, summed over its micro-batches
+
+    def add_loss(self, loss) -> None:
+        """One micro-batch's loss as `training_step` returns it (already divided by the
+        gradient accumulation steps, so the sum over a step is the step's loss)."""
+        self._step_loss = loss if self._step_loss is None else self._step_loss + loss
 
     def stage_resume(self) -> str | None:
         """The newest usable checkpoint, written out as a Trainer checkpoint directory
@@ -114,15 +133,16 @@ class RespawnCallback(TrainerCallback):
             self.ckpt.resumed_at(self.resumed_step)
 
     def on_step_end(self, args, state, control, **kwargs):
+        # The step's own loss, not Trainer's logged one: that is averaged since the last
+        # log, a window that a resume shortens, so the same step would report another loss.
+        if self._step_loss is not None:
+            status.report(state.global_step, float(self._step_loss))
+            self._step_loss = None
         self.ckpt.save(state.global_step)
         if self.ckpt.should_stop and not self.stopped:
             self.stopped = True
             control.should_training_stop = True
             report_stop(state.global_step)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            status.report(state.global_step, logs["loss"])
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.stopped:

@@ -19,6 +19,8 @@
 - `trainer.fit(...)` without `ckpt_path` resumes from the newest committed, validated
   checkpoint, written out as a Lightning .ckpt for Lightning's own restore; the RNG
   states are put back just before the first resumed batch.
+- Each optimizer step's loss (`training_step`'s, summed over accumulated batches as
+  Lightning scales them) goes to the agent's status and metrics files.
 - Exact mid-epoch resume needs a train loader with a state (Lightning saves and
   restores it): `agents.checkpoint.ResumableLoader`. A plain DataLoader restarts the
   epoch's order on resume, as it does with Lightning's own checkpoints.
@@ -33,12 +35,14 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from agents import trainer as status
 from agents.checkpoint.checkpointer import Checkpointer, CheckpointConfig
 from agents.checkpoint.errors import ConfigError
 from agents.checkpoint.reader import LoadedCheckpoint
@@ -101,6 +105,7 @@ class SpotSafe(Callback):
         self._rng: dict | None = None
         self._seen_step = -1
         self._at_boundary = True  # the last batch ended with an optimizer step (or none ran yet)
+        self._step_loss = None  # the current optimizer step's loss, summed over its batches
 
     def stage_resume(self) -> str | None:
         """The newest usable checkpoint as a Lightning .ckpt in a temporary folder."""
@@ -133,10 +138,18 @@ class SpotSafe(Callback):
         self.ckpt.before_optimizer_step()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # Automatic optimization hands {"loss": ...} divided by accumulate_grad_batches;
+        # manual optimization, whatever training_step returned.
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if isinstance(loss, torch.Tensor):
+            self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
         self._at_boundary = trainer.global_step != self._seen_step
         if not self._at_boundary:
             return  # mid gradient accumulation: not a step boundary
         self._seen_step = trainer.global_step
+        if self._step_loss is not None:
+            status.report(trainer.global_step, float(self._step_loss))
+            self._step_loss = None
         self.ckpt.save(trainer.global_step)
         if self.ckpt.should_stop and not self.stopped:
             self.stopped = True

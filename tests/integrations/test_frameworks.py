@@ -103,6 +103,28 @@ def test_sigkill_mid_save_resumes_from_the_previous_commit(framework, tmp_path):
     assert differing(final_state(uri, 30)["model"], final_state(reference, 30)["model"]) == []
 
 
+def preflight(framework: str, work_dir, *script_args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agents", "preflight", "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20",
+         "--run-timeout-s", "200", "--framework", framework, "--work-dir", str(work_dir), "--", *script_args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.e2e  # four real training runs, then one more
+def test_preflight_proves_the_example_resumes(framework, tmp_path):
+    """`respawn-agent preflight --framework <name>`: every step's loss of the interrupted
+    runs (notice, SIGKILL, finish) equals the uninterrupted run's; the same script checked
+    as another framework fails after its first run, naming what wrote its checkpoints."""
+    script = (sys.executable, "-m", framework.module, "--steps", str(STEPS))
+    proc = preflight(framework.name, tmp_path / "pf", *script, "--step-delay", "0.03")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"same loss at {STEPS} compared step(s), up to step {STEPS}" in proc.stdout
+    assert f"({framework.name} checkpoints)" in proc.stdout
+    proc = preflight(framework.other, tmp_path / "pf-other", *script)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"was written by '{framework.name}', expected '{framework.other}'" in proc.stdout
+
+
 def test_another_frameworks_checkpoint_is_refused_and_kept(framework, tmp_path):
     uri = tmp_path / "ckpt"
     other = Checkpointer(TrainState(tiny_lm.make_model()), CheckpointConfig(uri=str(uri), handle_signals=False),
