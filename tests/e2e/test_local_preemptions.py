@@ -66,8 +66,10 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
     assert job.preemptions >= 3
     instances = Instance.objects.filter(job=job)
-    preempted = instances.filter(end_reason=EndReason.PREEMPTED)
-    assert preempted.count() == job.preemptions
+    # The counter counts every interruption: on a loaded machine a VM starved of its
+    # heartbeats past the timeout ends `lost` and is relaunched like a preempted one.
+    interrupted = instances.filter(end_reason__in=(EndReason.PREEMPTED, EndReason.LOST))
+    assert interrupted.count() == job.preemptions, story(job)
     assert instances.filter(end_reason=EndReason.COMPLETED).count() == 1
     # Every preemption was announced and its outcome recorded; at least three were met with a
     # committed checkpoint before the deadline (on an overloaded machine a notice save can miss
