@@ -52,10 +52,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=2_000, help="simulated agents, each with its own token")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each timed phase")
-    parser.add_argument("--clients", type=int, default=2, help="client processes")
-    parser.add_argument("--threads", type=int, default=8, help="concurrent requests per client process")
-    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
-    parser.add_argument("--web-threads", type=int, default=8, help="gunicorn threads per worker")
+    add_load_args(parser)
     parser.add_argument("--page-requests", type=int, default=40, help="timed requests per dashboard page")
     parser.add_argument("--database-url", default=os.environ.get(
         "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn_bench_heartbeats"))
@@ -64,6 +61,14 @@ def parse_args(argv=None):
     if args.agents < args.clients * args.threads:
         parser.error("need at least one agent per client thread")
     return args
+
+
+def add_load_args(parser: argparse.ArgumentParser) -> None:
+    """The client load and the gunicorn it drives (run_phase, start_web read them)."""
+    parser.add_argument("--clients", type=int, default=2, help="client processes")
+    parser.add_argument("--threads", type=int, default=8, help="concurrent requests per client process")
+    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument("--web-threads", type=int, default=8, help="gunicorn threads per worker")
 
 
 # ---- the agents -------------------------------------------------------------------------------

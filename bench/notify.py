@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.dashboard import recreate_database, setup_django  # noqa: E402  (after the path insert)
-from bench.heartbeats import Phase, make_agents, ms, run_phase, start_web, stop_web  # noqa: E402
+from bench.heartbeats import Phase, add_load_args, make_agents, ms, run_phase, start_web, stop_web  # noqa: E402
 from tests.notify.receiver import Receiver  # noqa: E402
 
 RATIO_MIN = 0.95
@@ -57,10 +57,7 @@ def parse_args(argv=None):
     parser.add_argument("--seconds", type=float, default=8.0, help="length of each phase")
     parser.add_argument("--rounds", type=int, default=6, help="pairs of phases, one without and one with")
     parser.add_argument("--fail-every", type=float, default=2.0, help="seconds between two jobs' failures")
-    parser.add_argument("--clients", type=int, default=2, help="client processes")
-    parser.add_argument("--threads", type=int, default=8, help="concurrent requests per client process")
-    parser.add_argument("--web-workers", type=int, default=2, help="gunicorn worker processes")
-    parser.add_argument("--web-threads", type=int, default=8, help="gunicorn threads per worker")
+    add_load_args(parser)
     parser.add_argument("--database-url", default=os.environ.get(
         "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn_bench_notify"))
     parser.add_argument("--broker-url", default=os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0"))

@@ -571,8 +571,9 @@ class Invitation(models.Model):
 class Subscription(models.Model):
     """Who is told of what, and how (jobs.notify). A team's subscription (no user) is
     managed by the team's admins and covers every job of the team; a person's covers
-    the jobs they own and their team's budget. The webhook secret is kept to sign with
-    and shown only when the subscription is created."""
+    the jobs they own and their team's budget. The webhook secret is kept sealed
+    (jobs.core.secret_env), opened only to sign with, and shown only when the
+    subscription is created; a URL is kept in the clear."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="subscriptions")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
@@ -582,7 +583,8 @@ class Subscription(models.Model):
     channel = models.CharField(max_length=10, choices=Channel.CHOICES)
     url = models.CharField(max_length=2000, blank=True, help_text="Webhook or Slack URL; checked at save and send.")
     email = models.EmailField(blank=True)
-    secret = models.CharField(max_length=64, blank=True, help_text="HMAC-SHA256 key of the webhook signature.")
+    secret = models.TextField(blank=True, help_text="HMAC-SHA256 key of the webhook signature, sealed "
+                                                    "(jobs.core.secret_env): never plaintext.")
     preemption_burst = models.PositiveIntegerField(
         default=3, validators=[MinValueValidator(1)], help_text="Preemptions of one job within an hour that make a burst.")
     recovering_after_s = models.PositiveIntegerField(

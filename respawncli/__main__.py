@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from jobs.core.choices import Channel, DeliveryStatus, NotificationKind
 from respawncli import commands
 from respawncli.errors import EXIT_BAD_INPUT, CliError
 
@@ -31,6 +32,8 @@ examples:
   respawn cancel 42
   respawn tokens create ci --expires-in 30d
   respawn tokens revoke 7
+  respawn notify add --channel slack --to https://hooks.slack.com/services/… --events job.failed
+  respawn notify deliveries --status failed
 
 exit codes:
   0 ok; 1 refused or failed (conflict, forbidden, server error, unreachable);
@@ -40,12 +43,22 @@ exit codes:
 JOB_STATUSES = ["queued", "provisioning", "running", "recovering", "cancelling", "succeeded", "failed", "cancelled"]
 
 
+def event_list(text: str) -> list[str]:
+    """--events: comma-separated event names, each one a subscription may ask for."""
+    events = [event.strip() for event in text.split(",") if event.strip()]
+    unknown = [event for event in events if event not in NotificationKind.SUBSCRIBABLE]
+    if unknown or not events:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or 'none given'}: not an event; the events are "
+                                         f"{', '.join(NotificationKind.SUBSCRIBABLE)}")
+    return events
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
     common.add_argument("--url", help="control plane URL (default: RESPAWN_URL, then the saved login)")
-    # Under `tokens`, the same flags after the action; SUPPRESS keeps the level
-    # above's value when they are not repeated there.
+    # Under `tokens` and `notify`, the same flags after the action; SUPPRESS keeps the
+    # level above's value when they are not repeated there.
     nested = argparse.ArgumentParser(add_help=False)
     nested.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
     nested.add_argument("--url", default=argparse.SUPPRESS, help="control plane URL")
@@ -124,6 +137,49 @@ def build_parser() -> argparse.ArgumentParser:
     expiry.add_argument("--expires", metavar="TIME", help="ISO 8601 time, e.g. 2027-01-01T00:00:00Z")
     revoke = token_sub.add_parser("revoke", parents=[nested], help="revoke a token by id")
     revoke.add_argument("id", type=int)
+
+    p = command("notify", commands.notify,
+                "your and your team's notifications: webhook, Slack or email subscriptions to what happens to jobs, "
+                "test messages, and the delivery log (docs/notifications.md)",
+                "respawn notify add --channel webhook --to https://ci.example.com/hook --events job.failed")
+    p.set_defaults(team=None)  # `respawn notify` alone lists, with list's defaults
+    notify_sub = p.add_subparsers(dest="notify_command", metavar="ACTION")
+    listing = notify_sub.add_parser("list", parents=[nested],
+                                    help="the subscriptions you see: your own and your teams' (the default)")
+    listing.add_argument("--team", help="only this team (name or id)")
+    add = notify_sub.add_parser(
+        "add", parents=[nested], formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="subscribe; a webhook's signing secret is printed this once",
+        description="Subscribe a webhook (JSON, signed with HMAC-SHA256), a Slack-compatible incoming webhook, or an "
+                    "email address to events of your jobs (or, with --team-wide, every job of the team).",
+        epilog="events:\n" + "\n".join(f"  {kind:<22}{NotificationKind.LABELS[kind]}"
+                                         for kind in NotificationKind.SUBSCRIBABLE)
+               + "\n\nexample:\n  respawn notify add --channel email --email me@example.com "
+                 "--events job.failed,job.succeeded")
+    add.add_argument("--channel", required=True, choices=Channel.ALL)
+    add.add_argument("--to", dest="hook_url", metavar="URL",
+                     help="where a webhook or Slack message is posted (http or https; private addresses are refused "
+                          "unless the server allows them)")
+    add.add_argument("--email", help="where the email channel writes")
+    add.add_argument("--events", required=True, type=event_list, metavar="EVENT,...",
+                     help="comma-separated, e.g. job.failed,job.succeeded (all listed below)")
+    add.add_argument("--team-wide", action="store_true",
+                     help="the team's subscription, for every job of the team (team admins only); default: yours, "
+                          "for the jobs you own")
+    add.add_argument("--team", help="team name or id (default: your only team)")
+    add.add_argument("--name", help="what it is for (default: the channel and where it goes)")
+    test = notify_sub.add_parser("test", parents=[nested],
+                                 help="send a test message through a subscription (see its delivery in `deliveries`)")
+    test.add_argument("id", type=int, help="subscription id")
+    deliveries = notify_sub.add_parser("deliveries", parents=[nested],
+                                       help="the delivery log, newest first: each delivery with its attempts")
+    deliveries.add_argument("--subscription", type=int, metavar="ID", help="only this subscription's")
+    deliveries.add_argument("--status", choices=DeliveryStatus.ALL, help="only deliveries in this status")
+    deliveries.add_argument("--limit", type=int, default=50, help="at most this many deliveries (default 50)")
+    for name, help in (("rm", "delete a subscription"),
+                       ("disable", "stop a subscription's deliveries, keeping it"),
+                       ("enable", "deliver to a disabled subscription again")):
+        notify_sub.add_parser(name, parents=[nested], help=help).add_argument("id", type=int, help="subscription id")
     return parser
 
 

@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from jobs.money.text import savings_text, usd
 from respawncli import workdir
@@ -245,6 +246,20 @@ def cost(args) -> int:
     return EXIT_OK
 
 
+def flag_problems(refused: FieldErrors, flags: dict[str, str]) -> list[str]:
+    """The server's field errors, each named by the flag that set its field (`flags`: field -> flag)."""
+    return [f"{flags.get(field, field)}: {' '.join(_messages(said))}" for field, said in refused.errors.items()]
+
+
+def _messages(said) -> list[str]:
+    """A field's messages, also where DRF nests them (a list's items by index: {"0": [...]})."""
+    if isinstance(said, dict):
+        return [message for inner in said.values() for message in _messages(inner)]
+    if isinstance(said, list):
+        return [message for inner in said for message in _messages(inner)]
+    return [str(said)]
+
+
 # --- savings report ---
 
 REPORT_SECTIONS = ("months", "jobs", "waste", "interruptions", "cumulative")  # the API's CSV tables
@@ -273,8 +288,7 @@ def report(args) -> int:
             return EXIT_OK
         answer = client.get(f"teams/{team}/report/", **query)
     except FieldErrors as e:
-        raise CliError("the report was refused", EXIT_BAD_INPUT,
-                       [f"{REPORT_FLAGS.get(field, field)}: {' '.join(messages)}" for field, messages in e.errors.items()]) from e
+        raise CliError("the report was refused", EXIT_BAD_INPUT, flag_problems(e, REPORT_FLAGS)) from e
     if fmt == "json":
         print_json(answer)
         return EXIT_OK
@@ -350,3 +364,98 @@ def tokens(args) -> int:
         rows = client.all_pages("tokens/")
         print_json(rows) if args.json else print_table(rows, TOKEN_COLUMNS, empty="no tokens")
     return EXIT_OK
+
+
+# --- notifications ---
+
+SUBSCRIPTION_COLUMNS = [
+    ("ID", "id"), ("TEAM", "team"), ("NAME", "name"), ("FOR", lambda s: s["owner"] or "(team)"),
+    ("CHANNEL", "channel"), ("TO", lambda s: s["url"] or s["email"]), ("EVENTS", "events"), ("ENABLED", "enabled"),
+    ("FAILING", "failing_reason"),
+]
+ATTEMPT_COLUMNS = [
+    ("DELIVERY", "id"), ("SUB", "subscription"), ("KIND", "kind"), ("JOB", "job"), ("STATUS", "status"),
+    ("TRY", "try"), ("AT", "started_at"),
+    ("SECONDS", lambda a: None if a.get("duration_s") is None else f"{a['duration_s']:.2f}"),
+    ("CODE", "status_code"), ("ERROR", "error"),
+]
+NOTIFY_FLAGS = {"team": "--team", "scope": "--team-wide", "name": "--name", "channel": "--channel", "url": "--to",
+                "email": "--email", "events": "--events"}
+
+
+def notify(args) -> int:
+    return NOTIFY_ACTIONS[args.notify_command or "list"](api(args), args)
+
+
+def _notify_list(client: Api, args) -> int:
+    team = resolve_team(client, args.team) if args.team else None
+    rows = client.all_pages("subscriptions/", team=team)
+    print_json(rows) if args.json else print_table(rows, SUBSCRIPTION_COLUMNS, empty="no subscriptions")
+    return EXIT_OK
+
+
+def _notify_add(client: Api, args) -> int:
+    target = args.email or urlsplit(args.hook_url or "").hostname  # a Slack URL's path is its secret: not in the name
+    body = {"team": _my_team(client, args.team), "scope": "team" if args.team_wide else "personal",
+            "name": args.name or f"{args.channel}: {target or '?'}", "channel": args.channel, "events": args.events,
+            "url": args.hook_url or "", "email": args.email or ""}
+    try:
+        created = client.post("subscriptions/", body)
+    except FieldErrors as e:
+        raise CliError("the server refused the subscription; nothing was made", EXIT_BAD_INPUT,
+                       flag_problems(e, NOTIFY_FLAGS)) from e
+    if args.json:
+        print_json(created)
+        return EXIT_OK
+    print(f"subscription {created['id']} '{created['name']}': {created['channel']} for {', '.join(created['events'])}")
+    if created["secret"]:
+        print(f"signing secret: {created['secret']}")
+        print("This is the only time the secret is shown: give it to the receiver now (it checks "
+              "X-Respawn-Signature with it; see docs/notifications.md).", file=sys.stderr)
+    return EXIT_OK
+
+
+def _notify_test(client: Api, args) -> int:
+    delivery = client.post(f"subscriptions/{args.id}/test/")
+    if args.json:
+        print_json(delivery)
+    else:
+        print(f"test message queued for subscription {args.id}: delivery {delivery['id']} ({delivery['status']}); "
+              f"see `respawn notify deliveries --subscription {args.id}`")
+    return EXIT_OK
+
+
+def _notify_deliveries(client: Api, args) -> int:
+    page = client.get("deliveries/", subscription=args.subscription, status=args.status, limit=args.limit)
+    if args.json:
+        print_json(page["results"])
+        return EXIT_OK
+    # One line an attempt, so each delivery's tries read in order; one not tried yet has a line of its own.
+    rows = [{**delivery, **attempt, "try": number}
+            for delivery in page["results"]
+            for number, attempt in (enumerate(delivery["attempt_log"], 1) if delivery["attempt_log"] else [(None, {})])]
+    print_table(rows, ATTEMPT_COLUMNS, empty="no deliveries match")
+    if page["count"] > len(page["results"]):
+        print(f"({len(page['results'])} of {page['count']} deliveries shown; raise --limit to see more)")
+    return EXIT_OK
+
+
+def _notify_rm(client: Api, args) -> int:
+    subscription = client.get(f"subscriptions/{args.id}/")
+    client.request("DELETE", f"subscriptions/{args.id}/")
+    print_json(subscription) if args.json else print(f"subscription {args.id} '{subscription['name']}' deleted")
+    return EXIT_OK
+
+
+def _notify_enabled(enabled: bool):
+    def switch(client: Api, args) -> int:
+        subscription = client.request("PATCH", f"subscriptions/{args.id}/", json={"enabled": enabled})
+        print_json(subscription) if args.json else print(
+            f"subscription {args.id} '{subscription['name']}' {'enabled' if enabled else 'disabled'}")
+        return EXIT_OK
+
+    return switch
+
+
+NOTIFY_ACTIONS = {"list": _notify_list, "add": _notify_add, "test": _notify_test, "deliveries": _notify_deliveries,
+                  "rm": _notify_rm, "enable": _notify_enabled(True), "disable": _notify_enabled(False)}

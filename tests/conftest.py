@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from cryptography.fernet import Fernet
 
 from tests.agent_wheel import agent_wheel  # noqa: F401  (a fixture: the control plane holds the agent wheel)
 from tests.factories import make_instance, make_job, make_team_with_members  # noqa: F401  (fixtures use them)
@@ -140,6 +141,14 @@ def child_env(transactional_db, tmp_path):
         from jobs.fleet.providers.local import LocalConfig, LocalProvider
 
         LocalProvider(LocalConfig(root=str(vm_root))).terminate_all()
+
+
+def share_secrets_key(env: dict, settings) -> dict:
+    """`env` with a fresh secrets key that this test's process uses too, so a value one
+    of them seals the others open (each var dir would make a key of its own)."""
+    env["RESPAWN_SECRETS_KEY"] = Fernet.generate_key().decode()
+    settings.RESPAWN = {**settings.RESPAWN, "SECRETS_KEY": env["RESPAWN_SECRETS_KEY"]}
+    return env
 
 
 def purge_queued_tasks() -> None:

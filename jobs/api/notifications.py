@@ -135,7 +135,7 @@ class SubscriptionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixi
         self.check_manage(team_id=fields["team"].pk, owner_id=owner and owner.pk)
         created = subscriptions.create(**fields, user=owner, created_by=request.user)
         answer = NewSubscriptionSerializer(created, context=self.get_serializer_context()).data
-        return Response({**answer, "secret": created.secret or None}, status=status.HTTP_201_CREATED)
+        return Response({**answer, "secret": created.new_secret}, status=status.HTTP_201_CREATED)
 
     def perform_update(self, serializer):
         serializer.validated_data.pop("scope", None)

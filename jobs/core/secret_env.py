@@ -1,18 +1,22 @@
-"""Secret env values at rest (DESIGN §11).
+"""Secret values at rest (DESIGN §11): a job's secret env values and a webhook
+subscription's signing secret.
 
 A job's `secret_env` keeps each name in the clear (every viewer of the job may
 see which secrets it has) and each value as a Fernet token (AES-128-CBC with an
-HMAC-SHA256) under the deployment's secrets key. Values are decrypted in one
-place only: the register answer to one of the job's live instances
-(jobs.api.agent.job_spec).
+HMAC-SHA256) under the deployment's secrets key; a subscription's `secret` is one
+such token. Values are decrypted in two places only: the register answer to one
+of the job's live instances (jobs.api.agent.job_spec), and the signing of a
+webhook delivery (jobs.notify.sending).
 
 The key is `RESPAWN_SECRETS_KEY` (or a file named by `RESPAWN_SECRETS_KEY_FILE`):
 one Fernet key, or several separated by commas for a rotation, the first
 encrypting and every one decrypting (`manage.py rotate_secrets_key` re-encrypts
-every job's values under the first). Unset, the key is `var/secrets.key`, made
+every stored value under the first). Unset, the key is `var/secrets.key`, made
 (0600) at first use: a laptop default, like the generated Django secret key.
 Lose the key and every stored secret value is lost with it: a job whose values
-cannot be decrypted fails its register (cause setup) and must be submitted again.
+cannot be decrypted fails its register (cause setup) and must be submitted again;
+a webhook whose secret cannot be decrypted fails each delivery (the subscription
+says why) and must be made again for a new secret.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from django.conf import settings
 
 class SecretsKeyError(Exception):
     """The secrets key cannot decrypt a stored value (the key was lost or replaced)."""
+
+
+LOST = "no configured secrets key decrypts it: the key was replaced or lost since it was stored"
 
 
 def _key_file_key(path: Path) -> bytes:
@@ -60,20 +67,39 @@ def _fernet() -> MultiFernet:
     return MultiFernet([Fernet(key) for key in keys])
 
 
+def seal_value(value: str) -> str:
+    """`value` encrypted under the first key, for storing."""
+    return _fernet().encrypt(value.encode()).decode()
+
+
+def unseal_value(token: str) -> str:
+    """The plaintext of a stored value; SecretsKeyError when no configured key decrypts it."""
+    try:
+        return _fernet().decrypt(token.encode()).decode()
+    except InvalidToken:
+        raise SecretsKeyError(LOST) from None
+
+
+def rotate_value(token: str) -> str:
+    """`token` re-encrypted under the first configured key (MultiFernet.rotate); SecretsKeyError as unseal_value."""
+    try:
+        return _fernet().rotate(token.encode()).decode()
+    except InvalidToken:
+        raise SecretsKeyError(LOST) from None
+
+
 def seal(values: dict[str, str]) -> dict[str, str]:
     """`values` with each value encrypted, for storing."""
-    fernet = _fernet()
-    return {name: fernet.encrypt(value.encode()).decode() for name, value in values.items()}
+    return {name: seal_value(value) for name, value in values.items()}
 
 
 def unseal(sealed: dict[str, str]) -> dict[str, str]:
     """The plaintext values of a stored `secret_env`; SecretsKeyError names those the key cannot decrypt."""
-    fernet = _fernet()
     values, lost = {}, []
     for name, token in sealed.items():
         try:
-            values[name] = fernet.decrypt(token.encode()).decode()
-        except InvalidToken:
+            values[name] = unseal_value(token)
+        except SecretsKeyError:
             lost.append(name)
     if lost:
         raise SecretsKeyError(f"the secrets key cannot decrypt secret_env {', '.join(sorted(lost))}: it was replaced "
@@ -82,6 +108,5 @@ def unseal(sealed: dict[str, str]) -> dict[str, str]:
 
 
 def rotate(sealed: dict[str, str]) -> dict[str, str]:
-    """`sealed` re-encrypted under the first configured key (MultiFernet.rotate)."""
-    fernet = _fernet()
-    return {name: fernet.rotate(token.encode()).decode() for name, token in sealed.items()}
+    """`sealed` with each value re-encrypted under the first configured key; SecretsKeyError as unseal_value."""
+    return {name: rotate_value(token) for name, token in sealed.items()}

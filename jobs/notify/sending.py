@@ -3,8 +3,10 @@ a short timeout, and its outcome recorded whatever it was.
 
 A generic webhook gets the notification as JSON, signed: `X-Respawn-Signature` is
 `sha256=` + HMAC-SHA256(secret, `{X-Respawn-Timestamp}.` + body), so a receiver checks
-the body is ours and recent. A Slack-compatible webhook gets `{"text": ...}`; email
-goes through Django's email backend."""
+the body is ours and recent. The secret is stored sealed and opened here only, to
+sign; one the secrets key no longer opens fails the delivery for good, saying why. A
+Slack-compatible webhook gets `{"text": ...}` (its URL, the secret there, is stored in
+the clear); email goes through Django's email backend."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from django.core.mail import send_mail
 from django.db import IntegrityError
 from django.utils import timezone
 
+from jobs.core import secret_env
 from jobs.core.choices import Channel, DeliveryStatus
 from jobs.models import Delivery, DeliveryAttempt, Subscription
 from jobs.notify.addresses import UnsafeURL, check_url
@@ -96,11 +99,16 @@ def send(delivery: Delivery) -> int | None:
         return None
     if sub.channel == Channel.SLACK:
         return post(sub.url, json.dumps({"text": slack_text(delivery)}).encode(), {})
+    try:
+        secret = secret_env.unseal_value(sub.secret)
+    except secret_env.SecretsKeyError as exc:
+        raise Refused(f"cannot sign: the webhook's signing secret cannot be decrypted ({exc}); make the subscription "
+                      "again for a new secret") from None
     body = json.dumps(payload(delivery), sort_keys=True).encode()
     timestamp = str(int(time.time()))
     return post(sub.url, body, {"X-Respawn-Timestamp": timestamp, "X-Respawn-Delivery": str(delivery.pk),
                                 "X-Respawn-Event": delivery.notification.kind,
-                                "X-Respawn-Signature": signature(sub.secret, timestamp, body)})
+                                "X-Respawn-Signature": signature(secret, timestamp, body)})
 
 
 def attempt(delivery_id: int, *, last: bool) -> None:

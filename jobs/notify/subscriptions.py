@@ -1,5 +1,5 @@
-"""Subscriptions: who may manage which, creating one (its webhook secret made here and
-shown once), and the dashboard's test message."""
+"""Subscriptions: who may manage which, creating one (its webhook secret made and
+sealed here, shown once), and the dashboard's test message."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import uuid
 
 from django.db import transaction
 
+from jobs.core import secret_env
 from jobs.core.choices import Channel, NotificationKind
 from jobs.models import Subscription
 from jobs.notify.events import notify
@@ -30,11 +31,13 @@ def may_see(user, subscription: Subscription) -> bool:
 
 
 def create(**fields) -> Subscription:
-    """A webhook's signing secret is made here, never chosen by a person: the caller shows
-    the returned `secret` once, and it is never shown again."""
-    if fields["channel"] == Channel.WEBHOOK:
-        fields["secret"] = secrets.token_hex(32)
-    return Subscription.objects.create(**fields)
+    """A webhook's signing secret is made here, never chosen by a person, and stored
+    sealed: only the returned object carries it in the clear, as `new_secret` (None for
+    other channels), for the caller to show once; it is never shown again."""
+    new_secret = secrets.token_hex(32) if fields["channel"] == Channel.WEBHOOK else None
+    subscription = Subscription.objects.create(**fields, secret=secret_env.seal_value(new_secret) if new_secret else "")
+    subscription.new_secret = new_secret
+    return subscription
 
 
 @transaction.atomic

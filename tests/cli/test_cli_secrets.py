@@ -5,21 +5,21 @@ import json
 import re
 
 import pytest
-from cryptography.fernet import Fernet
 
 from jobs.core import secret_env
 from jobs.models import Job
 from tests.cli.test_cli_live import cli, job_file  # noqa: F401 (fixtures)
+from tests.conftest import share_secrets_key
 
 SECRET = "hf_cli-s3cr3t-0123456789"
 
 
 @pytest.fixture
 def child_env(child_env, settings):
-    """The server and this test share one secrets key (each var dir would make its own)."""
-    child_env["RESPAWN_SECRETS_KEY"] = Fernet.generate_key().decode()
-    settings.RESPAWN = {**settings.RESPAWN, "SECRETS_KEY": child_env["RESPAWN_SECRETS_KEY"]}
-    return child_env
+    """The server and this test share one secrets key."""
+    return share_secrets_key(child_env, settings)
+
+
 JOB = "team: vision\nname: llm\ncommand: [python, train.py]\nenv:\n  BATCH: \"8\"\n"
 
 

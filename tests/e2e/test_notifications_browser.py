@@ -8,11 +8,12 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
 
+from jobs.core import secret_env
 from jobs.core.choices import JobStatus, Role
 from jobs.core.choices import NotificationKind as Kind
 from jobs.core.transitions import transition_job
 from jobs.models import Subscription
-from tests.conftest import WebServer, celery_worker, wait_until
+from tests.conftest import WebServer, celery_worker, share_secrets_key, wait_until
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
 from tests.factories import make_job, make_team_with_members
 from tests.notify.receiver import Receiver
@@ -28,7 +29,8 @@ def stack(child_env, tmp_path, monkeypatch, settings):
     missing = chromium_missing()
     assert missing is None, missing
     settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE": True}
-    env = {**child_env, "RESPAWN_NOTIFY_ALLOW_PRIVATE": "1"}  # the receiver listens on 127.0.0.1
+    # The receiver listens on 127.0.0.1; this process opens what the web server seals.
+    env = share_secrets_key({**child_env, "RESPAWN_NOTIFY_ALLOW_PRIVATE": "1"}, settings)
     web = WebServer(env, tmp_path / "web.log").start()
     worker = celery_worker(env, tmp_path / "worker.log").start()
     with Receiver() as receiver:
@@ -68,7 +70,8 @@ def test_an_admin_subscribes_sends_a_test_and_reads_the_delivery_log(stack, tmp_
         page.get_by_label("Job failed (cause and log tail)").check()
         page.get_by_role("button", name="Subscribe").click()
         secret = page.locator("#secret").inner_text().strip()
-        assert secret == Subscription.objects.get().secret
+        stored = Subscription.objects.get().secret
+        assert stored != secret and secret_env.unseal_value(stored) == secret  # sealed at rest
         receiver.secrets["/ok/hook"] = secret
         page.goto(f"/teams/{setup.team.pk}/notifications/")
         expect(page.get_by_role("heading", name="Delivery log")).to_be_visible()

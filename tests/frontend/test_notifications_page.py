@@ -4,6 +4,7 @@ subscription, and a refused URL answered with its reason on the page."""
 import pytest
 from django.test import Client
 
+from jobs.core import secret_env
 from jobs.core.choices import Channel, Role
 from jobs.core.choices import NotificationKind as Kind
 from jobs.models import Delivery, Subscription
@@ -73,3 +74,14 @@ def test_a_refused_url_comes_back_with_its_reason(setup):
         channel=Channel.WEBHOOK, email="", url="http://169.254.169.254/latest/meta-data/"))
     assert answer.status_code == 400 and b"link-local" in answer.content
     assert Subscription.objects.count() == 1
+
+
+def test_a_webhooks_secret_is_on_the_answer_that_makes_it_and_on_no_page_after(setup, settings):
+    settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE": True}  # a loopback URL: only resolved, never called
+    admin = signed_in(setup, Role.ADMIN)
+    answer = admin.post(f"/teams/{setup.team.pk}/notifications/new/", form(
+        name="hook", channel=Channel.WEBHOOK, email="", url="http://127.0.0.1:9/hook"))
+    assert answer.status_code == 201, answer.content
+    secret = secret_env.unseal_value(Subscription.objects.get(name="hook").secret)
+    assert f'<pre id="secret">{secret}</pre>'.encode() in answer.content
+    assert secret.encode() not in admin.get(f"/teams/{setup.team.pk}/notifications/").content

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.core import secret_env
 from jobs.core.choices import Channel
 from jobs.core.choices import NotificationKind as Kind
 from jobs.models import Delivery, Subscription
@@ -32,7 +33,7 @@ def test_the_secret_is_shown_once_on_creation_and_never_again(setup, allow_priva
     created = webhook(setup, "team", receiver.url("/ok/team"))
     assert created.status_code == 201, created.content
     secret = created.json()["secret"]
-    assert len(secret) == 64 and Subscription.objects.get().secret == secret
+    assert len(secret) == 64 and secret_env.unseal_value(Subscription.objects.get().secret) == secret
     assert created.json()["events"] == [Kind.JOB_FAILED, Kind.JOB_SUCCEEDED] and created.json()["owner"] is None
     again = client_for(setup.people["admin"]).get(f"{URL}{created.json()['id']}/").json()
     listed = client_for(setup.people["admin"]).get(URL).json()["results"]

@@ -16,16 +16,17 @@ from jobs.models import Delivery, Subscription
 from jobs.notify import subscriptions
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
-from tests.conftest import celery_worker, wait_until
+from tests.conftest import celery_worker, share_secrets_key, wait_until
 from tests.factories import make_instance, make_job, make_team_with_members
 from tests.notify.receiver import Receiver
 
 
 @pytest.fixture
 def worker_env(child_env, settings):
+    """The worker signs with the secrets this test sealed: one key for both."""
     settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE": True}
-    return {**child_env, "RESPAWN_NOTIFY_ALLOW_PRIVATE": "1", "RESPAWN_NOTIFY_MAX_RETRIES": "2",
-            "RESPAWN_NOTIFY_BACKOFF_S": "1", "RESPAWN_NOTIFY_TIMEOUT_S": "0.5"}
+    return share_secrets_key({**child_env, "RESPAWN_NOTIFY_ALLOW_PRIVATE": "1", "RESPAWN_NOTIFY_MAX_RETRIES": "2",
+                              "RESPAWN_NOTIFY_BACKOFF_S": "1", "RESPAWN_NOTIFY_TIMEOUT_S": "0.5"}, settings)
 
 
 @pytest.fixture
