@@ -81,6 +81,14 @@ class NoticeSource:
     ALL = FROM_AGENT + (HEARTBEAT_TIMEOUT, PROVIDER_API)
 
 
+class NoticeKind:
+    PREEMPT = "preempt"  # the VM is being reclaimed: save and stop within the window
+    # AWS's earlier, softer signal: elevated risk, no deadline. Reported to the control plane
+    # only for a job with spare_on_rebalance, which then moves it onto a spare (docs/spares.md).
+    REBALANCE = "rebalance"
+    ALL = (PREEMPT, REBALANCE)
+
+
 class ExitReason:
     """Why the agent's trainer ended, as the agent saw it."""
 
@@ -188,6 +196,9 @@ class JobSpec:
     # control plane's word: `hold` (a spare is launching) keeps training until checkpoint_and_stop
     # or until only that budget is left; no word, and it saves as without a spare.
     notice_hold: bool = False
+    # On an AWS rebalance recommendation, report it (Notice kind rebalance) and train on: the
+    # control plane launches a spare and, once it is ready, asks this VM to checkpoint_and_stop.
+    spare_on_rebalance: bool = False
 
 
 @dataclass(kw_only=True)
@@ -232,6 +243,7 @@ class Notice(Report):
     notice_time: str  # when the cloud (or signal) announced it
     deadline: str | None = None  # when the VM goes away, as the cloud states it
     raw: str = ""  # the payload as received, truncated to MAX_RAW_PAYLOAD_CHARS
+    kind: str = NoticeKind.PREEMPT
 
 
 @dataclass(kw_only=True)

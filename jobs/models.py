@@ -148,6 +148,9 @@ class Job(models.Model):
         null=True, blank=True, help_text="Fall back to on-demand after this many preemptions; never when empty."
     )
     deadline = models.DateTimeField(null=True, blank=True)
+    spare_on_rebalance = models.BooleanField(
+        default=False, help_text="On an AWS rebalance recommendation, launch a spare and move a one-node job onto it "
+                                 "once it is ready (docs/spares.md).")
     priority = models.IntegerField(default=0)
 
     # Training and checkpoints.

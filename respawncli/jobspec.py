@@ -56,6 +56,7 @@ FIELDS: dict[str, Field] = {
     "allowed_regions": Field("strings"),
     "max_price_per_hour": Field("number", minimum=0),
     "on_demand_after_preemptions": Field("int", minimum=0),
+    "spare_on_rebalance": Field("bool"),
     "deadline": Field("datetime"),
     "priority": Field("int", minimum=-100, maximum=100),
     "total_steps": Field("int", minimum=1),

@@ -163,6 +163,7 @@ class Agent:
         self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
         self.hold_until: float | None = None  # monotonic time a notice's save starts at the latest, while held
         self.hold_limit: float | None = None  # hold_until once the control plane confirmed a spare is launching
+        self.rebalance_reported = False  # a job with spare_on_rebalance reports the first one only
         self.heartbeat_interval_s = 10.0
         self.checkpoint_interval_s: float | None = None
 
@@ -655,11 +656,7 @@ class Agent:
 
     def _on_notice(self, notice: NoticeEvent) -> None:
         if notice.kind == REBALANCE:
-            # Reported (in the job's output); by default not acted on, since most
-            # rebalance recommendations are not followed by a preemption.
-            self._agent_line(f"rebalance recommendation from {notice.source}: {notice.raw}")
-            if self.config.checkpoint_on_rebalance:
-                self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
+            self._on_rebalance(notice)
             return
         if self.notice is not None:
             log.info("another notice (%s) while handling one from %s; already stopping", notice.source, self.notice.source)
@@ -680,6 +677,21 @@ class Agent:
             self._agent_line(f"preemption notice from {notice.source}, deadline {stated.isoformat()}: training on while a spare boots, checkpointing and stopping within {hold_s:.1f}s")
             return
         self._stop_for_notice(report=True)
+
+    def _on_rebalance(self, notice: NoticeEvent) -> None:
+        """Said in the job's output. Most rebalance recommendations are not followed by a
+        preemption, so training goes on; a job with spare_on_rebalance has the control plane
+        told (the first time), which launches a spare and, once it is ready, asks this VM to
+        checkpoint and stop: a planned move (docs/spares.md)."""
+        self._agent_line(f"rebalance recommendation from {notice.source}: {notice.raw}")
+        if self.config.checkpoint_on_rebalance:
+            self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
+        if self.job is not None and self.job.spare_on_rebalance and not self.rebalance_reported and self.notice is None:
+            self.rebalance_reported = True
+            self.reporter.report(protocol.PATH_NOTICE, protocol.Notice(
+                source=notice.source, notice_time=notice.notice_time.isoformat(), raw=notice.raw,
+                kind=protocol.NoticeKind.REBALANCE))
+            self._agent_line("training on while a spare boots to move the job to, on the rebalance recommendation")
 
     def _stop_for_notice(self, report: bool) -> None:
         """Checkpoint and stop within what is left of the notice's budget (`report`: tell
@@ -869,8 +881,10 @@ class Agent:
         status = self.status.read()
         if self.notice is not None:
             reason = protocol.ExitReason.PREEMPTED
-        elif self.stopped_by_control_plane or (code == 0 and status.get("stopped") is True):
-            # The second case: a gang's rank stopped with the rank that was asked to stop.
+        elif self.stopped_by_control_plane or status.get("stopped") is True:
+            # The second case: a gang's rank stopped with the rank that was asked to stop, its
+            # save done, whatever its exit code: gloo's teardown, a peer gone first, aborts a
+            # process now and then (exit -6) after training is over and nothing is lost.
             reason = protocol.ExitReason.STOPPED
         else:
             reason = protocol.ExitReason.COMPLETED if code == 0 else protocol.ExitReason.FAILED

@@ -17,12 +17,11 @@ from typing import Callable
 
 import requests
 
-from agents.protocol import MAX_RAW_PAYLOAD_CHARS
+from agents.protocol import MAX_RAW_PAYLOAD_CHARS, NoticeKind
 
 log = logging.getLogger(__name__)
 
-PREEMPT = "preempt"
-REBALANCE = "rebalance"
+PREEMPT, REBALANCE = NoticeKind.PREEMPT, NoticeKind.REBALANCE
 
 # A stated deadline further ahead than this is not believed (clouds give 30 s to
 # 15 min); one at or before "now" cannot be met. Either way the notice itself is

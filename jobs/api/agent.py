@@ -7,6 +7,7 @@ indexed digest, one short transaction, a fixed number of queries."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -99,6 +100,7 @@ class NoticeSerializer(ReportSerializer):
     notice_time = serializers.DateTimeField()
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     raw = serializers.CharField(required=False, allow_blank=True, default="", max_length=protocol.MAX_RAW_PAYLOAD_CHARS)
+    kind = serializers.ChoiceField(choices=protocol.NoticeKind.ALL, default=protocol.NoticeKind.PREEMPT)
 
 
 class CheckpointReportSerializer(ReportSerializer):
@@ -308,9 +310,12 @@ class NoticeView(AgentView):
     @extend_schema(request=NoticeSerializer, responses=AckSerializer)
     def post(self, request):
         data = self.validated(request)
-        applied = apply_once(self.instance, data["event_id"], "notice", lambda: services.record_notice(
-            self.instance, source=data["source"], notice_time=data["notice_time"], deadline=data["deadline"],
-            raw=data["raw"]))
+        if data["kind"] == protocol.NoticeKind.REBALANCE:
+            record = functools.partial(services.record_rebalance, self.instance, source=data["source"], raw=data["raw"])
+        else:
+            record = functools.partial(services.record_notice, self.instance, source=data["source"],
+                                       notice_time=data["notice_time"], deadline=data["deadline"], raw=data["raw"])
+        applied = apply_once(self.instance, data["event_id"], "notice", record)
         return ack(duplicate=not applied)
 
 
@@ -455,7 +460,7 @@ class StandbyView(AgentView):
     def get(self, request):
         instance = Instance.objects.select_related("resume_checkpoint").get(pk=self.instance.pk)
         if instance.standby_for_id is not None:
-            services.end_notice_hold(instance.standby_for_id)
+            services.end_notice_hold(instance.standby_for_id, spare_ready=True)
         resume = instance.resume_checkpoint
         return Response(protocol.to_dict(protocol.StandbyAnswer(
             standby=instance.standby_for_id is not None, resume_from=resume.uri if resume else None,
@@ -605,4 +610,5 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         container_image=job.container_image,
         standby=instance.standby_for_id is not None,
         notice_hold=job.nodes == 1 and not post,  # a single VM's notice launches a spare (services.record_notice)
+        spare_on_rebalance=job.spare_on_rebalance and job.nodes == 1 and not post,
     )

@@ -133,7 +133,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             "deadline", "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
             "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_eval_fn",
             "validation_tolerance",
-            "max_preemptions", "max_restarts",
+            "max_preemptions", "max_restarts", "spare_on_rebalance",
             "source_archive", "source_git_url", "source_git_commit",
             "status", "status_reason", "failure_cause", "failure_headline", "failure_message", "preemptions",
             "failure_restarts", "last_step", "newest_checkpoint_step", "newest_valid_checkpoint_step", "artifact_uri",
@@ -185,6 +185,9 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             raise serializers.ValidationError({"secret_env": [f"{', '.join(both)} also in env: name each once"]})
         if attrs.get("prepare_inputs") and not attrs.get("prepare_command"):
             raise serializers.ValidationError({"prepare_inputs": ["prepare_inputs needs a prepare_command"]})
+        if attrs.get("spare_on_rebalance") and attrs.get("nodes", 1) > 1:
+            raise serializers.ValidationError({"spare_on_rebalance": [
+                "spares are launched for one-node jobs only: a gang keeps saving together on a notice"]})
         return attrs
 
     def _source_archive(self, attrs) -> SourceArchive | None:

@@ -98,6 +98,7 @@ def finish_cancelling(job_id: int) -> None:
         transition_job(job_id, JobStatus.CANCELLING, JobStatus.CANCELLED, message="every instance has ended")
 
 
+@transaction.atomic
 def register_instance(instance: Instance, *, hostname: str, agent_version: str, provider_instance_id: str) -> None:
     """The agent is up: the instance runs, and its resume checkpoint is fixed now. Its
     checkpoint interval is the fleet's to set (jobs.fleet.placement.refresh_interval)."""
@@ -130,7 +131,9 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         Instance.objects.filter(job_id=instance.job_id, state__in=InstanceState.LIVE, rendezvous_addr="").update(
             rendezvous_addr=f"{hostname}:{GANG_PORT}")
     instance.refresh_from_db()
-    job = instance.job
+    # A gang's ranks register at once: under READ COMMITTED each would count only itself as
+    # running and none would move the job on. The job's row lock orders the counts.
+    job = Job.objects.select_for_update(of=("self",)).get(pk=instance.job_id)
     live = Instance.objects.filter(job=job, state__in=InstanceState.LIVE)
     if live.filter(state=InstanceState.RUNNING).count() == job.nodes and job.status == JobStatus.PROVISIONING:
         transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="every node registered")
@@ -188,6 +191,11 @@ def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw
         log_job_event(instance.job_id, f"notice from {source} for instance {instance.pk} ignored: the instance had "
                                        f"already ended ({instance.end_reason}), no spare is launched for it")
         return None
+    # In a gang the save can outrun the notice's own report: rank 0's report of the gang's
+    # notice save may arrive before the noticed rank's report of the notice. A save of a live
+    # instance of the job committed after the notice answers it (a fenced VM's never does).
+    early = Checkpoint.objects.filter(job_id=instance.job_id, kind=CheckpointKind.NOTICE, committed_at__gte=notice_time,
+                                      instance__state__in=InstanceState.LIVE).order_by("committed_at").first()
     event = InterruptionEvent.objects.create(
         instance=instance,
         kind=InterruptionKind.NOTICE,
@@ -195,21 +203,41 @@ def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw
         notice_time=notice_time,
         deadline=deadline,
         raw=raw,
+        checkpoint_saved=None if early is None else deadline is None or early.committed_at <= deadline,
     )
     if instance.state == InstanceState.RUNNING:
         transition_instance(instance.pk, InstanceState.RUNNING, InstanceState.PREEMPTING, message=f"notice from {source}")
-    # A gang saves together: every other node checkpoints the same step and stops.
-    request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk)
+    # A gang saves together: every other node checkpoints the same step and stops (a spare
+    # launched on a rebalance recommendation has no step to save: it stays, to take over).
+    request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk, spares=False)
     log_job_event(instance.job_id, f"preemption notice for instance {instance.pk} ({source})")
     if instance.job.nodes == 1 and instance.purpose == Purpose.TRAIN and instance.job.status == JobStatus.RUNNING:
         nudges.send_on_commit(nudges.LAUNCH_SPARE, instance.pk)  # its replacement boots during the notice
     return event
 
 
-def request_action(job_id: int, action: str, *, exclude: int | None = None) -> None:
-    Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(pk=exclude).update(
-        requested_action=action, requested_action_at=timezone.now()
-    )
+def request_action(job_id: int, action: str, *, exclude: int | None = None, spares: bool = True) -> None:
+    live = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(pk=exclude)
+    (live if spares else live.filter(standby_for__isnull=True)).update(requested_action=action,
+                                                                       requested_action_at=timezone.now())
+
+
+def record_rebalance(instance: Instance, *, source: str, raw: str) -> None:
+    """An AWS rebalance recommendation (elevated risk of a reclaim, no deadline), reported by
+    the agent of a job with spare_on_rebalance: the instance is not interrupted and trains
+    on; a spare is launched to move the job to, which, once prepared, asks this instance
+    to checkpoint and stop (docs/spares.md, "Rebalance recommendations")."""
+    instance = Instance.objects.select_for_update(of=("self",)).select_related("job").get(pk=instance.pk)
+    job = instance.job
+    if instance.state != InstanceState.RUNNING or not job.spare_on_rebalance or job.nodes != 1 or \
+            instance.purpose != Purpose.TRAIN or instance.standby_for_id is not None or job.status != JobStatus.RUNNING:
+        log_job_event(job.pk, f"rebalance recommendation from {source} for instance {instance.pk}: noted, no spare "
+                              f"(instance {instance.state}, job {job.status}, {job.nodes} node(s), spare_on_rebalance "
+                              f"{'on' if job.spare_on_rebalance else 'off'})")
+        return
+    log_job_event(job.pk, f"rebalance recommendation from {source} for instance {instance.pk}: launching a spare to "
+                          "move the job to; the instance trains on until it is ready")
+    nudges.send_on_commit(nudges.LAUNCH_SPARE, instance.pk)
 
 
 def unvalidated_reason(job: Job) -> str:
@@ -237,12 +265,15 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
     if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
         Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
     if checkpoint.kind == CheckpointKind.NOTICE:
-        # In a gang, rank 0 commits the notice save of whichever node got the notice; an
-        # ended instance's save answers only notices of instances that have ended too.
+        # In a gang, rank 0 commits the notice save of whichever node got the notice, and its
+        # report may arrive after rank 0 itself has ended (lost to a heartbeat timeout under
+        # load). An ended instance's save answers only notices received before it ended (the
+        # control plane's clocks, not the VM's word): a fenced VM's late report never answers
+        # its replacement's notice.
         notices = InterruptionEvent.objects.filter(instance__job_id=instance.job_id, kind=InterruptionKind.NOTICE,
                                                    checkpoint_saved__isnull=True)
         if instance.state == InstanceState.ENDED:
-            notices = notices.filter(instance__state=InstanceState.ENDED)
+            notices = notices.filter(received_at__lte=instance.ended_at)
         notice = notices.last()
         if notice is not None:
             notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
@@ -407,16 +438,22 @@ def _hand_over_to_spare(instance_id: int) -> None:
     if instance.state == InstanceState.ENDED or not Instance.objects.filter(
             standby_for=instance, state__in=InstanceState.LIVE).exists():
         return
-    if end_instance(instance, EndReason.PREEMPTED, message="notice checkpoint committed; its spare takes over"):
-        after_instance_ended(instance.job_id, EndReason.PREEMPTED, instance_id=instance.pk)
+    # Moved off on a rebalance recommendation, with no notice: a planned move, no preemption.
+    noticed = instance.interruptions.filter(kind=InterruptionKind.NOTICE).exists()
+    end_reason, why = ((EndReason.PREEMPTED, "notice checkpoint committed; its spare takes over") if noticed else
+                       (EndReason.FENCED, "checkpoint committed on a rebalance recommendation; its spare takes over"))
+    if end_instance(instance, end_reason, message=why):
+        after_instance_ended(instance.job_id, end_reason, instance_id=instance.pk)
 
 
-def end_notice_hold(instance_id: int) -> None:
-    """A noticed VM trains on while its spare boots (JobSpec.notice_hold): tell it to save
-    and stop now, because the spare is ready, or because none is coming."""
-    Instance.objects.filter(pk=instance_id, state__in=InstanceState.LIVE).exclude(
-        requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,
-                                                            requested_action_at=timezone.now())
+def end_notice_hold(instance_id: int, *, spare_ready: bool = False) -> None:
+    """A VM trains on while its spare boots (a noticed one, JobSpec.notice_hold, or one told
+    of a rebalance): tell it to save and stop now, because the spare is ready, or, for a
+    noticed one only, because none is coming (without a notice it just trains on)."""
+    held = Instance.objects.filter(pk=instance_id, state__in=(InstanceState.LIVE if spare_ready else
+                                                             (InstanceState.PREEMPTING,)))
+    held.exclude(requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,
+                                                                     requested_action_at=timezone.now())
 
 
 def release_spare(spare: Instance, why: str) -> None:

@@ -171,16 +171,19 @@ def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rende
 
 
 def launch_spare(instance_id: int) -> int | None:
-    """A notice came for this instance: place and launch its replacement now, as a spare
-    (docs/spares.md) that boots and prepares during the notice and trains once the
-    instance has ended (jobs.core.services.promote_spare). Placement's usual rules, with
-    the noticed zone taken as just preempted. Nothing when the instance has ended meanwhile
-    (said why), the job is not running, a spare stands by already, or a GPU limit, the
-    budget or placement says no (the job then recovers as without one). Returns the
-    spare's id."""
+    """A notice came for this instance (it is preempting), or a rebalance recommendation
+    for a job with spare_on_rebalance (it is still running): place and launch its
+    replacement now, as a spare (docs/spares.md) that boots and prepares meanwhile and
+    trains once the instance has ended (jobs.core.services.promote_spare). Placement's
+    usual rules, with the instance's zone taken as just preempted. Nothing when the
+    instance has ended meanwhile (said why), the job is not running, a spare stands by
+    already, or a GPU limit, the budget or placement says no (a noticed job then recovers
+    as without one; a recommended one just trains on). Returns the spare's id."""
     with transaction.atomic():
         old = Instance.objects.select_for_update().select_related("job", "job__team").filter(pk=instance_id).first()
-        if old is None or old.state != InstanceState.PREEMPTING or old.job.status != JobStatus.RUNNING:
+        noticed = old is not None and old.state == InstanceState.PREEMPTING
+        recommended = old is not None and old.state == InstanceState.RUNNING and old.job.spare_on_rebalance
+        if not (noticed or recommended) or old.job.status != JobStatus.RUNNING:
             if old is not None:
                 end_notice_hold(old.pk)
             if old is not None and old.state == InstanceState.ENDED:
@@ -188,21 +191,36 @@ def launch_spare(instance_id: int) -> int | None:
                                           "notice was handled; the job recovers as usual")
             return None
         job = old.job
-        if Instance.objects.filter(standby_for=old).exists():
-            return None  # a resent nudge
+        spares = Instance.objects.filter(standby_for=old)
+        if spares.exists():  # one spare an instance: a resent nudge, or a notice after a recommendation's
+            if noticed and spares.filter(state__in=InstanceState.LIVE).exists():
+                _hold_for_spare(old)  # its notice waits for that spare too
+            else:
+                end_notice_hold(old.pk)
+            return None
         where = _spare_placement(job, old)
         if isinstance(where, str):
-            log_job_event(job.pk, f"no spare for instance {old.pk}: {where}; the job recovers when it has ended")
+            log_job_event(job.pk, f"no spare for instance {old.pk}: {where}; "
+                                  + ("the job recovers when it has ended" if noticed else "it trains on"))
             end_notice_hold(old.pk)
             return None
         spare_id = _new_instance(job, old.rank, where, "", standby_for=old)
-        Instance.objects.filter(pk=old.pk, state__in=InstanceState.LIVE).update(requested_action=Action.HOLD,
-                                                                                requested_action_at=timezone.now())
+        if noticed:
+            _hold_for_spare(old)
         p = where.placement
         log_job_event(job.pk, f"spare instance {spare_id} launching on {p.provider} {p.zone} {p.instance_type} "
-                              f"({p.market}, ${where.usd_per_hour}/h) during the notice of instance {old.pk}")
+                              f"({p.market}, ${where.usd_per_hour}/h) during the "
+                              f"{'notice' if noticed else 'rebalance recommendation'} of instance {old.pk}")
         transaction.on_commit(lambda: _enqueue_launches([spare_id]))
     return spare_id
+
+
+def _hold_for_spare(old: Instance) -> None:
+    """Tell a noticed VM a spare is coming (`hold`: train on until it is ready), unless the
+    spare is ready already and has told it to save and stop."""
+    Instance.objects.filter(pk=old.pk, state__in=InstanceState.LIVE).exclude(
+        requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.HOLD,
+                                                            requested_action_at=timezone.now())
 
 
 def _spare_placement(job: Job, old: Instance) -> str | placements.PricedPlacement:
@@ -222,19 +240,29 @@ def _spare_placement(job: Job, old: Instance) -> str | placements.PricedPlacemen
 
 def release_stale_spares() -> int:
     """A spare whose instance still runs one heartbeat timeout past its notice's deadline
-    stood by for a notice that turned out false and an agent that did not stop: released,
-    the instance keeps its slot (docs/spares.md). Returns how many were released."""
+    stood by for a notice that turned out false and an agent that did not stop; one
+    launched on a rebalance recommendation (no notice) whose instance still runs a save
+    budget and a heartbeat timeout after it was told to stop has an agent that did not
+    stop either. Released; the instance keeps its slot (docs/spares.md). Returns how many
+    were released."""
     grace = timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
+    save_budget = timedelta(seconds=settings.RESPAWN["NOTICE_BUDGET_S"])
     released = 0
     spares = Instance.objects.filter(state__in=InstanceState.LIVE, standby_for__state__in=InstanceState.LIVE)
     for spare in spares.select_related("standby_for")[: settings.RESPAWN["RECONCILE_BATCH"]]:
-        deadline = spare.standby_for.interruptions.filter(kind=InterruptionKind.NOTICE).exclude(
-            deadline=None).order_by("-deadline").values_list("deadline", flat=True).first()
+        old = spare.standby_for
+        notices = old.interruptions.filter(kind=InterruptionKind.NOTICE)
+        deadline = notices.exclude(deadline=None).order_by("-deadline").values_list("deadline", flat=True).first()
+        told_to_stop = old.requested_action_at if old.requested_action == Action.CHECKPOINT_AND_STOP else None
         if deadline is not None and timezone.now() > deadline + grace:
-            with transaction.atomic():
-                release_spare(spare, f"instance {spare.standby_for_id} still ran past its notice's deadline "
-                                     "(a false notice)")
-            released += 1
+            why = f"instance {old.pk} still ran past its notice's deadline (a false notice)"
+        elif not notices.exists() and told_to_stop and timezone.now() > told_to_stop + save_budget + grace:
+            why = f"instance {old.pk}, moving on a rebalance recommendation, did not stop when its spare was ready"
+        else:
+            continue
+        with transaction.atomic():
+            release_spare(spare, why)
+        released += 1
     return released
 
 

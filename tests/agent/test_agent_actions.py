@@ -31,6 +31,18 @@ def start_agent(child_env, tmp_path, web_server, imds, setup):
     return AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
 
 
+def run_to_its_end(child_env, tmp_path, web_server, imds, setup):
+    """Start the agent of `setup`'s instance and wait until the instance has ended and the
+    agent has exited: the ended instance, and the agent (its output)."""
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        instance = ended(setup.instance)
+        agent.proc.wait(30)
+    finally:
+        agent.stop(9)
+    return instance, agent
+
+
 def training(instance, agent):
     wait_until(lambda: Instance.objects.get(pk=instance.pk).last_step > 5, timeout=60, what="training progress", proc=agent)
 
@@ -74,12 +86,7 @@ def test_cancel_stops_the_trainer_and_the_instance_ends_cancelled(team_setup, ch
 def test_a_failing_trainer_is_reported_with_its_exception(team_setup, child_env, web_server, tmp_path, imds):
     job, setup = make_running_job(team_setup, tmp_path)
     Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "print('loading data'); raise ValueError('bad shape (3, 4)')"])
-    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
-    try:
-        instance = ended(setup.instance)
-        agent.proc.wait(30)
-    finally:
-        agent.stop(9)
+    instance, _ = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
     assert instance.end_reason == EndReason.FAILED
     job.refresh_from_db()
     assert "ValueError: bad shape (3, 4)" in job.last_failure_signature
@@ -87,15 +94,23 @@ def test_a_failing_trainer_is_reported_with_its_exception(team_setup, child_env,
     assert "loading data" in lines
 
 
+def test_a_trainer_that_aborts_after_stopping_on_a_stop_request_ends_stopped_not_failed(team_setup, child_env,
+                                                                                      web_server, tmp_path, imds):
+    # A gang's rank whose stop came from its peers (the coordinator), not from its agent: it
+    # saved and said so, then gloo's teardown aborted the process (seen in CI: exit -6).
+    job, setup = make_running_job(team_setup, tmp_path)
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import os; from agents import trainer; "
+                                                  "trainer.report(7, force=True, stopped=True); os.abort()"])
+    instance, _ = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
+    job.refresh_from_db()
+    assert (instance.end_reason, instance.last_step) == (EndReason.FENCED, 7)
+    assert (job.failure_restarts, job.last_failure_signature) == (0, "")
+
+
 def test_a_command_that_cannot_start_is_a_setup_failure(team_setup, child_env, web_server, tmp_path, imds):
     job, setup = make_running_job(team_setup, tmp_path)
     Job.objects.filter(pk=job.pk).update(command=["/nonexistent/python", "train.py"])
-    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
-    try:
-        instance = ended(setup.instance)
-        agent.proc.wait(30)
-    finally:
-        agent.stop(9)
+    instance, _ = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
     assert instance.end_reason == EndReason.FAILED
     job.refresh_from_db()
     assert job.failure_cause == "setup"
@@ -117,17 +132,45 @@ def test_a_rebalance_recommendation_is_reported_and_only_acted_on_when_asked(tea
         agent.stop(9)
 
 
+def test_with_spare_on_rebalance_the_agent_reports_it_trains_on_and_hands_over_when_its_spare_is_ready(
+        team_setup, child_env, web_server, tmp_path, imds, settings):
+    from jobs.fleet import orchestration
+
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    job, setup = make_running_job(team_setup, tmp_path, checkpoint_interval_s=3600, spare_on_rebalance=True,
+                                  allowed_clouds=["local"])
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        training(setup.instance, agent)
+        imds.schedule_notice(kind="rebalance")
+        wait_until(lambda: job.events.filter(message__contains="launching a spare to move the job to").exists(),
+                   timeout=30, what="the recommendation reported to the control plane", proc=agent)
+        step = Instance.objects.get(pk=setup.instance.pk).last_step
+        wait_until(lambda: Instance.objects.get(pk=setup.instance.pk).last_step > step + 20, timeout=30,
+                   what="training on after the recommendation", proc=agent)
+        assert Instance.objects.get(pk=setup.instance.pk).state == InstanceState.RUNNING
+        # The spare (launched by the worker's task, run here) registers and, prepared, asks standby.
+        spare = Instance.objects.get(pk=orchestration.launch_spare(setup.instance.pk))
+        services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
+        told_at = Instance.objects.get(pk=setup.instance.pk).last_step
+        services.end_notice_hold(setup.instance.pk, spare_ready=True)
+        ended(setup.instance)
+    finally:
+        agent.stop(9)
+    old, spare = Instance.objects.get(pk=setup.instance.pk), Instance.objects.get(pk=spare.pk)
+    # Its trainer's save on the stop (this script's own kind of it), the newest: the spare's start.
+    handover = [c for c in Checkpoint.objects.filter(job=job) if c.instance_id == old.pk][-1]
+    assert handover.step >= told_at
+    assert old.end_reason == EndReason.FENCED and Job.objects.get(pk=job.pk).preemptions == 0
+    assert (spare.standby_for_id, spare.resume_checkpoint_id) == (None, handover.pk)
+
+
 def test_a_finished_library_job_reports_its_exported_artifact(team_setup, child_env, web_server, tmp_path, imds):
     job, setup = make_running_job(
         team_setup, tmp_path, validation_model_factory="agents.examples.tiny:make_model", validation_batch_factory="agents.examples.tiny:validation_batch",
     )
     Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-m", "agents.examples.tiny", "--steps", "60"])
-    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
-    try:
-        instance = ended(setup.instance)
-        agent.proc.wait(30)
-    finally:
-        agent.stop(9)
+    instance, agent = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
     assert instance.end_reason == EndReason.COMPLETED, agent.output()[-3000:]
     job.refresh_from_db()
     assert job.artifact_uri.endswith("model.safetensors") and job.artifact_digest

@@ -102,6 +102,38 @@ def test_a_fenced_instances_notice_checkpoint_does_not_answer_the_live_instances
     assert InterruptionEvent.objects.get(instance=new.instance).checkpoint_saved is None  # still waiting for its own
 
 
+
+def test_a_gang_s_notice_save_reported_after_rank_0_was_lost_still_answers_rank_1_s_notice(db):
+    # Rank 0 commits the gang's notice save; under load it can be ended lost (heartbeat
+    # timeout) before its agent's report of that save arrives, which its token may still make.
+    setup = make_team_with_members()
+    gang = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING, nodes=2, total_steps=100_000)
+    rank0, rank1 = live_agent(gang, rank=0), live_agent(gang, rank=1)
+    assert rank1.post("notice", notice(deadline=(timezone.now() + timedelta(minutes=2)).isoformat())).status_code == 200
+    Instance.objects.filter(pk=rank0.instance.pk).update(state=InstanceState.ENDED, end_reason=EndReason.LOST,
+                                                         ended_at=timezone.now())
+    rank0.instance.refresh_from_db()
+    assert rank0.post("checkpoints", checkpoint_report(gang, 5, kind=protocol.CheckpointKind.NOTICE)).status_code == 200
+    assert InterruptionEvent.objects.get(instance=rank1.instance).checkpoint_saved is True
+
+
+
+def test_a_gang_s_notice_save_reported_before_the_notice_itself_answers_it(db):
+    setup = make_team_with_members()
+    gang = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING, nodes=2, total_steps=100_000)
+    rank0, rank1 = live_agent(gang, rank=0), live_agent(gang, rank=1)
+    seen = timezone.now()
+    assert rank0.post("checkpoints", checkpoint_report(gang, 5, kind=protocol.CheckpointKind.NOTICE,
+                                                       committed_at=(seen + timedelta(seconds=1)).isoformat())
+                      ).status_code == 200
+    assert rank1.post("notice", notice(notice_time=seen.isoformat(),
+                                       deadline=(seen + timedelta(minutes=2)).isoformat())).status_code == 200
+    assert InterruptionEvent.objects.get(instance=rank1.instance).checkpoint_saved is True
+    # A notice after that save is still open: the save was not for it.
+    assert rank1.post("notice", notice(notice_time=(seen + timedelta(seconds=5)).isoformat())).status_code == 200
+    assert InterruptionEvent.objects.filter(instance=rank1.instance).order_by("-pk").first().checkpoint_saved is None
+
+
 # --- item 2: checkpoint reports ---------------------------------------------------------------
 
 BAD_URIS = {
