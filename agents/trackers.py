@@ -45,9 +45,10 @@ def wants_mlflow_run(env: dict[str, str], job_env: dict[str, str]) -> bool:
     return bool(env.get("MLFLOW_TRACKING_URI")) and bool(env.get(ENV_RUN_ID)) and "MLFLOW_RUN_ID" not in job_env
 
 
-def _experiment_id(client, env: dict[str, str]) -> str:
+def _experiment_id(client, env: dict[str, str], *, create: bool = True) -> str | None:
     """The experiment `mlflow.start_run()` will use in the trainer (its own precedence:
-    MLFLOW_EXPERIMENT_ID, then MLFLOW_EXPERIMENT_NAME, else the default experiment)."""
+    MLFLOW_EXPERIMENT_ID, then MLFLOW_EXPERIMENT_NAME, else the default experiment); None
+    when it does not exist yet and `create` is False."""
     if env.get("MLFLOW_EXPERIMENT_ID"):
         return env["MLFLOW_EXPERIMENT_ID"]
     name = env.get("MLFLOW_EXPERIMENT_NAME")
@@ -56,6 +57,8 @@ def _experiment_id(client, env: dict[str, str]) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
+    if not create:
+        return None
     from mlflow.exceptions import MlflowException
 
     try:
@@ -72,10 +75,14 @@ def resolve_mlflow_run(run_id: str, env: dict[str, str], *, create: bool = True,
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    experiment = _experiment_id(client, env)
+    # Only rank 0 creates the experiment too: a file store's create_experiment is no atomic
+    # claim of the name, and a rank that made a second "spot-runs" would wait in it forever.
+    experiment = _experiment_id(client, env, create=create)
     query = f"tags.{MLFLOW_TAG} = '{run_id}'"
     while True:
-        found = client.search_runs([experiment], filter_string=query, max_results=1, order_by=["attributes.start_time ASC"])
+        experiment = experiment or _experiment_id(client, env, create=False)
+        found = experiment is not None and client.search_runs([experiment], filter_string=query, max_results=1,
+                                                              order_by=["attributes.start_time ASC"])
         if found:
             return found[0].info.run_id
         if create:

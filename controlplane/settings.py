@@ -30,6 +30,16 @@ def env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+def env_count(name: str) -> int | None:
+    """A whole number >= 0 from `name`, None when unset; anything else stops start-up naming it."""
+    raw = os.environ.get(name, "")
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ImproperlyConfigured(f"{name} must be a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
 def secret_from_env_or_file(name: str, default: str | None = None) -> str | None:
     """`NAME` or the contents of the file named by `NAME_FILE` (Docker/K8s secrets)."""
     path = os.environ.get(f"{name}_FILE")
@@ -279,6 +289,8 @@ PROVIDER_CONFIG["local"] = {
     "market_every_s": env_float("RESPAWN_LOCAL_PREEMPT_EVERY_S", 60.0),
     "market_rate_per_hour": env_float("RESPAWN_LOCAL_PREEMPTIONS_PER_HOUR", 20.0),
     "notice_lead_s": env_float("RESPAWN_LOCAL_NOTICE_S", 30.0),
+    # Only the first N spot VMs are ever preempted (unset: no limit): exactly N interruptions.
+    "market_max_preemptions": env_count("RESPAWN_LOCAL_MAX_PREEMPTIONS"),
     # Seconds a local VM takes to boot before its agent starts (a cloud's image, drivers, agent install).
     "boot_delay_s": env_float("RESPAWN_LOCAL_BOOT_DELAY_S", 0.0),
     **PROVIDER_CONFIG.get("local", {}),

@@ -92,3 +92,11 @@ def test_a_test_run_keeps_out_of_the_repositorys_var_dir():
     written = (settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("data_folder_in", ""),
                settings.RESPAWN["DEFAULT_CHECKPOINT_URI"], settings.PROVIDER_CONFIG["local"]["root"])
     assert not [folder for folder in written if str(folder).startswith(str(repository_var))]
+
+
+def test_a_bad_local_preemption_limit_stops_start_up_naming_the_variable(tmp_path):
+    env = {**CLEAN_ENV, "RESPAWN_VAR_DIR": str(tmp_path)}
+    assert settings_value("settings.PROVIDER_CONFIG['local']['market_max_preemptions']",
+                          {**env, "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3"}) == "3"
+    done = manage("check", env={**env, "RESPAWN_LOCAL_MAX_PREEMPTIONS": "three"}, check=False)
+    assert done.returncode != 0 and "RESPAWN_LOCAL_MAX_PREEMPTIONS must be a whole number >= 0, got 'three'" in done.stderr

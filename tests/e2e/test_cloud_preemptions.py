@@ -124,10 +124,12 @@ class CloudRun:
         child_env = {**child_env, "RESPAWN_AGENT_DIST_DIR": str(built_dist_dir())}
         self.web, self.tmp_path = WebServer(child_env, tmp_path / "web.log"), tmp_path
         # Reconcile twice a second, not child_env's five times: each run also lists our VMs on the
-        # emulated cloud (the orphan sweep), and a loss is still found within 1.5 s.
+        # emulated cloud (the orphan sweep). A 3 s heartbeat timeout, not child_env's 1 s: under a
+        # loaded CI one heartbeat of a VM saving its notice checkpoint came late, and the control
+        # plane rightly ended the VM lost before its exit report; a loss is still found within 3.5 s.
         self.env = {**child_env, **cloud.env, "RESPAWN_API_URL": self.web.url, "RESPAWN_PROVIDERS": cloud.name,
                     "RESPAWN_PROVIDER_CONFIG": json.dumps({cloud.name: cloud.config}),
-                    "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+                    "RESPAWN_RECONCILE_INTERVAL_S": "0.5", "RESPAWN_HEARTBEAT_TIMEOUT_S": "3"}
         self.player, self.playing = VmPlayer(cloud.cloud, tmp_path / "vms"), False
         self.worker = self.beat = None
         setup = make_team_with_members()

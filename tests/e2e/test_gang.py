@@ -115,9 +115,9 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     assert InterruptionEvent.objects.get(instance=first[1], kind="notice").checkpoint_saved  # within its deadline
 
     job = run_to_the_end(job, vms, worker)
-    assert job.preemptions == 1
     interrupted, relaunched = gangs(job)
-    assert [i.end_reason for i in interrupted] == [EndReason.FENCED, EndReason.PREEMPTED]
+    assert job.preemptions == 1, job_story(job.pk, vms)
+    assert [i.end_reason for i in interrupted] == [EndReason.FENCED, EndReason.PREEMPTED], job_story(job.pk, vms)
     assert [i.end_reason for i in relaunched] == [EndReason.COMPLETED] * NODES
     assert [i.resume_checkpoint_id for i in relaunched] == [notice.pk] * NODES
     assert len({i.rendezvous_addr for i in interrupted + relaunched}) == 2  # a fresh rendezvous per gang
@@ -280,44 +280,19 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     """Each rank's exit is decided in its own transaction. Rank 1's report arrives
     while rank 0's transaction is still open: without the job's lock each saw the
     other still live and neither succeeded the job."""
-    import threading
-
-    from django.db import connection, transaction
-
     from agents.protocol import ExitReason
     from jobs.core import services
     from tests.factories import make_instance
+    from tests.overlap import in_overlapping_transactions
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
     ranks = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(NODES)]
-    first_ended, second_ended = threading.Event(), threading.Event()
 
     def complete(instance):
         services.record_exit(instance, reason=ExitReason.COMPLETED, exit_code=0, final_step=STEPS, last_exception="",
                              output_tail="", artifact_uri="", artifact_digest="")
 
-    def rank_0():
-        try:
-            with transaction.atomic():
-                complete(ranks[0])
-                first_ended.set()
-                second_ended.wait(timeout=2)  # rank 1's report overlaps this transaction, if the lock lets it
-        finally:
-            connection.close()
-
-    def rank_1():
-        try:
-            first_ended.wait(timeout=10)
-            complete(ranks[1])
-            second_ended.set()
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=rank_0), threading.Thread(target=rank_1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    in_overlapping_transactions(lambda: complete(ranks[0]), lambda: complete(ranks[1]), hold_s=2)
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED

@@ -20,6 +20,7 @@ from jobs.models import Instance, Job
 from tests.agent.live import AgentProcess
 from tests.conftest import celery_worker, wait_until, writable_by_vms
 from tests.factories import make_instance, make_job, make_team_with_members
+from tests.history import job_story
 from tests.local_provider.helpers import FAST_AGENT_ENV
 
 pytestmark = pytest.mark.e2e
@@ -76,8 +77,11 @@ def finished(job, worker):
 def test_prepare_runs_once_a_relaunch_reuses_it_and_the_post_step_runs_on_demand_from_the_artifact(
         control_plane, tmp_path):
     job = submit(tmp_path, post_command=[*PROGRAMS, "post"])
-    wait_until(lambda: counted(tmp_path / "train-runs") == 1, timeout=90, what="the first trainer running",
-               proc=control_plane, interval=0.2)
+    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
+    # The first VM boots, runs the prepare step and stores its outputs, then trains: minutes on
+    # a loaded machine (90 s once ran out in CI, with nothing said of where it stood).
+    wait_until(lambda: counted(tmp_path / "train-runs") == 1, timeout=180, what="the first trainer running",
+               proc=control_plane, interval=0.2, explain=lambda: job_story(job.pk, vms))
     assert counted(tmp_path / "prepare-runs") == 1
     preempt(Instance.objects.get(job=job), tmp_path)
 

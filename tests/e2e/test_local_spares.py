@@ -1,7 +1,8 @@
 """A notice launches the replacement at once (issue 20 item 1, docs/spares.md): on the
 local provider, with VMs that take seconds to boot, the spare boots and registers while
 the noticed VM still trains, the noticed VM then saves and stops, and the spare resumes
-from that notice checkpoint; never two trainers on the job's one node slot.
+from that notice checkpoint; never two trainers on the job's one node slot. A false
+notice (the VM is never taken) is acted on the same way.
 
 Real processes throughout: gunicorn, a Celery worker and beat, detached local "VMs"
 each running the agent, which runs the trainer."""
@@ -9,16 +10,33 @@ each running the agent, which runs the trainer."""
 import sys
 
 import pytest
+import requests
 
-from jobs.core.choices import EndReason, JobStatus
-from jobs.models import Instance, InterruptionEvent, Job, LogChunk, MetricPoint
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.fleet.providers.local import LocalConfig, LocalProvider
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
 from jobs.money.downtime import job_downtime
-from tests.conftest import WebServer, start_worker_and_beat, wait_until
-from tests.e2e.test_local_preemptions import story
+from tests.conftest import WebServer, wait_until
+from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members
+from tests.history import job_story
 
 STEPS, STEP_DELAY_S = 1200, 0.03
 TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+
+
+def start(child_env: dict, tmp_path, market: dict) -> tuple[Job, WebServer, dict]:
+    """The web server and a one-node job on local VMs that boot in 2 s, with a 4 s notice
+    save budget, on the simulated spot market `market` configures."""
+    env = {**child_env, "RESPAWN_LOCAL_BOOT_DELAY_S": "2", "RESPAWN_NOTICE_BUDGET_S": "4",
+           "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1", **market}
+    web = WebServer(env, tmp_path / "web.log").start()
+    env["RESPAWN_API_URL"] = web.url
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
+                   checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=5.0, allowed_clouds=["local"],
+                   instance_types=["cpu-small"], validation_enabled=False)
+    return job, web, env
 
 
 def log_text(instance: Instance) -> str:
@@ -34,55 +52,85 @@ def first_training_beat(instance: Instance):
 @pytest.mark.timeout(900)
 def test_a_notice_boots_the_spare_before_the_old_vm_dies_and_it_resumes_from_the_notice_checkpoint(child_env,
                                                                                                   tmp_path):
-    # Each VM gets its notice 25 s after its agent starts, 20 s before it is killed; VMs boot
-    # in 2 s. The notice save has a 4 s budget, so a noticed VM may train on for ~14 s while
-    # its spare boots. 36 s of training: one or two notices on a quiet machine.
-    env = {**child_env, "RESPAWN_LOCAL_MARKET": "every", "RESPAWN_LOCAL_PREEMPT_EVERY_S": "25",
-           "RESPAWN_LOCAL_NOTICE_S": "20", "RESPAWN_LOCAL_BOOT_DELAY_S": "2", "RESPAWN_NOTICE_BUDGET_S": "4",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}
-    web = WebServer(env, tmp_path / "web.log").start()
-    env["RESPAWN_API_URL"] = web.url
-    setup = make_team_with_members()
-    job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
-                   checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=5.0, allowed_clouds=["local"],
-                   instance_types=["cpu-small"], validation_enabled=False)
-    worker, beat = start_worker_and_beat(env, tmp_path)
+    # Each VM gets its notice 25 s after its agent starts, 30 s before it is killed; VMs boot
+    # in 2 s. The notice save has a 4 s budget, so a noticed VM may train on for ~24 s while
+    # its spare boots. 36 s of training: one or two notices, however slow the machine (the
+    # market reclaims no more than two VMs).
+    job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "every", "RESPAWN_LOCAL_PREEMPT_EVERY_S": "25",
+                                                "RESPAWN_LOCAL_MAX_PREEMPTIONS": "2", "RESPAWN_LOCAL_NOTICE_S": "30"})
     try:
-        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=800,
-                   what="the job to finish", proc=worker, interval=0.5, explain=lambda: story(job))
+        job = run_to_the_end(job, env, tmp_path)
     finally:
-        beat.stop()
-        worker.stop()
         web.stop()
-    job.refresh_from_db()
-    assert job.status == JobStatus.SUCCEEDED, story(job)
+    assert job.status == JobStatus.SUCCEEDED, job_story(job.pk)
     noticed = Instance.objects.filter(job=job, interruptions__kind="notice").distinct().order_by("pk")
-    assert noticed.exists(), story(job)
+    assert noticed.exists(), job_story(job.pk)
     slot = list(Instance.objects.filter(job=job).order_by("pk"))
     for old in noticed:
-        assert old.end_reason == EndReason.PREEMPTED, story(job)
+        assert old.end_reason == EndReason.PREEMPTED, job_story(job.pk)
         spare = next(i for i in slot if i.pk > old.pk)
         notice = InterruptionEvent.objects.get(instance=old, kind="notice")
         # Launched on the notice, before the old VM was gone; resumed from the old VM's notice save.
-        assert spare.requested_at < old.ended_at, story(job)
+        assert spare.requested_at < old.ended_at, job_story(job.pk)
         # (A notice in the last steps may meet the trainer's final save instead: resumed from that.)
         resume = spare.resume_checkpoint
-        assert resume.instance_id == old.pk and resume.kind in ("notice", "final"), story(job)
+        assert resume.instance_id == old.pk and resume.kind in ("notice", "final"), job_story(job.pk)
         assert notice.checkpoint_saved is True or resume.kind == "final"
-        # Never two trainers: the spare's first step came after the old instance ended, and its
-        # agent waited, prepared, before starting its trainer from the notice checkpoint.
-        assert first_training_beat(spare).time > old.ended_at, story(job)
+        # Never two trainers: the spare's first step came after the old instance ended (a spare
+        # resumed from the final save has no step left to train), and its agent waited,
+        # prepared, before starting its trainer from the notice checkpoint.
+        beat = first_training_beat(spare)
+        assert beat is None if resume.kind == "final" else beat.time > old.ended_at, job_story(job.pk)
         text = log_text(spare)
-        waited = text.index("spare: prepared; waiting")
-        assert text.index(f"resumed from step {spare.resume_checkpoint.step}", waited) > waited, text[-3000:]
+        # A spare registered while its noticed VM lived waits, prepared; one that booted slower
+        # than the VM's hold (a loaded machine) was promoted before it registered, and just resumes.
+        waited = text.index("spare: prepared; waiting") if spare.registered_at < old.ended_at else 0
+        assert text.index(f"resumed from step {spare.resume_checkpoint.step}", waited) >= waited, text[-3000:]
         assert "training on while a spare boots" in log_text(old)
         # Every event names the spare's overlap with what it cost.
         assert job.events.filter(message__contains=f"spare instance {spare.pk} promoted").filter(
             message__contains="the price of the overlap").exists()
-    assert any(i.resume_checkpoint.kind == "notice" for i in slot if i.resume_checkpoint), story(job)
+    assert any(i.resume_checkpoint.kind == "notice" for i in slot if i.resume_checkpoint), job_story(job.pk)
     # The spare was there when the save was done: neither capacity nor boot is on the path.
     total, downtimes = job_downtime(job.pk, job.finished_at)
     spared = [d for d in downtimes if d.instance_id in {o.pk for o in noticed}]
     assert all(d.parts["capacity"] == 0 for d in spared), spared
     assert any(d.parts["boot"] == 0 for d in spared), spared
     assert 0 < total == pytest.approx(sum(d.total_s for d in spared))
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_false_notice_still_hands_over_to_the_spare(child_env, tmp_path):
+    # A notice the cloud never follows (the local market is off: nothing takes the VM). The
+    # stated rule (docs/spares.md): the noticed VM still saves and stops within its budget,
+    # and the spare is used.
+    job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"})
+    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
+    noticed: list[Instance] = []
+
+    def false_notice(worker):
+        wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+                   and Checkpoint.objects.filter(job=job, step__gt=0).exists(), timeout=300,
+                   what="the job to run and commit a checkpoint", proc=worker, interval=0.2,
+                   explain=lambda: job_story(job.pk, vms))
+        old = Instance.objects.get(job=job, state=InstanceState.RUNNING)
+        noticed.append(old)
+        metadata_url = vms.vm_dir(old.provider_instance_id).metadata_url_file.read_text()
+        requests.post(f"{metadata_url}/_respawn/notice", json={"in_s": 0, "deadline_in_s": 30},
+                      timeout=5).raise_for_status()
+
+    try:
+        job = run_to_the_end(job, env, tmp_path, meanwhile=false_notice)
+    finally:
+        web.stop()
+    assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
+    old = Instance.objects.get(pk=noticed[0].pk)
+    spare = Instance.objects.get(job=job, pk__gt=old.pk)
+    assert old.end_reason == EndReason.PREEMPTED and spare.end_reason == EndReason.COMPLETED, job_story(job.pk, vms)
+    assert spare.resume_checkpoint.instance_id == old.pk and spare.resume_checkpoint.kind == "notice"
+    assert InterruptionEvent.objects.get(instance=old, kind="notice").checkpoint_saved is True
+    # The rest of the rule, the claimed preemption judged against a cloud that still runs
+    # the VM, cannot be seen here: a local VM shuts down when its agent exits
+    # (jobs/fleet/providers/local_vm.py), so the claim looks confirmed. On a cloud the VM
+    # runs on (tests/security/test_interruption_rates_trust.py judges that case).

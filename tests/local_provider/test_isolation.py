@@ -121,3 +121,16 @@ def test_a_program_other_users_cannot_reach_runs_vms_as_root_instead_of_refusing
     vm_id = provider.launch(launch_request(1))
     wait_until(lambda: provider.processes(vm_id), timeout=30, what="the VM to boot as root")
     assert {os.stat(f"/proc/{pid}").st_uid for pid in provider.processes(vm_id)} == {0}
+
+
+@pytest.mark.skipif(not ROOT, reason="only a provider run as root starts VMs as other users")
+def test_a_virtual_environment_in_a_hidden_checkout_runs_vms_as_root_though_its_python_links_out(tmp_path):
+    # A newcomer's clone in a 0700 `mktemp -d`: the venv's python links to a reachable
+    # interpreter, but the VM's user could not pass the checkout to run it.
+    checkout = tmp_path / "hidden-checkout"
+    (checkout / ".venv" / "bin").mkdir(parents=True)
+    checkout.chmod(0o700)
+    python = checkout / ".venv" / "bin" / "python"
+    python.symlink_to(os.path.realpath(sys.executable))
+    why = isolation_off_because(LocalConfig(root="unused", python=str(python)))
+    assert f"chmod o+x {checkout}" in why, why

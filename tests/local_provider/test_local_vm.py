@@ -234,3 +234,13 @@ def test_a_seeded_market_gives_an_instance_the_same_preemption_time_in_every_run
     first = preempt_after("run-1", seed=5)
     assert first == preempt_after("run-2", seed=5)
     assert first != preempt_after("run-3", seed=6)
+
+
+def test_a_market_limited_to_two_preemptions_lets_the_third_spot_vm_run_on(local_provider):
+    provider = local_provider(market_mode="every", market_every_s=600.0, market_max_preemptions=2)
+    on_demand = provider.launch(launch_request(101, market="on_demand"))  # never preempted: not counted
+    spot = [provider.launch(launch_request(i)) for i in (102, 103, 104)]
+    delays = [provider.vm_dir(vm_id).read_spec().preempt_after_s for vm_id in (on_demand, *spot)]
+    assert delays == [None, 600.0, 600.0, None]
+    # A launch retried for an instance that has its VM keeps that VM's fate.
+    assert provider.launch(launch_request(102)) == spot[0]

@@ -112,6 +112,13 @@ def test_every_mode_is_a_fixed_delay_and_on_demand_is_never_preempted():
     assert SpotMarket(MarketConfig(mode="none")).preemption_delay_s("vm", "z", spot=True, launched_at_s=0) is None
 
 
+def test_a_limited_market_preempts_only_the_first_spot_vms_in_any_mode():
+    every = SpotMarket(MarketConfig(mode="every", every_s=7.5, max_preemptions=2))
+    assert [every.preemption_delay_s("vm", "z", spot=True, launched_at_s=0, preempted_before=n) for n in range(4)] == [7.5, 7.5, None, None]
+    rate = SpotMarket(MarketConfig(mode="rate", rate_per_hour=60.0, max_preemptions=0))
+    assert rate.preemption_delay_s("vm", "z", spot=True, launched_at_s=0) is None
+
+
 def rate_delays(seed: int, keys, rate_per_hour=6.0, compression=1.0) -> list[float]:
     market = SpotMarket(MarketConfig(mode="rate", rate_per_hour=rate_per_hour, seed=seed, time_compression=compression))
     return [market.preemption_delay_s(key, "z", spot=True, launched_at_s=0) for key in keys]
@@ -141,6 +148,7 @@ def test_rate_mode_draws_with_the_configured_mean_in_market_time():
         (dict(mode="every", every_s=0), "every_s must be > 0"),
         (dict(mode="rate", rate_per_hour=-1), "rate_per_hour must be > 0"),
         (dict(time_compression=0), "time_compression must be > 0"),
+        (dict(max_preemptions=-1), "max_preemptions must be >= 0"),
     ],
 )
 def test_bad_market_settings_are_refused_with_the_field_named(fields, complaint):

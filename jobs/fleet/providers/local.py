@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import agents
 from agents.agent.config import SETTINGS_ENV
 from jobs.core.choices import Market
 from jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, LaunchRequest, PrecheckError, Provider
@@ -82,6 +83,8 @@ class LocalConfig:
     """zone -> spot trace file, "*" for every other zone (mode trace)."""
     market_time_compression: float = 1.0
     market_seed: int = 0
+    market_max_preemptions: int | None = None
+    """Only the first that many spot VMs under `root` are ever preempted; None: no limit."""
     market_epoch: float | None = None
     """Epoch seconds at which the market's clock (and a trace) starts; None: the first
     use of `root`, remembered in root/market-epoch so every process shares one clock."""
@@ -132,6 +135,7 @@ class LocalConfig:
             trace_files=self.market_trace_files,
             time_compression=self.market_time_compression,
             seed=self.market_seed,
+            max_preemptions=self.market_max_preemptions,
             out_of_capacity_zones=self.out_of_capacity_zones,
         )
 
@@ -287,7 +291,9 @@ class LocalProvider(Provider):
         config = self.config
         placement = request.placement
         # Keyed by our instance id, not the VM's random id: a seeded run replays the same preemptions.
-        delay = self.market.preemption_delay_s(f"instance-{request.instance_id}", placement.zone, spot=spot, launched_at_s=now - self._market_epoch())
+        delay = self.market.preemption_delay_s(f"instance-{request.instance_id}", placement.zone, spot=spot,
+                                               launched_at_s=now - self._market_epoch(),
+                                               preempted_before=self._preempted_vms())
         return VmSpec(
             vm_id=vm.path.name,
             job_id=request.job_id,
@@ -372,6 +378,17 @@ class LocalProvider(Provider):
             tail = vm.supervisor_log.read_text(errors="replace")[-2000:]
             raise PrecheckError(f"the local VM supervisor for {vm.path.name} did not boot (exit code {code}): {tail}", code="BootFailed")
 
+    def _preempted_vms(self) -> int:
+        """VMs under root given a preemption at launch (read under the launch lock)."""
+        count = 0
+        for entry in self.root.iterdir():
+            if entry.is_dir() and VM_ID.match(entry.name):
+                try:
+                    count += VmDir(entry).read_spec().preempt_after_s is not None
+                except ValueError:
+                    pass  # a VM dir whose launch failed before its spec was written
+        return count
+
     def _market_epoch(self) -> float:
         if self.config.market_epoch is not None:
             return self.config.market_epoch
@@ -410,15 +427,20 @@ def vm_path(config: LocalConfig) -> str:
 def isolation_off_because(config: LocalConfig) -> str:
     """Run as root, why VMs cannot be users of their own: their program (the
     control plane's Python, often under a 0700 /root, as a fresh pyenv install
-    leaves it) is out of their reach. The VMs then run as root, with the clean
-    environment only, rather than every launch failing; '' when nothing stops it."""
+    leaves it), the virtual environment it is linked from, or the agent's code (a
+    checkout in a 0700 `mktemp -d`) is out of their reach. The VMs then run as root,
+    with the clean environment only, rather than every launch failing; '' when
+    nothing stops it."""
     if os.geteuid() != 0 or not config.vm_id_base:
         return ""
     program = (config.agent_command or (config.python,))[0]
-    program = Path(shutil.which(program, path=vm_path(config)) or program).resolve()
-    unreachable = _first_unsearchable(program)
-    return (f"{program} is out of other users' reach ({unreachable} lacks the search bit for others): "
-            f"`chmod o+x {unreachable}` runs each VM as a user of its own") if unreachable else ""
+    program = Path(shutil.which(program, path=vm_path(config)) or program).absolute()
+    for needed in (program, program.resolve(), Path(agents.__file__).resolve().parent):
+        unreachable = _first_unsearchable(needed)
+        if unreachable:
+            return (f"{needed} is out of other users' reach ({unreachable} lacks the search bit for others): "
+                    f"`chmod o+x {unreachable}` runs each VM as a user of its own")
+    return ""
 
 
 def _first_unsearchable(path: Path) -> Path | None:

@@ -15,6 +15,9 @@ Modes:
   [v0, v1, ...]}`, e.g. data/spot-traces/): a launch at a tick with
   value 0 is refused; a VM is preempted at the first later tick with value 0.
   Past its end a trace starts again from its beginning.
+With `max_preemptions`, only the first that many spot VMs of any mode are ever
+preempted and later ones run on: a demo or a test that wants exactly N
+interruptions, however slowly the machine trains.
 On-demand VMs are never preempted and only refused in a zone listed as out of
 capacity.
 """
@@ -100,6 +103,8 @@ class MarketConfig:
     time_compression: float = 1.0
     """Market seconds per real second (`rate` and `trace`): 3600 plays an hour of trace per second."""
     seed: int = 0
+    max_preemptions: int | None = None
+    """At most this many spot VMs are preempted; None: no limit."""
     out_of_capacity_zones: frozenset[str] = frozenset()
     """Zones that refuse every launch, spot or on-demand."""
 
@@ -110,6 +115,8 @@ class MarketConfig:
             raise ValueError(f"local market every_s must be > 0, got {self.every_s}")
         if not self.rate_per_hour > 0:
             raise ValueError(f"local market rate_per_hour must be > 0, got {self.rate_per_hour}")
+        if self.max_preemptions is not None and not self.max_preemptions >= 0:
+            raise ValueError(f"local market max_preemptions must be >= 0, got {self.max_preemptions}")
         if not self.time_compression > 0:
             raise ValueError(f"local market time_compression must be > 0, got {self.time_compression}")
         if self.mode == "trace" and not self.trace_files:
@@ -143,10 +150,13 @@ class SpotMarket:
                 return f"no spot capacity in zone {zone} at trace tick {trace.tick(t)} of {trace.source or 'the trace'}"
         return ""
 
-    def preemption_delay_s(self, vm_key: str, zone: str, *, spot: bool, launched_at_s: float) -> float | None:
-        """Real seconds from launch to the notice of VM `vm_key`; None: never preempted."""
+    def preemption_delay_s(self, vm_key: str, zone: str, *, spot: bool, launched_at_s: float,
+                           preempted_before: int = 0) -> float | None:
+        """Real seconds from launch to the notice of VM `vm_key`; None: never preempted.
+        `preempted_before`: the spot VMs launched before it that were given a preemption."""
         mode = self.config.mode
-        if not spot or mode == "none":
+        limit = self.config.max_preemptions
+        if not spot or mode == "none" or (limit is not None and preempted_before >= limit):
             return None
         if mode == "every":
             return self.config.every_s

@@ -1,0 +1,24 @@
+"""A job run on the whole stack to its end: the Celery worker and beat of tests.conftest
+started for it, waited on until the job is terminal, stopped whatever happens."""
+
+from jobs.core.choices import JobStatus
+from jobs.models import Job
+from tests.conftest import start_worker_and_beat, wait_until
+from tests.history import job_story
+
+
+def run_to_the_end(job: Job, env: dict, tmp_path, *, timeout: float = 800, meanwhile=None) -> Job:
+    """`job` once it is terminal, refreshed; on a timeout the failure tells its story.
+    `meanwhile(worker)`, if given, runs once the worker and beat have started (what a test
+    does to the running job)."""
+    worker, beat = start_worker_and_beat(env, tmp_path)
+    try:
+        if meanwhile is not None:
+            meanwhile(worker)
+        wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=timeout,
+                   what="the job to finish", proc=worker, interval=0.5, explain=lambda: job_story(job.pk))
+    finally:
+        beat.stop()
+        worker.stop()
+    job.refresh_from_db()
+    return job
