@@ -194,9 +194,9 @@ def speed_during_persist(state: TrainState, uri: str, interval_s: float, repeats
     return statistics.median(ratios), statistics.median(lost), persist_fraction
 
 
-def notice_save(state: TrainState, uri: str, nbytes: int) -> tuple[float, float]:
+def notice_save(state: TrainState, uri: str, nbytes: int, validation: ValidationSettings | None = VALIDATION) -> tuple[float, float]:
     """(persist throughput in bytes/s, notice-to-durable seconds), warm buffers."""
-    ckpt = Checkpointer(state, CheckpointConfig(uri=uri, interval_s=3600, validation=VALIDATION, handle_signals=False))
+    ckpt = Checkpointer(state, CheckpointConfig(uri=uri, interval_s=3600, validation=validation, handle_signals=False))
     ckpt.save(1, kind="notice")
     drop(f"{uri}/{layout.step_dir(1)}")
     start = time.perf_counter()
@@ -209,7 +209,8 @@ def notice_save(state: TrainState, uri: str, nbytes: int) -> tuple[float, float]
     return throughput, total
 
 
-def notice_rounds(state: TrainState, workdir: str, nbytes: int, rounds: int) -> tuple[float, float, float]:
+def notice_rounds(state: TrainState, workdir: str, nbytes: int, rounds: int,
+                  validation: ValidationSettings | None = VALIDATION) -> tuple[float, float, float]:
     """Raw write+fdatasync and a notice save back to back, `rounds` times: the medians of
     the per-round ratios (throughput, notice-to-durable) and of the raw bandwidth. Single
     writes of the same GiB here took anywhere from 0.3 to 1.8 GiB/s, so a lone baseline
@@ -217,7 +218,7 @@ def notice_rounds(state: TrainState, workdir: str, nbytes: int, rounds: int) -> 
     throughput, durable, raw = [], [], []
     for i in range(rounds):
         raw.append(raw_write_bandwidth(nbytes, f"{workdir}/raw.bin"))
-        bandwidth, seconds = notice_save(state, f"{workdir}/notice-{i}", nbytes)
+        bandwidth, seconds = notice_save(state, f"{workdir}/notice-{i}", nbytes, validation)
         throughput.append(bandwidth / raw[-1])
         durable.append(seconds / (nbytes / raw[-1]))
     return statistics.median(throughput), statistics.median(durable), statistics.median(raw)

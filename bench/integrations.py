@@ -1,7 +1,7 @@
 """What the framework integrations cost (agents/integrations), one row per framework.
 
     python bench/integrations.py [--check] [--frameworks hf,lightning] [--n-embd 512] [--steps 40] [--every 8]
-                                 [--no-validation]
+                                 [--trials 5] [--no-validation]
 
 Each framework trains a small causal LM (one block of width --n-embd, AdamW: weights +
 two moments) in this process with its one line (`spot_safe(trainer)`) and Respawn's
@@ -26,6 +26,11 @@ periodic saves every --every steps, and:
    backward, AdamW step); medians of three after a warm-up. The validator's process
    start (a Python and torch import, a second or so) is not counted: the agent pays it
    beside training, not per step. --check: <= 3.
+
+Each framework's trial runs --trials times (a fresh checkpoint root each); each ratio
+printed, and checked, is the median over the trials, with their range beside it: a
+notice save of a few tens of MB takes tens of milliseconds, where one run's figure
+moves by 2-3x with what else the machine does.
 
 A framework is one entry in FRAMEWORKS: a function that runs the trial and returns
 the own-save times; the reports file gives the rest. JAX trains a Flax MLP of eight
@@ -222,6 +227,11 @@ def measure(name: str, n_embd: int, steps: int, every: int) -> tuple[float, floa
     return stall_ratio, notice_ratio, detail
 
 
+def spread(ratios) -> str:
+    ratios = sorted(ratios)
+    return f"(range {ratios[0]:.3g}-{ratios[-1]:.3g})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a ratio is over its bound")
@@ -229,16 +239,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-embd", type=int, default=512)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=8)
+    parser.add_argument("--trials", type=int, default=5, help="trials per framework; the ratios are their medians")
     parser.add_argument("--no-validation", action="store_true", help="skip the causal-LM validation row")
     args = parser.parse_args(argv)
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
     import torch
 
     torch.set_num_threads(1)
     ok = True
     for name in filter(None, args.frameworks.split(",")):  # --frameworks "": the validation row only
-        stall, notice, detail = measure(name, args.n_embd, args.steps, args.every)
-        print(f"{name}: periodic save stall / own sync save {stall:.3f} (bound {MAX_STALL_RATIO}); "
-              f"notice -> committed / raw write {notice:.2f} (bound {MAX_NOTICE_RATIO}) [{detail}]", flush=True)
+        trials = [measure(name, args.n_embd, args.steps, args.every) for _ in range(args.trials)]
+        stall, notice = (statistics.median(t[i] for t in trials) for i in (0, 1))
+        detail = trials[len(trials) // 2][2]
+        print(f"{name}: periodic save stall / own sync save {stall:.3f} {spread(t[0] for t in trials)} "
+              f"(bound {MAX_STALL_RATIO}); notice -> committed / raw write {notice:.2f} "
+              f"{spread(t[1] for t in trials)} (bound {MAX_NOTICE_RATIO}); median of {len(trials)} trials "
+              f"[one trial: {detail}]", flush=True)
         ok = ok and stall <= MAX_STALL_RATIO and notice <= MAX_NOTICE_RATIO
     if not args.no_validation:
         ratio, detail = measure_validation(args.n_embd)

@@ -12,6 +12,9 @@ Save choices, each a deliberate one:
   Some of the optimizer's moments (`write_live_fraction` of the state) are not
   copied at all: the persist writes them straight from the live tensors before
   that step, so a save needs less extra host memory than the state's size.
+  A state on CUDA is copied on a side stream instead (agents/checkpoint/snapshot.py):
+  save() only queues the copies, and the optimizer's next step makes its own kernels
+  wait for them on the GPU, without holding up the host.
 - At most one persist is in flight. A periodic save that comes due while one is
   still running is DEFERRED: the in-flight persist finishes undisturbed (so an
   older checkpoint always completes) and the save happens at the first step after
@@ -51,7 +54,7 @@ from .errors import CheckpointError, ConfigError, IncompatibleCheckpointError
 from .reader import CheckpointRef, LoadedCheckpoint, committed, load
 from .resume import Resumed, choose
 from .rotation import remove_torn, rotate
-from .snapshot import SnapshotBuffers
+from .snapshot import DeviceCopy, SnapshotBuffers
 from .state import TrainState
 from .storage import Storage, open_storage
 from .storage.local import LocalStorage
@@ -96,7 +99,8 @@ class CheckpointConfig:
     """Copy the weights and optimizer state of a periodic save beside the next step's
     forward/backward (the TrainState's optimizer waits for it before its next step).
     Turn off if the loop changes weights between a save and the optimizer's next step
-    by other means than the optimizer. CUDA tensors are copied at once either way."""
+    by other means than the optimizer: then CUDA tensors' copies are waited for by the
+    training stream's next kernel instead of the optimizer's update."""
     write_live_fraction: float | None = None
     """With `overlap_snapshot`: up to this share of the state, taken from the optimizer's
     moments (never the weights, which the reference loss reads later), is written
@@ -177,10 +181,13 @@ class _Persist:
     cancel: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     # The state's own tensors, held until the snapshot is complete: those at `deferred`
-    # are still to be copied, the buffers' live ones still to be written. `snapshotted`
-    # is set then; the optimizer's next step waits for it.
+    # are still to be copied, the buffers' live ones still to be written, the CUDA ones
+    # still read by `device`'s copies. `snapshotted` is set once the host has nothing
+    # left to take from them; the optimizer's next step waits for it, and for `device`
+    # on the GPU.
     tensors: list | None = None
     deferred: list[int] = field(default_factory=list)
+    device: DeviceCopy | None = None
     snapshotted: threading.Event = field(default_factory=threading.Event)
     entries: dict | None = None
     error: BaseException | None = None
@@ -257,6 +264,8 @@ class Checkpointer:
     def _before_optimizer_step(self, optimizer, args, kwargs) -> None:
         """The weights are about to change: the in-flight snapshot must hold them first."""
         job = self._inflight
+        if job is not None and job.device is not None:
+            job.device.hold_update()
         if job is not None and not job.snapshotted.is_set():
             started = time.monotonic()
             job.snapshotted.wait()
@@ -378,30 +387,25 @@ class Checkpointer:
             self._inflight = None
 
     def _deadline(self, deadline: float | datetime | None, kind: str | None) -> float | None:
-        """A notice deadline as monotonic time: given, else the agent's notice file (its
-        deadline is the cloud's less the agent's margin: 108 s of AWS's two minutes),
-        else `notice_budget_s`."""
+        """A notice deadline as monotonic time: given, else `notice_deadline(config)`."""
         if kind == protocol.CheckpointKind.FINAL and deadline is None:
             return None
+        if deadline is None:
+            return notice_deadline(self.config)
         if isinstance(deadline, datetime):
             deadline = deadline.timestamp()
-        if deadline is not None:
-            remaining = deadline - time.time()
-        else:
-            remaining = channel.notice_deadline(self.config.notice_file)
-            remaining = self.config.notice_budget_s if remaining is None else remaining
-        return time.monotonic() + remaining
+        return time.monotonic() + deadline - time.time()
 
     # --- saving ------------------------------------------------------------------------
-    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, list, list[int]]:
+    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, list, list[int], DeviceCopy | None]:
         """Copy the state into the host buffers but for its live tensors and, with
-        `overlap`, the tensors only the optimizer writes: returns the state's tensors
-        and the indices the persist thread still has to copy."""
+        `overlap`, the tensors only the optimizer writes: returns the state's tensors,
+        the indices the persist thread still has to copy and the CUDA copies in flight."""
         started = time.monotonic()
         tensors: list[torch.Tensor] = []
         skeleton = flatten(self.state.state_dict(), tensors)
         owned, live = self._overlap_plan(tensors)
-        later = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
+        later, device = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
             "format": layout.FORMAT, "framework": self.framework, "step": step, "kind": kind, "world_size": self.coord.world_size,
             "created_at": datetime.now(timezone.utc).isoformat(),
@@ -410,7 +414,7 @@ class Checkpointer:
         if self._reference is not None:
             self._reference.prepare()
             meta["validation"] = self.config.validation.to_json()
-        return meta, time.monotonic() - started, tensors, later
+        return meta, time.monotonic() - started, tensors, later, device
 
     def _overlap_plan(self, tensors: list[torch.Tensor]) -> tuple[frozenset[int], frozenset[int]]:
         """Indices of the host tensors that only the optimizer's step writes (the
@@ -422,7 +426,13 @@ class Checkpointer:
         params = {p.data_ptr() for group in optimizer.param_groups for p in group["params"]}
         moments = {t.data_ptr() for per_param in optimizer.state.values()
                    for t in per_param.values() if isinstance(t, torch.Tensor)}
-        owned = [i for i, t in enumerate(tensors) if not t.is_cuda and t.numel() and t.data_ptr() in params | moments]
+        owner = params | moments
+        owned = [i for i, t in enumerate(tensors) if t.numel() and t.data_ptr() in owner]
+        if any(t.is_cuda for t in tensors):
+            # The host has nothing to copy after save() returns, so the optimizer never
+            # waits on it: the CPU tensors of such a state (AdamW's step counts) are copied
+            # at once, and no tensor is written live (the host does not hold the CUDA ones).
+            return frozenset(i for i in owned if tensors[i].is_cuda), frozenset()
         budget = self._live_fraction * sum(t.numel() * t.element_size() for t in tensors)
         live = []
         for i in sorted(owned, key=lambda i: -tensors[i].numel() * tensors[i].element_size()):
@@ -439,12 +449,15 @@ class Checkpointer:
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
-        meta, stall, tensors, deferred = self._snapshot(step, kind, overlap)
+        meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.last_outcome = outcome
         self._last_save_at = time.monotonic()
         self._last_saved_step = step
-        return _Persist(step, kind, pace, outcome, meta, started, tensors=tensors, deferred=deferred)
+        job = _Persist(step, kind, pace, outcome, meta, started, tensors=tensors, deferred=deferred, device=device)
+        if not deferred and not self._buffers.live:
+            job.snapshotted.set()
+        return job
 
     def _period_s(self) -> float:
         """Seconds between periodic saves, as configured now."""
@@ -491,6 +504,8 @@ class Checkpointer:
         def complete_snapshot():
             nonlocal reference
             self._buffers.copy_some(job.tensors, job.deferred)
+            if job.device is not None:
+                job.device.wait()
             reference = self._start_reference_loss(job)  # it reads the copied weights
 
         def release_live():
@@ -514,13 +529,7 @@ class Checkpointer:
         def compute():
             if job.pace.low_priority:
                 persist.lower_priority()  # a periodic save's forward pass yields to training too
-            try:
-                job.meta["reference_loss"] = self._reference.loss(self._snapshot_weights(job.meta))
-            except Exception as exc:
-                # The checkpoint still commits (a failing eval_fn must not stop saves); its
-                # validation then ends in `error` naming this, and condemns nothing.
-                job.meta["reference_error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
-                print(f"respawn checkpoint: reference loss of step {job.step} failed: {job.meta['reference_error']}", file=sys.stderr)
+            self._reference.record(job.meta, lambda: self._snapshot_weights(job.meta))
 
         thread = threading.Thread(target=compute, name=f"ckpt-reference-{job.step}", daemon=True)
         thread.start()
@@ -549,18 +558,11 @@ class Checkpointer:
         # The checkpoint names its own report id, so a verdict reached on it later (on
         # resume, before export) reaches the control plane's record of it.
         job.meta["checkpoint_id"] = job.outcome.checkpoint_id = str(uuid.uuid4())
-        state_bytes = json.dumps(job.meta).encode()
-        self.storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
-        files[layout.STATE] = manifest.FileEntry(len(state_bytes), manifest.digest_bytes(state_bytes))
-        created = datetime.now(timezone.utc).isoformat()
-        raw = manifest.encode(job.step, files, created)
-        self.storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
-        self.storage.write_atomic(layout.LATEST, ckpt.encode())
+        man, created = manifest.commit(self.storage, ckpt, job.step, files, job.meta)
         self.storage.discard_unfinished(layout.LATEST)  # a killed earlier commit's, if any
         job.outcome.committed = True
         self._last_committed_step = job.step
         job.outcome.save_s = time.monotonic() - job.started
-        man = manifest.Manifest(job.step, files, raw)
         channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
             checkpoint_id=job.outcome.checkpoint_id, step=job.step, uri=job.outcome.uri,
             bytes=man.total_bytes, manifest_digest=man.digest, kind=job.kind, committed_at=created,
@@ -642,21 +644,13 @@ class Checkpointer:
         """End of training: final save, validation, export of the weights (safetensors).
         Returns the exported Artifact, or None without validation settings (nothing
         can be exported unvalidated). Rank 0 exports; other ranks return None."""
-        from .export import export_weights
-
         outcome = self.save(step, kind=protocol.CheckpointKind.FINAL)
         self.close()
         if not outcome.committed:
             raise CheckpointError(f"final checkpoint of step {step} was not committed: {outcome.message}")
         if self.rank != 0 or self.config.validation is None:
             return None
-        ref = CheckpointRef(self.storage, layout.step_dir(step))
-        loaded = load(ref)
-        self._record_verdict(loaded, judge(loaded, self.config.validation))  # export refuses all but `valid`
-        artifact = export_weights(ref)
-        # The agent ships the artifact with its exit report (agents/protocol.py channel).
-        trainer.report(step, force=True, artifact_uri=artifact.uri, artifact_digest=artifact.digest)
-        return artifact
+        return export_final(load(CheckpointRef(self.storage, layout.step_dir(step))), self.config)
 
     def _record_verdict(self, loaded: LoadedCheckpoint, verdict: Verdict) -> None:
         record_verdict(self.config.validations_file, loaded, verdict)
@@ -691,6 +685,25 @@ class Checkpointer:
         periodic save is an interval from now, and a notice at this step saves nothing new."""
         self._last_saved_step = self._last_committed_step = step
         self._last_save_at = time.monotonic()
+
+
+def notice_deadline(config: CheckpointConfig) -> float:
+    """A notice save's deadline as monotonic time: the agent's notice file's (the cloud's
+    less the agent's margin: 108 s of AWS's two minutes), else `notice_budget_s` from now."""
+    remaining = channel.notice_deadline(config.notice_file)
+    return time.monotonic() + (config.notice_budget_s if remaining is None else remaining)
+
+
+def export_final(loaded: LoadedCheckpoint, config: CheckpointConfig):
+    """The final checkpoint validated with `config.validation` (the verdict recorded and
+    reported), then its weights exported as safetensors, which refuses all but `valid`;
+    the exported Artifact. The agent ships it with its exit report (agents/protocol.py channel)."""
+    from .export import export_weights
+
+    record_verdict(config.validations_file, loaded, judge(loaded, config.validation))
+    artifact = export_weights(loaded.ref, weights=loaded.state["model"])
+    trainer.report(loaded.ref.step, force=True, artifact_uri=artifact.uri, artifact_digest=artifact.digest)
+    return artifact
 
 
 def record_verdict(validations_file: str | None, loaded: LoadedCheckpoint, verdict: Verdict) -> None:

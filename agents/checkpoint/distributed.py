@@ -68,7 +68,9 @@ class Coordinator:
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.group = None
-        if self.world_size > 1:
+        if self.distributed:
+            # Even alone: DCP's collectives (agents/checkpoint/sharded.py) run on it, never
+            # on an NCCL default group, whose object collectives go through the GPU.
             self.group = dist.new_group(backend=COORDINATION_BACKEND, timeout=timedelta(seconds=pg_timeout_s()))
         self._calls = 0
         self._sharing = False

@@ -20,14 +20,17 @@ class Artifact:
     bytes: int
 
 
-def export_weights(ref: CheckpointRef, dest_key: str | None = None) -> Artifact:
+def export_weights(ref: CheckpointRef, dest_key: str | None = None, *, weights: dict | None = None) -> Artifact:
     """Write `ref`'s model weights to `<root>/export/<step dir>/model.safetensors`
-    (or `dest_key` in the same storage). Refused unless the checkpoint is recorded valid."""
+    (or `dest_key` in the same storage). Refused unless the checkpoint is recorded valid.
+    `weights`: the ones its reader already loaded (a framework's own format); by default
+    they are read as Respawn's tensors."""
     verdict = ref.validation()
     if not verdict or verdict.get("result") != "valid":
         state = verdict.get("result") if verdict else "pending"
         raise ExportRefusedError(f"refusing to export {ref.uri}: its validation is {state}, export needs a valid checkpoint")
-    weights = load(ref).state["model"]
+    if weights is None:
+        weights = load(ref).state["model"]
     # Tensors loaded from one data file share its buffer; safetensors wants them separate.
     data = safetensors_bytes({name: t.contiguous().clone() for name, t in weights.items()}, metadata={"step": str(ref.step)})
     key = dest_key or f"export/{ref.name}/{EXPORT_NAME}"

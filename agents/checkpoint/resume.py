@@ -37,21 +37,22 @@ class Resumed:
 
 
 def choose(storage: Storage, resume_from: str | None, validation: ValidationSettings | None,
-           record: Callable[[LoadedCheckpoint, Verdict], None],
-           framework: str = "torch") -> tuple[LoadedCheckpoint | None, tuple[Skipped, ...]]:
+           record: Callable[[LoadedCheckpoint, Verdict], None], framework: str = "torch",
+           loader: Callable[[CheckpointRef], LoadedCheckpoint] = load) -> tuple[LoadedCheckpoint | None, tuple[Skipped, ...]]:
     """The newest usable checkpoint (not after `resume_from`), loaded and verified, and
     validated first with `validation` unless a verdict is recorded (an invalid one is
     marked and the previous one tried); and the newer ones skipped on the way. A verdict
     reached here goes to `record`, which marks it beside the checkpoint. One written by
     another `framework` raises IncompatibleCheckpointError: falling back past it would
-    silently train from older state, and deleting it would lose the other run's work."""
+    silently train from older state, and deleting it would lose the other run's work.
+    `loader` reads and verifies one (a framework's own files: agents/integrations)."""
     limit = ref_from_uri(resume_from).step if resume_from else None
     skipped: list[Skipped] = []
     for ref in reversed(list_checkpoints(storage)):
         if limit is not None and ref.step > limit:
             loaded, reason = None, f"newer than resume_from {resume_from}"
         else:
-            loaded, reason = _load_usable(ref, validation, record, framework)
+            loaded, reason = _load_usable(ref, validation, record, framework, loader)
         if loaded is not None:
             return loaded, tuple(skipped)
         skipped.append(Skipped(ref.step, ref.uri, reason))
@@ -60,7 +61,8 @@ def choose(storage: Storage, resume_from: str | None, validation: ValidationSett
 
 
 def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
-                 record: Callable[[LoadedCheckpoint, Verdict], None], framework: str) -> tuple[LoadedCheckpoint | None, str]:
+                 record: Callable[[LoadedCheckpoint, Verdict], None], framework: str,
+                 loader: Callable[[CheckpointRef], LoadedCheckpoint]) -> tuple[LoadedCheckpoint | None, str]:
     """The checkpoint loaded, or None and why it cannot be used."""
     if not ref.is_committed():
         return None, "not committed (no MANIFEST.json): its save was cut short or is still running"
@@ -68,7 +70,7 @@ def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
     if verdict and verdict.get("result") == "invalid":
         return None, f"recorded invalid: {verdict.get('message') or 'no reason given'}"
     try:
-        loaded = load(ref)
+        loaded = loader(ref)
     except CorruptCheckpointError as exc:
         mark(ref, Verdict(False, None, None, str(exc)))
         return None, f"corrupt: {exc}"

@@ -5,25 +5,36 @@ with FSDP2 (`fully_shard`) or made of DTensors on any DeviceMesh. DCP's planner
 decides who writes what: a replicated tensor is written by one rank only (DCP's
 dedup gives each to the rank with the fewest bytes so far, so each rank writes
 about 1/N of a DDP replica), a sharded one by the ranks that hold its shards. Its
-`FileSystemWriter` writes into our step directory with its own names
-(`__<rank>_<n>.distcp`, `.metadata`) and fsyncs each file. Then:
+file-system writer writes into our step directory with its own names
+(`__<rank>_<n>.distcp`, `.metadata`), through our storage layer (`dcp_storage`): a
+local folder, a shared mount or a bucket, each file durable when written and
+digested on the way. Then:
 
-1. each rank digests its own files and writes `rank-<r>.json` (its RNG states);
+1. each rank writes `rank-<r>.json` (its RNG states);
 2. the entries are gathered on the coordinator's gloo group: a rank gets past that
    gather only once every rank's part is durable, and a dead rank fails it;
 3. rank 0 writes state.json (step, framework, world size, scheduler, sampler,
-   `extra`), then MANIFEST.json listing every rank's files, then LATEST; reports the
-   checkpoint to the agent and rotates, as `Checkpointer` does (DESIGN §6, §11).
+   `extra`, and with validation the reference loss of the model's full weights,
+   gathered from every rank before the write), then MANIFEST.json listing every rank's
+   files, then LATEST; reports the checkpoint to the agent and rotates, as
+   `Checkpointer` does (DESIGN §6, §11).
 
 On load DCP reshards: a checkpoint written by N ranks loads on M ranks, for any mesh
 (`ResumableSampler` keeps the global sample order when the global batch is the same).
 Each rank resumes the RNG states of the rank of the same number, or of rank r mod N
 when the writers were fewer.
+The validator reads one in a single process (`load_checkpoint`): the model's full
+weights, from every rank's files.
 
-The save is synchronous (the step waits for it: DCP's own writer has no pacing or
-cancel point); the data goes straight from the live tensors, so no host copy of the
-state is held. It needs a file system every rank and the reader see (one node, or a
-shared mount): DCP's writer writes paths, not our object-store keys.
+A periodic save is DCP's `async_save`: the step waits while the state is copied to host
+memory (DCP's staging: one copy of this rank's part, held until it is written), then
+trains on while DCP's thread writes it, on a gloo group of its own; it commits at a later
+`save()` call, once the coordinator's table shows every rank's part written (or at the
+next save, `close()`). A notice, final or asked-for save is written before `save()`
+returns, straight from the live tensors. DCP's planning collectives run on the coordinator's gloo group whatever the user's
+backend, so a job whose default group is NCCL-only saves and loads the same way. Its
+checkpoint URI must be one every rank and the validator reach: a bucket, or for a local
+path one node or a shared mount.
 """
 
 from __future__ import annotations
@@ -35,32 +46,59 @@ import sys
 import threading
 import time
 import uuid
+import warnings
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
 
 from agents import protocol, trainer
 
 from . import channel, layout, manifest
+from .dcp_storage import StorageReader, StorageWriter
 from .checkpointer import DEFAULT_INTERVAL_S, CheckpointConfig, SaveOutcome
-from .distributed import Coordinator
-from .errors import CheckpointError, ConfigError, CorruptCheckpointError, IncompatibleCheckpointError
-from .reader import CheckpointRef, committed, other_framework
+from .distributed import Coordinator, pg_timeout_s
+from .errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
+from .reader import CheckpointRef, LoadedCheckpoint, _read_json, committed, other_framework
 from .resume import Resumed, Skipped
 from .rotation import remove_torn, rotate
 from .state import rng_state, set_rng_state
 from .storage import open_storage
-from .storage.local import LocalStorage
+from .validation import ReferenceLoss
 
 FRAMEWORK = "torch-dcp"
 WRITER = "torch.distributed.checkpoint"
-_STOP, _NOW, _DUE = range(3)
+_STOP, _NOW, _DUE, _WRITTEN = range(4)
+# A rank's periodic save in flight, as its row of the coordinator's table says.
+WRITING, WRITTEN, FAILED = range(3)
+
+
+def load_checkpoint(ref: CheckpointRef) -> LoadedCheckpoint:
+    """A committed DCP checkpoint read in this one process, without a process group, for
+    the validator: every file checked against its manifest, then the model's full
+    (unsharded) weights as "model". Another framework's raises IncompatibleCheckpointError."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    man = manifest.verify_all(ref.storage, ref.name)
+    meta = _read_json(ref, man, layout.STATE)
+    if meta.get("writer") != WRITER:
+        raise other_framework(ref.uri, meta.get("framework", "?"), FRAMEWORK)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is unavailable or uninitialized")  # single process is meant
+        try:
+            state = _load_state_dict_from_keys("model", storage_reader=StorageReader(ref.storage, ref.name))
+        except (Exception, dcp.CheckpointException) as exc:
+            # Its bytes are the ones written (the digests passed): the check failed, nothing is condemned.
+            raise IncompatibleCheckpointError(f"checkpoint {ref.uri}: DCP cannot read its model here: "
+                                              f"{_reason(exc, 0)}") from None
+    return LoadedCheckpoint(ref, meta, state, man)
 
 
 def rank_file(rank: int) -> str:
@@ -130,6 +168,25 @@ class ShardedState:
     extra: dict | None = None
 
 
+@dataclass
+class _InFlight:
+    """One save being written: DCP's future (done once this rank's part is durable) and
+    what its commit needs."""
+
+    step: int
+    ckpt: str
+    writer: StorageWriter
+    future: Future
+    started: float
+    meta: dict | None
+    outcome: SaveOutcome
+
+    def state(self) -> int:
+        if not self.future.done():
+            return WRITING
+        return FAILED if self.future.exception() is not None else WRITTEN
+
+
 class ShardedCheckpointer:
     """`load_latest()` once, `save(step)` after every step, `close()` at the end; every
     rank calls each together. Saves every `config.every_steps` steps (or every
@@ -140,17 +197,20 @@ class ShardedCheckpointer:
         self.state = state
         self.config = config
         self.storage = open_storage(config.uri)
-        if not isinstance(self.storage, LocalStorage):
-            raise ConfigError(f"checkpoint URI {config.uri}: sharded (DCP) checkpoints are written to a file system "
-                              f"every rank sees, not an object store")
         self.coord = Coordinator(config.agree_every_steps)
         self.rank, self.world_size = self.coord.rank, self.coord.world_size
         self._check_same_model()
+        self._reference = ReferenceLoss(config.validation) if config.validation is not None and self.rank == 0 else None
         self._last_save_at = time.monotonic()
         self._last_saved_step = -1
         self._stop_seen = self._now_seen = False
         self.should_stop = False
         self.last_outcome: SaveOutcome | None = None
+        self._inflight: _InFlight | None = None
+        # A periodic save's collectives run in DCP's thread, beside the coordinator's on
+        # the training thread: a group of their own keeps the two from interleaving.
+        self._save_group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=pg_timeout_s()))
+                            if self.coord.distributed else None)
         self._previous_handlers: dict = {}
         if config.handle_signals and threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
@@ -197,7 +257,9 @@ class ShardedCheckpointer:
     def save(self, step: int, kind: str | None = None) -> SaveOutcome | None:
         if kind not in (None, *protocol.CheckpointKind.ALL):
             raise ValueError(f"save kind {kind!r} is not one of {protocol.CheckpointKind.ALL}")
-        table = self.coord.agreed([int(self._stop_seen), int(self._now_seen), int(self._due(step))])
+        table = self.coord.agreed(self._row(step))
+        if table is not None and self._inflight is not None and all(row[_WRITTEN] != WRITING for row in table):
+            self._settle(table)
         outcome = None
         stop = table is not None and any(row[_STOP] for row in table)
         if stop:
@@ -209,84 +271,150 @@ class ShardedCheckpointer:
         if kind is not None and step != self._last_saved_step:
             self._stop_seen = self._now_seen = False
             outcome = self._save(step, kind)
-        self.coord.share([int(self._stop_seen), int(self._now_seen), int(self._due(step))])
+        self.coord.share(self._row(step))
         return outcome
 
-    def _save(self, step: int, kind: str) -> SaveOutcome:
-        started = time.monotonic()
+    def _row(self, step: int) -> list[int]:
+        written = WRITTEN if self._inflight is None else self._inflight.state()
+        return [int(self._stop_seen), int(self._now_seen), int(self._due(step)), written]
+
+    def _begin(self, step: int, kind: str, committed_before: bool | None) -> tuple[SaveOutcome, str, bool]:
+        """What every save does first, on every rank together: its outcome, folder, and
+        whether that step is already committed (else its folder is cleaned for the write)."""
+        if self._inflight is not None:
+            self._settle()  # one save at a time: the one in flight is finished first
         ckpt = layout.step_dir(step)
-        outcome = SaveOutcome(step, kind, False, self.storage.url_for(ckpt))
+        outcome = SaveOutcome(step, kind, committed_before, self.storage.url_for(ckpt))
         self._last_saved_step, self._last_save_at = step, time.monotonic()
         if self.coord.broadcast_from_zero(CheckpointRef(self.storage, ckpt).is_committed()):
             outcome.committed, outcome.message = True, "already committed"
-            return outcome
+            return outcome, ckpt, True
         if self.rank == 0:
             self.storage.delete_prefix(ckpt)  # an abandoned attempt's files (perhaps of another world size)
-        error = None
+        self._gather_objects(None)  # the directory is clean before anyone writes into it
+        return outcome, ckpt, False
+
+    def _save(self, step: int, kind: str) -> SaveOutcome:
+        """A periodic save: the state is copied to host memory (DCP's staging) and the step
+        goes on while DCP writes it in its thread; it commits at a later `save()` call, once
+        the coordinator's table shows every rank's part written (or at the next save,
+        `close()`). A notice, final or asked-for save is written before the call returns."""
+        started = time.monotonic()
+        background = kind == protocol.CheckpointKind.PERIODIC
+        outcome, ckpt, done = self._begin(step, kind, None if background else False)
+        if done:
+            return outcome
+        writer = StorageWriter(self.storage, ckpt, thread_count=self.config.num_files)
+        future: Future = Future()
+        meta = None
         try:
-            self._gather_objects(None)  # the directory is clean before anyone writes into it
-            entries = self._write(step, ckpt)
+            meta = self._meta(step, outcome, self._full_weights())
+            self._write_rank_file(ckpt, writer)
+            if background:
+                future = dcp.async_save(self._train_state(), storage_writer=writer, process_group=self._save_group,
+                                        no_dist=not self.coord.distributed)
+            else:
+                dcp.save(self._train_state(), storage_writer=writer, process_group=self.coord.group)
+                future.set_result(None)
         except (Exception, dcp.CheckpointException) as exc:
-            error, entries = exc, None
-        parts = self._gather_objects(entries if error is None else _reason(error, self.rank))
+            future = Future()
+            future.set_exception(exc)
+        inflight = _InFlight(step, ckpt, writer, future, started, meta, outcome)
+        if background:
+            outcome.stall_s = time.monotonic() - started
+            self._inflight = inflight
+        else:
+            self._commit_together(inflight)
+            outcome.stall_s = outcome.save_s
+        return outcome
+
+    def _settle(self, table: list[list[int]] | None = None) -> None:
+        """Commit (or give up) the periodic save in flight, on every rank together: at a
+        table showing every rank's part written or failed, else after waiting for it."""
+        inflight = self._inflight
+        if table is None:
+            wait([inflight.future])
+            # Every rank's part written or failed, and a share still pending finished first
+            # (one collective at a time on the coordinator's group).
+            self.coord.exchange([0, 0, 0, inflight.state()])
+        self._inflight = None
+        self._commit_together(inflight)
+
+    def _commit_together(self, inflight: _InFlight) -> None:
+        """Rank 0 commits once every rank says its part is durable; every rank learns the outcome."""
+        outcome, error = inflight.outcome, inflight.future.exception()
+        entries = inflight.writer.entries() if error is None else _reason(error, self.rank)
+        parts = self._gather_objects(entries)
         failed = {r: p for r, p in enumerate(parts) if not isinstance(p, dict)}
         if failed:
             outcome.message = "; ".join(f"rank {r} did not write its part: {p}" for r, p in failed.items())
         elif self.rank == 0:
             try:
-                self._commit(step, kind, ckpt, {n: e for p in parts for n, e in p.items()}, outcome, started)
+                self._commit(inflight.step, inflight.ckpt, {n: e for p in parts for n, e in p.items()}, outcome,
+                             inflight.started, inflight.meta)
             except Exception as exc:
-                outcome.message = f"commit of step {step} failed: {type(exc).__name__}: {exc}"
+                outcome.message = f"commit of step {inflight.step} failed: {type(exc).__name__}: {exc}"
         outcome.committed, outcome.checkpoint_id = self.coord.broadcast_from_zero((outcome.committed, outcome.checkpoint_id))
-        outcome.save_s = time.monotonic() - started
+        outcome.save_s = time.monotonic() - inflight.started
         if not outcome.committed:
             previous = [r.name for r in committed(self.storage)]
             outcome.message = (outcome.message or "rank 0 did not commit") + \
                 f"; previous checkpoint {previous[-1] if previous else '(none)'} is intact"
-        print(f"respawn checkpoint: {kind} save of step {step}: "
+        print(f"respawn checkpoint: {outcome.kind} save of step {outcome.step}: "
               f"{'committed ' + outcome.uri if outcome.committed else outcome.message}", file=sys.stderr, flush=True)
         self.last_outcome = outcome
-        return outcome
 
     def _train_state(self) -> dict:
         model, optim = get_state_dict(self.state.model, self.state.optimizer or [])
         return {"model": model, "optim": optim} if self.state.optimizer is not None else {"model": model}
 
-    def _write(self, step: int, ckpt: str) -> dict[str, manifest.FileEntry]:
-        """DCP writes this rank's part (fsynced); then its RNG file. Returns the entries of
-        every file this rank wrote, digested from what is on disk."""
-        path = self.storage.root / ckpt
-        dcp.save(self._train_state(), storage_writer=dcp.FileSystemWriter(path, thread_count=self.config.num_files),
-                 process_group=self.coord.group)
+    def _full_weights(self) -> dict[str, torch.Tensor] | None:
+        """With validation, the model's unsharded weights on rank 0's CPU (None on the other
+        ranks): every rank must call it, since an FSDP2/DTensor model all-gathers its shards.
+        CPU tensors come back as the live ones, not copies: the reference loss only reads
+        them (no_grad, eval mode) before training's next step, within the save's stall."""
+        if self.config.validation is None:
+            return None
+        weights = get_model_state_dict(self.state.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return weights if self.rank == 0 else None
+
+    def _write_rank_file(self, ckpt: str, writer: StorageWriter) -> None:
+        """This rank's RNG states, as they are at the step saved (training goes on)."""
         body = json.dumps({"rank": self.rank, "rng": _encode_rng(rng_state())}).encode()
         self.storage.write_atomic(f"{ckpt}/{rank_file(self.rank)}", body)
-        mine = [rank_file(self.rank), *(p.name for p in path.glob(f"__{self.rank}_*.distcp"))]
-        if self.rank == 0:
-            mine.append(".metadata")
-        return {name: self._entry(f"{ckpt}/{name}") for name in mine}
+        writer.fs.written[f"{ckpt}/{rank_file(self.rank)}"] = manifest.FileEntry(len(body), manifest.digest_bytes(body))
 
-    def _entry(self, key: str) -> manifest.FileEntry:
-        size = self.storage.size(key)
-        digest = manifest.new_digest()
-        if size:
-            digest.update(self.storage.map_private(key))
-        return manifest.FileEntry(size, digest.hexdigest())
-
-    def _commit(self, step: int, kind: str, ckpt: str, files: dict, outcome: SaveOutcome, started: float) -> None:
-        outcome.checkpoint_id = str(uuid.uuid4())
-        meta = {"format": layout.FORMAT, "framework": FRAMEWORK, "writer": WRITER, "step": step, "kind": kind,
+    def _meta(self, step: int, outcome: SaveOutcome, weights: dict[str, torch.Tensor] | None) -> dict | None:
+        """Rank 0: state.json's body, taken at the step saved, with the reference loss of
+        its weights (scored now: a DDP model's weights are its live tensors)."""
+        if self.rank != 0:
+            return None
+        meta = {"format": layout.FORMAT, "framework": FRAMEWORK, "writer": WRITER, "step": step, "kind": outcome.kind,
                 "world_size": self.world_size, "created_at": datetime.now(timezone.utc).isoformat(),
-                "checkpoint_id": outcome.checkpoint_id, "extra": self.state.extra or {},
+                "extra": self.state.extra or {},
                 "scheduler": self.state.scheduler.state_dict() if self.state.scheduler is not None else None,
                 "sampler": self.state.sampler.state_dict() if self.state.sampler is not None else None}
+        if self._reference is not None:
+            meta["validation"] = self.config.validation.to_json()
+            self._reference.record(meta, lambda: self._prepared(weights))
+        return json.loads(json.dumps(meta))  # a copy: training changes the scheduler's and sampler's state meanwhile
+
+    def _commit(self, step: int, ckpt: str, files: dict, outcome: SaveOutcome, started: float, meta: dict) -> None:
+        outcome.checkpoint_id = meta["checkpoint_id"] = str(uuid.uuid4())
         man, created = manifest.commit(self.storage, ckpt, step, files, meta)
         outcome.committed = True
         outcome.save_s = time.monotonic() - started
         channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
             checkpoint_id=outcome.checkpoint_id, step=step, uri=outcome.uri, bytes=man.total_bytes,
-            manifest_digest=man.digest, kind=kind, committed_at=created, save_s=outcome.save_s, stall_s=outcome.save_s,
-            reference_loss=None, persist_s=outcome.save_s))
+            manifest_digest=man.digest, kind=outcome.kind, committed_at=created, save_s=outcome.save_s,
+            stall_s=outcome.stall_s or outcome.save_s, reference_loss=meta.get("reference_loss"),
+            persist_s=outcome.save_s))
         rotate(self.storage, self.config.keep)
+
+    def _prepared(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # Built inside record(): a factory that cannot be used ends in reference_error, not in a failed save.
+        self._reference.prepare()
+        return weights
 
     # --- resuming --------------------------------------------------------------------------
     def _choose(self) -> tuple[str | None, tuple[Skipped, ...]]:
@@ -325,7 +453,7 @@ class ShardedCheckpointer:
                                                   f"cannot resume on {self.world_size} ranks: {exc}; nothing was deleted") from None
         target = self._train_state()
         try:
-            dcp.load(target, storage_reader=dcp.FileSystemReader(self.storage.root / name), process_group=self.coord.group)
+            dcp.load(target, storage_reader=StorageReader(self.storage, name), process_group=self.coord.group)
         except (Exception, dcp.CheckpointException) as exc:
             raise IncompatibleCheckpointError(f"checkpoint {ref.uri} does not fit rank {self.rank}'s model: "
                                               f"{_reason(exc, self.rank)}; nothing was deleted") from None
@@ -342,7 +470,9 @@ class ShardedCheckpointer:
         return Resumed(ref.step, ref.uri, skipped)
 
     def close(self) -> None:
-        """Restore the signal handlers (nothing is in flight: saves are synchronous)."""
+        """Commit the periodic save in flight (every rank together) and restore the signal handlers."""
+        if self._inflight is not None:
+            self._settle()
         for sig, handler in self._previous_handlers.items():
             signal.signal(sig, handler)
         self._previous_handlers.clear()

@@ -36,11 +36,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.model_factory or args.batch_factory:
             settings = ValidationSettings(args.model_factory or "", args.batch_factory or "", args.tolerance, args.eval_fn)
         ref = ref_from_uri(args.uri)
-        if written_by(ref) == "jax":
+        framework = written_by(ref)
+        if framework == "jax":
             # Orbax's files, read through Orbax: jax is imported for JAX checkpoints only.
             from agents.integrations import jax as jax_integration
 
             load, judge = jax_integration.load_checkpoint, jax_integration.judge
+        elif framework == "accelerate":
+            # Accelerate's own files: the model's weights are its model.safetensors (or .bin).
+            from agents.integrations.accelerate import load_checkpoint as load
+        elif framework == "torch-dcp":
+            # DCP's files of every rank, read in this one process into the full (unsharded) weights.
+            from agents.checkpoint.sharded import load_checkpoint as load
         loaded = load(ref)
     except CorruptCheckpointError as exc:
         print(json.dumps({"result": "invalid", "message": str(exc), "unreadable": True}))

@@ -20,6 +20,7 @@ import importlib
 import json
 import math
 import random
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import layout
-from .errors import EvalError, FactoryError, IncompatibleCheckpointError
+from .errors import CheckpointError, EvalError, FactoryError, IncompatibleCheckpointError
 from .reader import CheckpointRef, LoadedCheckpoint, load
 
 
@@ -204,6 +205,18 @@ class ReferenceLoss:
             raise FactoryError(f"model factory {self.settings.model_factory!r}: the model has state outside its state_dict")
         return evaluate(self.settings, self._model, self._batch)
 
+    def record(self, meta: dict, weights: Callable[[], dict[str, torch.Tensor]]) -> None:
+        """The loss of `weights()` as `reference_loss` in a save's state.json body `meta`,
+        else `reference_error` saying why there is none: the checkpoint still commits (a
+        failing eval_fn must not stop saves); its validation then ends in `error` naming
+        this, and condemns nothing."""
+        try:
+            meta["reference_loss"] = self.loss(weights())
+        except Exception as exc:
+            meta["reference_error"] = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+            print(f"respawn checkpoint: reference loss of step {meta['step']} failed: {meta['reference_error']}",
+                  file=sys.stderr, flush=True)
+
 
 def model_skeleton(model_factory: str) -> torch.nn.Module:
     """The factory's model without memory or initialisation for its weights (meta
@@ -270,13 +283,7 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
     eval_fn stored there is used when `settings` names none), the model and batch on
     `device` (default CPU). FactoryError/EvalError when the check cannot run."""
     uri = loaded.ref.uri
-    stored = loaded.meta.get("validation")
-    if settings is None:
-        if not stored:
-            raise FactoryError(f"checkpoint {uri} names no validation factories; pass them explicitly")
-        settings = ValidationSettings(**stored)
-    elif not settings.eval_fn and stored and stored.get("eval_fn"):
-        settings = replace(settings, eval_fn=stored["eval_fn"])  # the script's own loss, named at save
+    settings = settings_for(loaded, settings)
     model = model_skeleton(settings.model_factory)
     load_model_weights(model, loaded.state["model"], uri, assign=True)
     if has_meta_state(model):  # as at save time (ReferenceLoss): the checkpoint cannot hold all of it
@@ -290,10 +297,29 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
             # TF32 convolutions (cuDNN's default) alone differ from it by more than the tolerance.
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         model, batch = model.to(device), to_device(batch, device)
+    reference = reference_loss(loaded)
+    return compare(uri, evaluate(settings, model, batch), reference, settings.tolerance)
+
+
+def settings_for(loaded: LoadedCheckpoint, settings: ValidationSettings | None) -> ValidationSettings:
+    """`settings`, or the ones stored at save when None; an eval_fn stored at save is kept
+    when `settings` names none (the script's own loss)."""
+    stored = loaded.meta.get("validation")
+    if settings is None:
+        if not stored:
+            raise FactoryError(f"checkpoint {loaded.ref.uri} names no validation factories; pass them explicitly")
+        return ValidationSettings(**stored)
+    if not settings.eval_fn and stored and stored.get("eval_fn"):
+        return replace(settings, eval_fn=stored["eval_fn"])
+    return settings
+
+
+def reference_loss(loaded: LoadedCheckpoint) -> float | None:
+    """The loss recorded at save; EvalError when computing it failed then (nothing to compare with)."""
     reference = loaded.meta.get("reference_loss")
     if reference is None and loaded.meta.get("reference_error"):
-        raise EvalError(f"checkpoint {uri} has no reference loss: at save, {loaded.meta['reference_error']}")
-    return compare(uri, evaluate(settings, model, batch), reference, settings.tolerance)
+        raise EvalError(f"checkpoint {loaded.ref.uri} has no reference loss: at save, {loaded.meta['reference_error']}")
+    return reference
 
 
 def compare(uri: str, loss: float, reference: float | None, tolerance: float) -> Verdict:
@@ -312,6 +338,7 @@ def mark(ref: CheckpointRef, verdict: Verdict) -> None:
 
 def load_model_weights(model: torch.nn.Module, weights: dict, where: str, assign: bool = False) -> None:
     """`model.load_state_dict` with errors that name the checkpoint."""
+    weights = _with_tied(model, weights)
     expected = model.state_dict()
     for name, tensor in weights.items():
         if name in expected and tuple(expected[name].shape) != tuple(tensor.shape):
@@ -321,3 +348,18 @@ def load_model_weights(model: torch.nn.Module, weights: dict, where: str, assign
         model.load_state_dict(weights, assign=assign)
     except RuntimeError as exc:
         raise IncompatibleCheckpointError(f"checkpoint {where} does not fit the model: {exc}") from None
+
+
+def _with_tied(model: torch.nn.Module, weights: dict) -> dict:
+    """`weights` with every name of a parameter the model ties (an LM head sharing the
+    embedding): a safetensors file stores a tied tensor once (Accelerate's save_state drops
+    the other names), and a strict load wants them all."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    filled = dict(weights)
+    for group in names.values():
+        stored = next((name for name in group if name in weights), None)
+        if stored is not None:
+            filled.update({name: weights[stored] for name in group if name not in weights})
+    return filled

@@ -3,6 +3,10 @@
     python -m agents.examples.accelerate_loop --uri /tmp/ckpt --steps 60
 
 A SIGTERM saves at the next step and exits 0; running it again resumes there.
+Validation (a reference loss at each save, checked by the validator): `--validate`, or
+RESPAWN_MODEL_FACTORY=agents.examples.tiny_lm:make_model,
+RESPAWN_BATCH_FACTORY=agents.examples.tiny_lm:validation_batch (the default width only:
+the factory builds tiny_lm's default model).
 """
 
 from __future__ import annotations
@@ -13,13 +17,18 @@ import time
 import torch
 from accelerate import Accelerator
 
-from agents.checkpoint import CheckpointConfig
+from agents import trainer
+from agents.checkpoint import CheckpointConfig, ValidationSettings
 from agents.examples import framework_cli, tiny_lm
 from agents.integrations.accelerate import SpotSafeState
 
+VALIDATION = ValidationSettings("agents.examples.tiny_lm:make_model", "agents.examples.tiny_lm:validation_batch")
+
 
 def main(argv: list[str] | None = None) -> int:
-    args = framework_cli.parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = framework_cli.parser(__doc__.splitlines()[0])
+    parser.add_argument("--validate", action="store_true", help="name tiny_lm's validation factories")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)  # bitwise reproducibility does not survive a change of thread count
     accelerator = Accelerator(cpu=True, rng_types=["torch", "generator"])
     torch.manual_seed(0)
@@ -29,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     loader = torch.utils.data.DataLoader(tiny_lm.tokens(2048, seed=1), batch_size=8, shuffle=True,
                                          generator=torch.Generator().manual_seed(0))
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    spot = SpotSafeState(accelerator, CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps))
+    overrides = {"validation": VALIDATION} if args.validate else {}
+    config = CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, **overrides)
+    spot = SpotSafeState(accelerator, config)
     start = spot.resume()
     for step, batch in enumerate(accelerator.skip_first_batches(loader, start), start):
         if step >= args.steps:
@@ -39,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
+        trainer.report(step + 1, loss.item())
         if args.step_delay:
             time.sleep(args.step_delay)
         if spot.step(step + 1):
             return 0
-    spot.save(args.steps, "final")
+    spot.finish(args.steps)
     print(f"finished {args.steps} steps", file=sys.stderr, flush=True)
     return 0
 

@@ -21,22 +21,35 @@ DATASET_SIZE = 512
 FEATURES = 16
 
 
-def build(wrap: str, width: int = 64, depth: int = 3, global_batch: int = 8, init_seed: int = 0) -> ShardedState:
-    """The model (initial weights from `init_seed`, the same on every rank), optimizer
-    and sampler of one rank of an initialised gang."""
+def make_model(width: int = 64, depth: int = 3) -> torch.nn.Sequential:
+    """The unwrapped model (also the validation model factory, `agents.examples.dcp_loop:make_model`)."""
+    layers = [torch.nn.Linear(FEATURES if i == 0 else width, width) for i in range(depth)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+
+
+def validation_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed batch the reference loss scores (`agents.examples.dcp_loop:validation_batch`)."""
+    x, y = dataset()
+    return x[:64], y[:64]
+
+
+def build(wrap: str, width: int = 64, depth: int = 3, global_batch: int = 8, init_seed: int = 0,
+          device: str = "cpu") -> ShardedState:
+    """The model (initial weights from `init_seed`, the same on every rank) on `device`
+    ("cuda": the rank's current one), optimizer and sampler of one rank of an
+    initialised gang."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if global_batch % world:
         raise ValueError(f"global batch {global_batch} does not split over {world} ranks")
     torch.manual_seed(init_seed)
-    layers = [torch.nn.Linear(FEATURES if i == 0 else width, width) for i in range(depth)]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
+    model = make_model(width, depth).to(device)
     if wrap == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     elif wrap == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(torch.device(device).type, (world,))
         for layer in model:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -69,10 +82,10 @@ def first_difference(a, b, where: str = "state") -> str | None:
     return None if a == b else where
 
 
-def dataset() -> tuple[torch.Tensor, torch.Tensor]:
+def dataset(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(DATASET_SIZE, FEATURES, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
+    return x.to(device), x.sum(dim=1, keepdim=True).sin().to(device)
 
 
 def train_step(state: ShardedState, data: tuple[torch.Tensor, torch.Tensor]) -> None:

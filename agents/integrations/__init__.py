@@ -3,18 +3,21 @@
 - `agents.integrations.hf.spot_safe(trainer)`: Hugging Face Trainer.
 - `agents.integrations.lightning.SpotSafe()`: a Lightning callback, and `spot_safe_fit`.
 - `agents.integrations.accelerate.SpotSafeState(accelerator)`: Accelerate's
-  `save_state` / `load_state` users.
+  `save_state` / `load_state` users (`resume`, `step` each step, `finish`).
 - `agents.integrations.jax.SpotSafe(config)`: a JAX / Flax / optax loop saving through
   Orbax (`restore`, `save` each step, `stop`, `finish`).
 
 Each keeps the framework's own resume code (so what it restores exactly stays exact)
-and puts Respawn's checkpointing under it (DESIGN §6: two-phase saves beside training,
-the notice save at the next step boundary, MANIFEST written last, LATEST, rotation,
-reports to the agent, validation). A checkpoint's state.json names the framework that
-wrote it (DESIGN §11); each integration refuses another's with IncompatibleCheckpointError.
+and puts Respawn's checkpointing under it (DESIGN §6: saves beside training where the
+framework's save allows it, which Accelerate's synchronous save_state does not; the
+notice save at the next step boundary, committed by the notice's deadline or not at all;
+MANIFEST written last, LATEST, rotation, reports to the agent, validation). A
+checkpoint's state.json names the framework that wrote it (DESIGN §11); each integration
+refuses another's with IncompatibleCheckpointError.
 
 The frameworks are imported by these modules only, never by the agent or by
 `agents.checkpoint` (extras `respawn[hf]`, `respawn[lightning]`, `respawn[jax]`); the
 validator process (`python -m agents.checkpoint.validate`) imports agents.integrations.jax
-for a JAX checkpoint only.
+for a JAX checkpoint only, and agents.integrations.accelerate (which imports no
+Accelerate) for an Accelerate one.
 """

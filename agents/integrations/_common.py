@@ -1,29 +1,62 @@
-"""What every framework integration shares: pick the checkpoint to resume from (as
-`Checkpointer.load_latest()` does, the framework named) and stop the way the agent
-expects after a notice."""
+"""What every framework integration shares: the framework versions it supports, pick
+the checkpoint to resume from (as `Checkpointer.load_latest()` does, the framework
+named) and stop the way the agent expects after a notice."""
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import re
 import sys
+from collections.abc import Callable
 
 from agents import trainer
 from agents.checkpoint.checkpointer import CheckpointConfig, record_verdict
-from agents.checkpoint.reader import LoadedCheckpoint
+from agents.checkpoint.errors import ConfigError
+from agents.checkpoint.reader import CheckpointRef, LoadedCheckpoint, load
 from agents.checkpoint.resume import Resumed, choose
 from agents.checkpoint.rotation import remove_torn
 from agents.checkpoint.storage import open_storage
 
 
-def choose_checkpoint(config: CheckpointConfig, framework: str) -> LoadedCheckpoint | None:
+# The releases each integration is built and tested against: the bounds of pyproject.toml's
+# extras (tests/integrations/test_versions.py holds them equal). Another release may save
+# or restore differently (a Trainer's resume, Orbax's args API), so it is refused by name
+# rather than trusted to checkpoint correctly.
+SUPPORTED = {
+    "transformers": ("5.0", "6", "hf"),
+    "accelerate": ("1.0", "2", "hf"),
+    "lightning": ("2.4", "3", "lightning"),
+    "orbax-checkpoint": ("0.12", "0.13", "jax"),
+}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", re.match(r"[\d.]*", version).group())[:3])
+
+
+def require_supported(distribution: str) -> str:
+    """The installed version of `distribution`; ConfigError naming it and the supported
+    range when it is outside that range."""
+    at_least, below, extra = SUPPORTED[distribution]
+    installed = importlib.metadata.version(distribution)
+    if not _release(at_least) <= _release(installed) < _release(below):
+        raise ConfigError(f"{distribution} {installed} is not supported by agents.integrations (it is built and "
+                          f"tested for {distribution}>={at_least},<{below}): install a supported release, e.g. "
+                          f"pip install 'respawn[{extra}]'")
+    return installed
+
+
+def choose_checkpoint(config: CheckpointConfig, framework: str,
+                      loader: Callable[[CheckpointRef], LoadedCheckpoint] = load) -> LoadedCheckpoint | None:
     """The newest committed checkpoint of `framework` that passes validation (when
-    configured), loaded and verified; None when there is none. Torn directories go
-    first, as on any resume; a checkpoint of another framework raises."""
+    configured), loaded and verified by `loader`; None when there is none. Torn
+    directories go first, as on any resume; a checkpoint of another framework raises."""
     storage = open_storage(config.uri)
     remove_torn(storage)
     validation = config.validation if config.validate_on_resume else None
     chosen, skipped = choose(storage, config.resume_from, validation,
-                             functools.partial(record_verdict, config.validations_file), framework)
+                             functools.partial(record_verdict, config.validations_file), framework, loader)
     resumed = Resumed(chosen.ref.step, chosen.ref.uri, skipped) if chosen else Resumed(0, None, skipped)
     print(f"respawn {framework}: {resumed}", file=sys.stderr, flush=True)
     return chosen

@@ -38,8 +38,6 @@ import sys
 import tempfile
 
 import torch
-from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
 
 from agents import trainer as status
 from agents.checkpoint.checkpointer import Checkpointer, CheckpointConfig
@@ -47,7 +45,12 @@ from agents.checkpoint.errors import ConfigError
 from agents.checkpoint.reader import LoadedCheckpoint
 from agents.checkpoint.state import TrainState
 
-from ._common import choose_checkpoint, report_stop
+from ._common import choose_checkpoint, report_stop, require_supported
+
+require_supported("transformers")  # before its imports, which another release may fail less clearly
+
+from transformers import TrainerCallback  # noqa: E402
+from transformers.trainer_callback import ExportableState  # noqa: E402
 
 FRAMEWORK = "hf"
 

@@ -43,26 +43,30 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from agents import protocol
 from agents.checkpoint import channel, layout, manifest
-from agents.checkpoint.checkpointer import CheckpointConfig, record_verdict
+from agents.checkpoint.checkpointer import CheckpointConfig, notice_deadline, record_verdict
 from agents.checkpoint.errors import (CheckpointError, ConfigError, CorruptCheckpointError, EvalError, FactoryError,
                                       IncompatibleCheckpointError)
 from agents.checkpoint.reader import CheckpointRef, LoadedCheckpoint, list_checkpoints, ref_from_uri
 from agents.checkpoint.rotation import remove_torn, rotate
 from agents.checkpoint.storage import open_storage
 from agents.checkpoint.storage.local import LocalStorage
-from agents.checkpoint.validation import ValidationSettings, Verdict, _call, compare, evaluate, mark
+from agents.checkpoint.validation import (ValidationSettings, Verdict, _call, compare, evaluate, mark, reference_loss,
+                                         settings_for)
 
-from ._common import report_stop
+from ._common import report_stop, require_supported
+
+require_supported("orbax-checkpoint")  # before its import: the 0.12 `args` API is the one saved through
+
+import jax  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
 
 FRAMEWORK = "jax"
 ORBAX_DIR = "orbax"  # Orbax's own checkpoint, inside step-N/
@@ -275,10 +279,7 @@ class SpotSafe:
             print(f"respawn jax: {kind} save of step {step}: committed {self.last_uri}", file=sys.stderr, flush=True)
 
     def _deadline(self, kind: str) -> float | None:
-        if kind == protocol.CheckpointKind.FINAL:
-            return None
-        remaining = channel.notice_deadline(self.config.notice_file)
-        return time.monotonic() + (self.config.notice_budget_s if remaining is None else remaining)
+        return None if kind == protocol.CheckpointKind.FINAL else notice_deadline(self.config)
 
     # --- waiting, stopping, finishing -------------------------------------------------
     def wait(self) -> None:
@@ -436,17 +437,9 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
     """agents.checkpoint.validation's verdict for a JAX checkpoint: the model factory gives
     the template pytree, `eval_fn(state, batch)` the loss compared with the reference
     (settings default to the ones stored at save)."""
-    stored = loaded.meta.get("validation")
-    if settings is None:
-        if not stored:
-            raise FactoryError(f"checkpoint {loaded.ref.uri} names no validation factories; pass them explicitly")
-        settings = ValidationSettings(**stored)
-    elif not settings.eval_fn and stored and stored.get("eval_fn"):
-        settings = replace(settings, eval_fn=stored["eval_fn"])  # the script's own loss, named at save
+    settings = settings_for(loaded, settings)
     if not settings.eval_fn:
         raise FactoryError("a JAX checkpoint is validated with an eval_fn(state, batch) -> float; none is named")
-    reference = loaded.meta.get("reference_loss")
-    if reference is None and loaded.meta.get("reference_error"):
-        raise EvalError(f"checkpoint {loaded.ref.uri} has no reference loss: at save, {loaded.meta['reference_error']}")
+    reference = reference_loss(loaded)
     state = restore_state(loaded, _call(settings.model_factory))
     return compare(loaded.ref.uri, evaluate(settings, state, _call(settings.batch_factory)), reference, settings.tolerance)

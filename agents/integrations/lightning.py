@@ -39,8 +39,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from lightning.pytorch import Callback
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from agents import trainer as status
 from agents.checkpoint.checkpointer import Checkpointer, CheckpointConfig
@@ -48,7 +46,12 @@ from agents.checkpoint.errors import ConfigError
 from agents.checkpoint.reader import LoadedCheckpoint
 from agents.checkpoint.state import TrainState, set_rng_state
 
-from ._common import choose_checkpoint, report_stop
+from ._common import choose_checkpoint, report_stop, require_supported
+
+require_supported("lightning")  # before its imports, which another release may fail less clearly
+
+from lightning.pytorch import Callback  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 
 FRAMEWORK = "lightning"
 # Lightning's checkpoint keys that Respawn stores as tensors of its own (the TrainState's

@@ -17,3 +17,9 @@ def eval_fn_that_raises(model, batch) -> float:
 
 def eval_fn_that_gives_nan(model, batch) -> float:
     return float("nan")
+
+
+def narrow_dcp_model() -> nn.Module:
+    from agents.examples import dcp_loop
+
+    return dcp_loop.make_model(width=32)

@@ -9,22 +9,30 @@ import re
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
-from agents.checkpoint import CheckpointConfig, IncompatibleCheckpointError, ShardedCheckpointer
+from agents.checkpoint import CheckpointConfig, IncompatibleCheckpointError, ShardedCheckpointer, ValidationSettings, layout, manifest
 from agents.checkpoint.sampler import ResumableSampler
+from agents.checkpoint.validation import default_loss
 from agents.examples import dcp_loop
 
 from .ranks import run_gang as gang
+from .test_eval_fn import RAISES, validate_cli
+
+VALIDATION = ValidationSettings("agents.examples.dcp_loop:make_model", "agents.examples.dcp_loop:validation_batch")
 
 
-def write(tmp: Path, wrap: str, world: int, steps: int, *, global_batch: int = 8, width: int = 64, **config) -> Path:
-    """Train `steps` steps on `world` ranks, saving every 2; rank 0 keeps the full state
-    and the next global batch it would draw in ref.pt. Returns the checkpoint root."""
-    root = tmp / "ckpt"
+def write(tmp: Path, wrap: str, world: int, steps: int, *, uri: str | None = None, global_batch: int = 8,
+          width: int = 64, **config) -> Path | str:
+    """Train `steps` steps on `world` ranks, saving every 2 into `uri` (default: a folder of
+    `tmp`); rank 0 keeps the full state and the next global batch it would draw in ref.pt.
+    Returns the checkpoint root."""
+    root = uri or tmp / "ckpt"
 
     def body(rank):
         state = dcp_loop.build(wrap, global_batch=global_batch, width=width)
@@ -42,7 +50,7 @@ def write(tmp: Path, wrap: str, world: int, steps: int, *, global_batch: int = 8
     return root
 
 
-def resume(tmp: Path, root: Path, wrap: str, world: int, *, global_batch: int = 8, width: int = 64) -> list[int]:
+def resume(tmp: Path, root: Path | str, wrap: str, world: int, *, global_batch: int = 8, width: int = 64) -> list[int]:
     """Load the newest checkpoint on `world` ranks into a differently initialised model;
     each rank records the step, whether its full state equals ref.pt bitwise, and its next batch."""
     def body(rank):
@@ -103,6 +111,38 @@ def test_fsdp2_shards_commit_under_our_protocol_with_rotation_and_reports(tmp_pa
     assert [json.loads(line)["step"] for line in reports.read_text().splitlines()] == [2, 4, 6]
     assert resume(tmp_path, root, "fsdp", 2) == [0, 0]
     assert resumed_batches(tmp_path, 2) == (6, global_batches(6))
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_a_periodic_save_commits_after_the_step_goes_on_and_holds_the_state_of_its_own_step(tmp_path, wrap):
+    reports = tmp_path / "checkpoints.jsonl"
+    root = tmp_path / "ckpt"
+
+    def body(rank):
+        state = dcp_loop.build(wrap)
+        ckpt = ShardedCheckpointer(state, CheckpointConfig(uri=str(root), every_steps=2, keep=3, handle_signals=False,
+                                                           checkpoints_file=str(reports)))
+        data = dcp_loop.dataset()
+        for step in range(6):
+            dcp_loop.train_step(state, data)
+            outcome = ckpt.save(step + 1)
+            if step + 1 == 4:
+                assert outcome.committed is None  # in flight: the step did not wait for the write
+                full = dcp_loop.full_state(state)
+                if rank == 0:
+                    torch.save({"state": full, "batch": state.sampler.next_batch()}, tmp_path / "ref4.pt")
+        ckpt.close()
+        assert ckpt.last_outcome.step == 6 and ckpt.last_outcome.committed
+
+    assert gang(2, body) == [0, 0]
+    saves = [json.loads(line) for line in reports.read_text().splitlines()]
+    assert [s["step"] for s in saves] == [2, 4, 6] and all(s["stall_s"] < s["save_s"] for s in saves), saves
+    # Training changed every weight after step 4 while it was written: its checkpoint holds step 4's.
+    (root / layout.step_dir(6) / layout.MANIFEST).unlink()
+    ref = torch.load(tmp_path / "ref4.pt", weights_only=False)
+    torch.save(ref["state"], tmp_path / "ref.pt")
+    assert resume(tmp_path, root, wrap, 2) == [0, 0]
+    assert resumed_batches(tmp_path, 2) == (4, global_batches(4))
 
 
 @pytest.mark.parametrize("wrap,written_by,resumed_on", [("fsdp", 4, 2), ("fsdp", 2, 4), ("ddp", 4, 2), ("ddp", 2, 4)])
@@ -176,6 +216,7 @@ def test_a_rank_killed_mid_save_leaves_no_manifest_and_the_previous_checkpoint_r
         for step in range(4):
             dcp_loop.train_step(state, data)
             ckpt.save(step + 1)
+        ckpt.close()  # commits the periodic save of step 4, whose writing rank 1 does not survive
 
     codes = gang(2, body, timeout_s=10)
     assert codes[1] == -signal.SIGKILL and codes[0] != 0
@@ -214,3 +255,54 @@ def test_a_stop_seen_by_one_rank_saves_and_stops_every_rank_at_the_same_step(tmp
     bound = 1  # Coordinator.stop_within_steps with agree_every_steps=1
     assert rows[0] == rows[1] and 5 <= rows[0][0] <= 5 + bound and rows[0][1:] == ["notice", True]
     assert (root / "LATEST").read_text() == f"step-{rows[0][0]:08d}"
+
+
+def tamper_and_reseal(ckpt: Path) -> None:
+    """Triple one weight matrix, rewrite DCP's files and put their digests in the manifest,
+    as a buggy writer would: the digests pass, only validation can tell."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    state = _load_state_dict_from_keys(storage_reader=dcp.FileSystemReader(ckpt))
+    state["model"]["0.weight"] *= 3
+    def written() -> list[Path]:
+        return [*ckpt.glob("*.distcp"), ckpt / ".metadata"]
+
+    for path in written():
+        path.unlink()
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt), no_dist=True)
+    body = json.loads((ckpt / layout.MANIFEST).read_text())
+    body["files"] = {name: entry for name, entry in body["files"].items() if not name.endswith((".distcp", ".metadata"))}
+    body["files"].update({p.name: {"size": p.stat().st_size, "digest": manifest.digest_bytes(p.read_bytes())} for p in written()})
+    (ckpt / layout.MANIFEST).write_text(json.dumps(body))
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_the_validator_reloads_the_full_weights_of_every_rank_and_catches_altered_ones(tmp_path, wrap):
+    reports = tmp_path / "checkpoints.jsonl"
+    root = write(tmp_path, wrap, 2, 4, validation=VALIDATION, checkpoints_file=str(reports))
+    ckpt = root / layout.step_dir(4)
+    model = dcp_loop.make_model()
+    model.load_state_dict(torch.load(tmp_path / "ref.pt", weights_only=False)["model"])  # the weights of step 4
+    reference = json.loads((ckpt / layout.STATE).read_text())["reference_loss"]
+    assert reference == pytest.approx(default_loss(model.eval(), dcp_loop.validation_batch()), rel=1e-6)
+    assert json.loads(reports.read_text().splitlines()[-1])["reference_loss"] == reference
+    code, verdict = validate_cli(str(ckpt))
+    assert (code, verdict["result"]) == (0, "valid"), verdict
+    code, verdict = validate_cli(str(ckpt), "--model-factory", "tests.checkpoint.factories:narrow_dcp_model",
+                                 "--batch-factory", VALIDATION.batch_factory)
+    assert (code, verdict["result"]) == (2, "error") and "0.weight has shape (64, 16)" in verdict["message"], verdict
+    tamper_and_reseal(ckpt)
+    code, verdict = validate_cli(str(ckpt))
+    assert (code, verdict["result"]) == (1, "invalid") and "differs from reference" in verdict["message"], verdict
+
+
+def test_an_eval_fn_that_raises_still_commits_and_its_verdict_is_error_deleting_nothing(tmp_path):
+    root = write(tmp_path, "ddp", 2, 4, validation=replace(VALIDATION, eval_fn=RAISES))
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", layout.step_dir(2), layout.step_dir(4)]
+    meta = json.loads((root / layout.step_dir(4) / layout.STATE).read_text())
+    assert "reference_loss" not in meta and "labels out of range" in meta["reference_error"]
+    before = _snapshot(root)
+    code, verdict = validate_cli(str(root / layout.step_dir(4)))
+    assert (code, verdict["result"]) == (2, "error") and "labels out of range" in verdict["message"], verdict
+    after = _snapshot(root)
+    assert after.pop(f"{layout.step_dir(4)}/{layout.VALIDATION}") and after == before

@@ -21,7 +21,8 @@ import pytest
 from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState
 from agents.examples import tiny_lm
 
-from .trials import ROOT, differing, final_state, kill_mid_save, newest_committed, reports, run, start, wait_for
+from .trials import (ROOT, differing, final_state, kill_mid_save, newest_committed, preflight, reports, run, start,
+                     wait_for)
 
 STEPS = 40
 
@@ -101,13 +102,6 @@ def test_sigkill_mid_save_resumes_from_the_previous_commit(framework, tmp_path):
     assert code == 0, out
     assert f"resumed at step {previous} from" in out
     assert differing(final_state(uri, 30)["model"], final_state(reference, 30)["model"]) == []
-
-
-def preflight(framework: str, work_dir, *script_args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "agents", "preflight", "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20",
-         "--run-timeout-s", "200", "--framework", framework, "--work-dir", str(work_dir), "--", *script_args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.e2e  # four real training runs, then one more

@@ -78,6 +78,14 @@ def kill_mid_save(module: str, uri: Path, *args: str) -> tuple[int, int]:
     return torn, newest_committed(uri)
 
 
+def preflight(framework: str, work_dir: Path, *script_args: str) -> subprocess.CompletedProcess:
+    """`respawn-agent preflight --framework <framework> -- <script_args>`: its four runs."""
+    return subprocess.run(
+        [sys.executable, "-m", "agents", "preflight", "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20",
+         "--run-timeout-s", "200", "--framework", framework, "--work-dir", str(work_dir), "--", *script_args],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
 def final_state(uri: Path, step: int) -> dict:
     return load(ref_from_uri(f"{uri}/{layout.step_dir(step)}")).state
 
