@@ -21,7 +21,8 @@ Any kind of script: a PyTorch loop with Checkpointer, or one of the framework
 integrations (agents/integrations: hf, lightning, accelerate, jax). The kind is read
 from what each run's newest checkpoint says wrote it (state.json's `framework`, DESIGN
 §11), and every run must agree; `--framework` names the kind expected, so a script
-that saves through the wrong path (e.g. Trainer's own checkpoints beside ours) fails.
+that saves through the wrong path (e.g. Trainer's own checkpoints beside ours) fails,
+at the reference run's first checkpoint that says so.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class Preflight:
         """Raises PreflightFailure with the reason when the script is not spot-safe."""
         cfg = self.config
         reference = self._start("reference", os.path.join(self.root, "ckpt-reference"))
+        if cfg.framework != "auto":
+            self._refuse_another_framework_early(reference, cfg.framework)
         self._finish(reference)
         self.framework = framework = self._framework(reference, cfg.framework)
         self.say(f"reference: {len(reference.trajectory)} steps sampled, {len(reference.checkpoints)} checkpoint(s), "
@@ -225,22 +228,51 @@ class Preflight:
     def _framework(self, run: Run, expected: str) -> str:
         """What wrote the run's newest checkpoint: the framework its state.json names, or
         OWN_FORMAT for a script's own checkpoints (checked against `expected` unless auto)."""
+        found = self._written_by(run)
+        if expected != "auto" and found != expected:
+            raise self._another_framework(run, found, expected)
+        return found
+
+    def _refuse_another_framework_early(self, run: Run, expected: str) -> None:
+        """A script that saves through another integration fails at its first checkpoint,
+        not after a whole run. Only a checkpoint whose state.json names another framework
+        fails here: one rotated away already (or older than DESIGN §11, or in the script's
+        own format) is left to the check of the run's newest checkpoint at its end."""
+        from agents.checkpoint.errors import CheckpointError
+        from agents.checkpoint.reader import ref_from_uri
+        from agents.checkpoint.validate import written_by
+
+        self._until(run, lambda: bool(run.checkpoints) or run.process.poll() is not None, "a first checkpoint")
+        if not run.checkpoints:
+            return  # it ended without one: _finish and _framework say why
+        try:
+            found = written_by(ref_from_uri(self._newest(run).uri))
+        except CheckpointError:
+            return
+        if found is not None and found != expected:
+            run.process.kill()
+            raise self._another_framework(run, found, expected)
+
+    def _written_by(self, run: Run) -> str:
         from agents.checkpoint.errors import CheckpointError
         from agents.checkpoint.reader import ref_from_uri
         from agents.checkpoint.validate import written_by
 
         if not run.checkpoints:
             raise PreflightFailure(f"{run.name} run: no checkpoint reported to RESPAWN_CHECKPOINTS_FILE")
-        newest = max(run.checkpoints, key=lambda c: c.step)
         try:
-            found = written_by(ref_from_uri(newest.uri)) or "torch"  # checkpoints before DESIGN §11 are the torch loop's
+            return written_by(ref_from_uri(self._newest(run).uri)) or "torch"  # checkpoints before DESIGN §11 are the torch loop's
         except CheckpointError:  # not a step-N directory: the script writes checkpoints of its own
-            found = OWN_FORMAT
-        if expected != "auto" and found != expected:
-            raise PreflightFailure(
-                f"{run.name} run: checkpoint {newest.uri} was written by {found!r}, expected {expected!r}: "
-                f"does the script save through the {expected} integration (agents/integrations) every time?")
-        return found
+            return OWN_FORMAT
+
+    def _another_framework(self, run: Run, found: str, expected: str) -> PreflightFailure:
+        return PreflightFailure(
+            f"{run.name} run: checkpoint {self._newest(run).uri} was written by {found!r}, expected {expected!r}: "
+            f"does the script save through the {expected} integration (agents/integrations) every time?")
+
+    @staticmethod
+    def _newest(run: Run) -> protocol.CheckpointReport:
+        return max(run.checkpoints, key=lambda c: c.step)
 
     def _check_resumed(self, run: Run, resume: protocol.CheckpointReport) -> None:
         if not run.trajectory:

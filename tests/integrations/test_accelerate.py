@@ -27,7 +27,8 @@ pytest.importorskip("accelerate")
 from agents.checkpoint import layout, manifest  # noqa: E402
 from agents.checkpoint.validation import has_meta_state, load_model_weights  # noqa: E402
 
-from .trials import ROOT, kill_mid_save, newest_committed, preflight, reports, run, start, wait_for  # noqa: E402
+from .trials import (ROOT, kill_mid_save, newest_committed, preflight, reference_run_finished, reports, run,  # noqa: E402
+                     start, wait_for)
 
 MODULE = "agents.examples.accelerate_loop"
 ARGS = ("--steps", "30", "--every-steps", "5")
@@ -242,6 +243,7 @@ def test_preflight_proves_the_accelerate_example_resumes(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "same loss at 40 compared step(s), up to step 40" in proc.stdout
     assert "same checkpoint reference loss at" in proc.stdout and "(accelerate checkpoints)" in proc.stdout
-    proc = preflight("hf", tmp_path / "pf-other", *script)
+    proc = preflight("hf", tmp_path / "pf-other", *script, "--step-delay", "0.5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "was written by 'accelerate', expected 'hf'" in proc.stdout
+    assert not reference_run_finished(tmp_path / "pf-other", 40)  # told at its first checkpoint

@@ -21,8 +21,8 @@ import pytest
 from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState
 from agents.examples import tiny_lm
 
-from .trials import (ROOT, differing, final_state, kill_mid_save, newest_committed, preflight, reports, run, start,
-                     wait_for)
+from .trials import (ROOT, differing, final_state, kill_mid_save, newest_committed, preflight, reference_run_finished,
+                     reports, run, start, wait_for)
 
 STEPS = 40
 
@@ -108,15 +108,17 @@ def test_sigkill_mid_save_resumes_from_the_previous_commit(framework, tmp_path):
 def test_preflight_proves_the_example_resumes(framework, tmp_path):
     """`respawn-agent preflight --framework <name>`: every step's loss of the interrupted
     runs (notice, SIGKILL, finish) equals the uninterrupted run's; the same script checked
-    as another framework fails after its first run, naming what wrote its checkpoints."""
+    as another framework fails at its first checkpoint, naming what wrote it."""
     script = (sys.executable, "-m", framework.module, "--steps", str(STEPS))
     proc = preflight(framework.name, tmp_path / "pf", *script, "--step-delay", "0.03")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"same loss at {STEPS} compared step(s), up to step {STEPS}" in proc.stdout
     assert f"({framework.name} checkpoints)" in proc.stdout
-    proc = preflight(framework.other, tmp_path / "pf-other", *script)
+    proc = preflight(framework.other, tmp_path / "pf-other", *script, "--step-delay", "0.5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reference run: checkpoint" in proc.stdout
     assert f"was written by '{framework.name}', expected '{framework.other}'" in proc.stdout
+    assert not reference_run_finished(tmp_path / "pf-other", STEPS)  # told at its first checkpoint
 
 
 def test_another_frameworks_checkpoint_is_refused_and_kept(framework, tmp_path):

@@ -25,7 +25,7 @@ from agents.checkpoint.reader import ref_from_uri  # noqa: E402
 from agents.examples import jax_flax, tiny  # noqa: E402
 from agents.integrations.jax import load_checkpoint, restore_state  # noqa: E402
 
-from .trials import ROOT, kill_mid_save, newest_committed, reports, run, start, wait_for  # noqa: E402
+from .trials import ROOT, kill_mid_save, newest_committed, reference_run_finished, reports, run, start, wait_for  # noqa: E402
 
 MODULE = "agents.examples.jax_flax"
 STEPS = 30
@@ -130,9 +130,11 @@ def test_preflight_proves_the_jax_example_resumes(tmp_path):
     # The same script checked as another kind fails, naming what wrote its checkpoints.
     proc = subprocess.run(
         [sys.executable, "-m", "agents", "preflight", "--steps", "40", "--checkpoint-interval-s", "0.3",
-         "--framework", "torch", "--work-dir", str(tmp_path / "pf-torch"), "--", sys.executable, "-m", MODULE],
+         "--framework", "torch", "--work-dir", str(tmp_path / "pf-torch"),
+         "--", sys.executable, "-m", MODULE, "--step-delay", "0.5"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and "was written by 'jax', expected 'torch'" in proc.stdout, proc.stdout + proc.stderr
+    assert not reference_run_finished(tmp_path / "pf-torch", 40)  # told at its first checkpoint
 
 
 def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):

@@ -86,6 +86,11 @@ def preflight(framework: str, work_dir: Path, *script_args: str) -> subprocess.C
         cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+def reference_run_finished(work_dir: Path, steps: int) -> bool:
+    """Whether the reference run of a preflight kept in `work_dir` committed its last step."""
+    return (work_dir / "ckpt-reference" / layout.step_dir(steps)).exists()
+
+
 def final_state(uri: Path, step: int) -> dict:
     return load(ref_from_uri(f"{uri}/{layout.step_dir(step)}")).state
 
