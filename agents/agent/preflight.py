@@ -204,6 +204,7 @@ class Preflight:
 
     def _finish(self, run: Run) -> None:
         self._until(run, lambda: run.process.poll() is not None, "the end")
+        self._sample(run)  # its last reports, also when it had ended before this wait began
         run.exit_code = run.process.poll()
         if run.exit_code != 0:
             raise PreflightFailure(f"{run.name} run: the script failed on its own (exit code {run.exit_code}). Output:\n{self._tail(run)}")
@@ -228,32 +229,32 @@ class Preflight:
     def _framework(self, run: Run, expected: str) -> str:
         """What wrote the run's newest checkpoint: the framework its state.json names, or
         OWN_FORMAT for a script's own checkpoints (checked against `expected` unless auto)."""
-        found = self._written_by(run)
+        found = self._named_by(run) or "torch"  # checkpoints before DESIGN §11 are the torch loop's
         if expected != "auto" and found != expected:
             raise self._another_framework(run, found, expected)
         return found
 
     def _refuse_another_framework_early(self, run: Run, expected: str) -> None:
-        """A script that saves through another integration fails at its first checkpoint,
-        not after a whole run. Only a checkpoint whose state.json names another framework
-        fails here: one rotated away already (or older than DESIGN §11, or in the script's
-        own format) is left to the check of the run's newest checkpoint at its end."""
-        from agents.checkpoint.errors import CheckpointError
-        from agents.checkpoint.reader import ref_from_uri
-        from agents.checkpoint.validate import written_by
+        """A script that saves through another integration fails at its first checkpoint
+        that says so, not after a whole run. One rotated away before it was read (or older
+        than DESIGN §11) says nothing, and the next is read; one in the script's own format
+        is left to the check of the run's newest checkpoint at its end."""
+        seen = 0
+        while True:
+            self._until(run, lambda: len(run.checkpoints) > seen or run.process.poll() is not None, "a checkpoint")
+            if len(run.checkpoints) == seen:
+                return  # it ended: _finish and _framework say the rest
+            seen = len(run.checkpoints)
+            found = self._named_by(run)
+            if found in (expected, OWN_FORMAT):
+                return
+            if found is not None:
+                run.process.kill()
+                raise self._another_framework(run, found, expected)
 
-        self._until(run, lambda: bool(run.checkpoints) or run.process.poll() is not None, "a first checkpoint")
-        if not run.checkpoints:
-            return  # it ended without one: _finish and _framework say why
-        try:
-            found = written_by(ref_from_uri(self._newest(run).uri))
-        except CheckpointError:
-            return
-        if found is not None and found != expected:
-            run.process.kill()
-            raise self._another_framework(run, found, expected)
-
-    def _written_by(self, run: Run) -> str:
+    def _named_by(self, run: Run) -> str | None:
+        """The framework the newest checkpoint's state.json names; None when it names none or
+        cannot be read; OWN_FORMAT when it is not a step-N directory at all."""
         from agents.checkpoint.errors import CheckpointError
         from agents.checkpoint.reader import ref_from_uri
         from agents.checkpoint.validate import written_by
@@ -261,7 +262,7 @@ class Preflight:
         if not run.checkpoints:
             raise PreflightFailure(f"{run.name} run: no checkpoint reported to RESPAWN_CHECKPOINTS_FILE")
         try:
-            return written_by(ref_from_uri(self._newest(run).uri)) or "torch"  # checkpoints before DESIGN §11 are the torch loop's
+            return written_by(ref_from_uri(self._newest(run).uri))
         except CheckpointError:  # not a step-N directory: the script writes checkpoints of its own
             return OWN_FORMAT
 
