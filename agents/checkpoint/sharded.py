@@ -31,8 +31,9 @@ memory (DCP's staging: one copy of this rank's part, held until it is written), 
 trains on while DCP's thread writes it, on a gloo group of its own; it commits at a later
 `save()` call, once the coordinator's table shows every rank's part written (or at the
 next save, `close()`). A notice, final or asked-for save is written before `save()`
-returns, straight from the live tensors. DCP's planning collectives run on the coordinator's gloo group whatever the user's
-backend, so a job whose default group is NCCL-only saves and loads the same way. Its
+returns, straight from the live tensors. DCP's planning collectives run on the
+coordinator's gloo group whatever the user's backend, so a job whose default group is
+NCCL-only saves and loads the same way. Its
 checkpoint URI must be one every rank and the validator reach: a bucket, or for a local
 path one node or a shared mount.
 """
