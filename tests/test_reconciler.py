@@ -56,6 +56,29 @@ def test_silent_instance_is_marked_lost_once_the_api_has_served_a_full_timeout(j
     assert reconcile() == 0  # safe to run twice
 
 
+def test_a_silent_vm_saving_under_a_notice_is_not_fenced_before_the_notice_deadline(job, fast, web_server):
+    """Under load a VM saving its notice checkpoint heartbeated late and was terminated
+    mid-save (CI, Azure's 10 s notice): the save its spare waits for was killed with it."""
+    fast.RESPAWN = {**fast.RESPAWN, "API_URL": web_server.url}
+    ServiceBeat.objects.update_or_create(name="agent_api", defaults={
+        "last_seen": timezone.now(), "serving_since": timezone.now() - timedelta(seconds=5)})
+    saving = running_instance(job, deadline_in_s=-1)
+    Instance.objects.filter(pk=saving.pk).update(state=InstanceState.PREEMPTING)
+    notice_deadline = timezone.now() + timedelta(seconds=30)
+    InterruptionEvent.objects.create(instance=saving, kind="notice", source="azure_scheduled_events",
+                                     notice_time=timezone.now(), deadline=notice_deadline)
+    reconcile()
+    saving.refresh_from_db()
+    assert saving.state == InstanceState.PREEMPTING and saving.heartbeat_deadline == notice_deadline
+    assert reconcile() == 0  # not due again until the deadline
+    # Past its deadline, still silent: it is judged as any silent instance is.
+    Instance.objects.filter(pk=saving.pk).update(heartbeat_deadline=timezone.now() - timedelta(seconds=1))
+    InterruptionEvent.objects.filter(instance=saving).update(deadline=timezone.now() - timedelta(seconds=1))
+    assert reconcile() == 1
+    saving.refresh_from_db()
+    assert saving.state == InstanceState.ENDED and saving.end_reason == EndReason.LOST
+
+
 def test_no_instance_is_lost_while_the_api_is_unreachable(job, fast, db):
     fast.RESPAWN = {**fast.RESPAWN, "API_URL": "http://127.0.0.1:9"}  # nothing listens there
     silent = running_instance(job, deadline_in_s=-1)

@@ -430,7 +430,18 @@ def confirm_silent(instance: Instance) -> None:
     """The heartbeat deadline passed: ask the cloud before replacing the VM. Gone
     means preempted, and so does stopped (an eviction that keeps the VM, e.g. Azure's
     Deallocate: `release_stopped_disks` deletes it); still there means lost, and it is
-    terminated first (fencing)."""
+    terminated first (fencing).
+
+    Not before a notice's deadline: a VM saving its notice checkpoint may heartbeat late
+    (a busy or slow VM), and terminating it would kill the very save the spare waits for;
+    the cloud reclaims it at the deadline anyway, and then it is asked again."""
+    notice_deadline = _pending_notice_deadline(instance)
+    if notice_deadline is not None:
+        Instance.objects.filter(pk=instance.pk, heartbeat_deadline__lt=notice_deadline).update(
+            heartbeat_deadline=notice_deadline)
+        log.info("instance %s of job %s is silent within its notice window: asked again at its deadline %s",
+                 instance.pk, instance.job_id, notice_deadline.isoformat())
+        return
     if not instance.provider_instance_id:  # never heard of a VM: nothing to ask or fence
         mark_lost(instance)
         return
@@ -442,6 +453,14 @@ def confirm_silent(instance: Instance) -> None:
         cloud.terminate(instance.provider_instance_id)
         mark_lost(instance)
     nudge_schedule()
+
+
+def _pending_notice_deadline(instance: Instance):
+    """The deadline of a preemption notice of the instance that has not yet passed, if any."""
+    if instance.state != InstanceState.PREEMPTING:
+        return None
+    return (instance.interruptions.filter(kind=InterruptionKind.NOTICE, deadline__gt=timezone.now())
+            .order_by("-deadline").values_list("deadline", flat=True).first())
 
 
 def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None:
