@@ -28,8 +28,9 @@ Public API (everything else in this package is internal):
   `request_checkpoint()`, `should_stop`, `last_outcome`.
 - Saves every RESPAWN_CHECKPOINT_INTERVAL_S seconds (600 when unset; the agent sets
   the job's interval), or every `interval_s` / `every_steps` given to CheckpointConfig.
-- Disk: the `keep` newest committed checkpoints stay (plus the newest valid one);
-  directories of saves cut short by a kill go on the next start or commit.
+- Disk: the `keep` newest committed checkpoints stay (plus the newest valid one, and the
+  one a validator is reading); directories of saves cut short by a kill go on the next
+  start or commit.
 - Signals: SIGTERM -> notice save at the next `save()` then `should_stop`;
   SIGUSR1 -> a save at the next `save()`. Handlers only set flags.
 - Agent channel (all optional, see agents/protocol.py): RESPAWN_CHECKPOINT_URI,

@@ -495,8 +495,8 @@ class Checkpointer:
         ckpt = layout.step_dir(job.step)
         if self.rank == 0:
             # A directory of this step from an abandoned attempt: drop its commit record
-            # (manifest first) and verdict; data files are replaced by rename as written.
-            for name in (layout.MANIFEST, layout.VALIDATION, layout.STATE):
+            # (manifest first), verdict and claim; data files are replaced by rename as written.
+            for name in (layout.MANIFEST, layout.VALIDATION, layout.VALIDATING, layout.STATE):
                 self.storage.delete_prefix(f"{ckpt}/{name}")
         names = [layout.data_file(self.rank, i) for i in range(len(self._buffers.buffers))]
         reference = None

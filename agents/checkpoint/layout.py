@@ -5,6 +5,7 @@
     <root>/step-00001200/state.json             step, kind, rng, sampler, scheduler, tensor index
     <root>/step-00001200/MANIFEST.json          every file above: size + digest; written last
     <root>/step-00001200/VALIDATION.json        validation verdict, written after the commit
+    <root>/step-00001200/VALIDATING.json        a validator's claim: it is reading this one
     <root>/LATEST                               name of the newest committed checkpoint
 """
 
@@ -15,6 +16,7 @@ import re
 MANIFEST = "MANIFEST.json"
 STATE = "state.json"
 VALIDATION = "VALIDATION.json"
+VALIDATING = "VALIDATING.json"
 LATEST = "LATEST"
 FORMAT = "respawn-checkpoint/1"
 

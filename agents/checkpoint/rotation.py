@@ -18,8 +18,23 @@ stays until a commit passes it.
 from __future__ import annotations
 
 from . import layout
-from .reader import committed, list_checkpoints
+from .reader import CheckpointRef, committed, list_checkpoints
 from .storage import Storage
+
+
+def being_validated(refs: list[CheckpointRef], verdicts: dict[str, dict | None]) -> CheckpointRef | None:
+    """The checkpoint the agent's validator is reading: the newest one it claimed
+    (VALIDATING.json, written as it starts) that has no verdict yet, none newer having
+    one. Without it, a validator slower than `keep` commits (a VM whose CPUs the training
+    keeps busy: it runs at the lowest priority) would find each checkpoint it starts on
+    deleted before it reads it, and no checkpoint would ever be validated. A claim left
+    by a validator that died holds one checkpoint until a newer one gets a verdict."""
+    for ref in reversed(refs):
+        if verdicts[ref.name] is not None:
+            return None
+        if ref.storage.exists(ref.key(layout.VALIDATING)):
+            return ref
+    return None
 
 
 def remove_torn(storage: Storage) -> list[str]:
@@ -37,17 +52,22 @@ def remove_torn(storage: Storage) -> list[str]:
 
 def rotate(storage: Storage, keep: int) -> None:
     """Keep the `keep` newest committed checkpoints that are not invalid, plus the
-    newest valid one when it is older than those (its successors are still pending).
+    newest valid one when it is older than those (its successors are still pending),
+    plus the one a validator is reading (see `being_validated`).
     Every other committed one older than the newest kept goes, manifest first, so a
     crash in the middle leaves a torn directory (removed by the next sweep), never a
     committed one missing files. Then the torn directories go."""
     refs = committed(storage)
-    usable = [r for r in refs if (r.validation() or {}).get("result") != "invalid"]
+    verdicts = {r.name: r.validation() for r in refs}
+    usable = [r for r in refs if (verdicts[r.name] or {}).get("result") != "invalid"]
     if usable:
         kept = {r.name for r in usable[-keep:]}
-        valid = [r for r in usable if (r.validation() or {}).get("result") == "valid"]
+        valid = [r for r in usable if (verdicts[r.name] or {}).get("result") == "valid"]
         if valid:
             kept.add(valid[-1].name)
+        reading = being_validated(usable, verdicts)
+        if reading is not None:
+            kept.add(reading.name)
         newest = usable[-1].step
         for ref in refs:
             if ref.name in kept or ref.step >= newest:

@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="torch device of the check; auto: the GPU when there is one")
     parser.add_argument("--no-record", action="store_true", help="do not write VALIDATION.json")
     args = parser.parse_args(argv)
+    if not args.no_record:
+        claim(args.uri)  # before torch's import: a starved validator's seconds count
     from agents.checkpoint.reader import load, ref_from_uri
     from agents.checkpoint.validation import judge, mark, training_device
 
@@ -64,6 +66,24 @@ def main(argv: list[str] | None = None) -> int:
         mark(ref, verdict)
     print(json.dumps(verdict.to_json()))
     return 0 if verdict.valid else 2 if verdict.error else 1
+
+
+def claim(uri: str) -> None:
+    """Tell rotation this checkpoint is being read (rotation.being_validated). Best
+    effort: one that cannot be written leaves validation as it was without it."""
+    from datetime import datetime, timezone
+
+    from agents.checkpoint import layout
+    from agents.checkpoint.storage import StorageError, open_storage
+
+    root, _, name = uri.rstrip("/").rpartition("/")
+    if layout.parse_step_dir(name) is None or not root:
+        return  # not a checkpoint's URI: the reader says so
+    body = {"started_at": datetime.now(timezone.utc).isoformat()}
+    try:
+        open_storage(root).write_atomic(f"{name}/{layout.VALIDATING}", json.dumps(body).encode())
+    except (StorageError, OSError) as exc:
+        print(f"could not claim {uri} for validation (rotation may delete it meanwhile): {exc}", file=sys.stderr)
 
 
 def written_by(ref) -> str | None:

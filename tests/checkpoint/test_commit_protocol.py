@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,7 @@ from agents.checkpoint.storage import UnknownSchemeError, open_storage
 from agents.checkpoint.storage.local import LocalStorage
 from agents.examples import tiny
 
-from .conftest import config, train
+from .conftest import ROOT_DIR, config, train
 from .factories import wide_model
 
 
@@ -131,6 +135,38 @@ def test_an_unimportable_factory_is_named(root, state, data):
 def test_an_unknown_storage_scheme_is_refused():
     with pytest.raises(UnknownSchemeError, match=r"unknown storage URI scheme 'ftp' in 'ftp://host/ckpt'"):
         open_storage("ftp://host/ckpt")
+
+
+def test_a_starved_validator_still_finds_the_checkpoint_it_started_on(root, state, data):
+    """The agent's validator runs at the lowest priority: on a VM whose CPUs training keeps
+    busy it may take longer than `keep` commits. It is frozen here (SIGSTOP, as starved)
+    once it has claimed step 5; three commits later step 5 is still there to be read,
+    and its verdict is `valid`, not `unreadable`. A newer verdict then releases it."""
+    ckpt = Checkpointer(state, config(root, keep=2))
+    train(state, data, ckpt, 0, 5)
+    ckpt.wait()
+    uri = f"{root}/{layout.step_dir(5)}"
+    validator = subprocess.Popen([sys.executable, "-m", "agents.checkpoint.validate", uri], cwd=ROOT_DIR,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not Path(uri, layout.VALIDATING).exists():
+            assert validator.poll() is None and time.monotonic() < deadline, "the validator never claimed step 5"
+            time.sleep(0.01)
+        validator.send_signal(signal.SIGSTOP)
+        for start in range(5, 20, 5):
+            train(state, data, ckpt, start, start + 5)
+            ckpt.wait()
+        assert [r.step for r in committed(LocalStorage(root))] == [5, 15, 20]
+        validator.send_signal(signal.SIGCONT)
+        output, _ = validator.communicate(timeout=120)
+    finally:
+        validator.kill()
+    assert json.loads(output.strip().splitlines()[-1])["result"] == "valid", output
+    assert validate(f"{root}/{layout.step_dir(20)}").valid
+    train(state, data, ckpt, 20, 25)
+    ckpt.close()
+    assert [r.step for r in committed(LocalStorage(root))] == [20, 25]
 
 
 def test_keeping_one_checkpoint_is_refused(root):
