@@ -26,7 +26,8 @@ Save choices, each a deliberate one:
   queue: an in-flight persist of the same step is unpaced and waited for; one of
   an older step is abandoned (it stops within one chunk). The new state is then
   persisted at full speed and committed before the deadline, or abandoned at the
-  deadline, leaving the previous checkpoint intact; the outcome says which.
+  deadline, leaving the previous checkpoint intact; the outcome says which. Training
+  waits for it, so its CPU tensors are written in place, not copied first.
 - Signal handlers only set flags; the work happens in the next `save()` call.
 """
 
@@ -397,7 +398,7 @@ class Checkpointer:
         return time.monotonic() + deadline - time.time()
 
     # --- saving ------------------------------------------------------------------------
-    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, list, list[int], DeviceCopy | None]:
+    def _snapshot(self, step: int, kind: str, overlap: bool, synchronous: bool) -> tuple[dict, float, list, list[int], DeviceCopy | None]:
         """Copy the state into the host buffers but for its live tensors and, with
         `overlap`, the tensors only the optimizer writes: returns the state's tensors,
         the indices the persist thread still has to copy and the CUDA copies in flight."""
@@ -405,6 +406,8 @@ class Checkpointer:
         tensors: list[torch.Tensor] = []
         skeleton = flatten(self.state.state_dict(), tensors)
         owned, live = self._overlap_plan(tensors)
+        if synchronous:
+            live = self._written_in_place(skeleton, tensors)
         later, device = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
             "format": layout.FORMAT, "framework": self.framework, "step": step, "kind": kind, "world_size": self.coord.world_size,
@@ -442,6 +445,16 @@ class Checkpointer:
                 budget -= nbytes
         return frozenset(owned), frozenset(live)
 
+    def _written_in_place(self, skeleton: dict, tensors: list[torch.Tensor]) -> frozenset[int]:
+        """A notice or final save is written before save() returns, training paused, so
+        its CPU tensors need no copy: each contiguous one is written from the state
+        itself (a 1 GiB state's copy took 0.37 s of a notice's window on 2 cores). The
+        model's weights stay copied when a reference loss is computed from the buffers."""
+        weights = {ref["__tensor__"] for ref in skeleton["model"].values()
+                   if isinstance(ref, dict) and "__tensor__" in ref} if self._reference is not None else set()
+        return frozenset(i for i, t in enumerate(tensors)
+                         if not t.is_cuda and t.is_contiguous() and t.numel() and i not in weights)
+
     def _snapshot_weights(self, meta: dict) -> dict[str, torch.Tensor]:
         """The model's weights as views into the snapshot buffers (never live ones)."""
         return {name: self._buffers.views[ref["__tensor__"]]
@@ -449,7 +462,8 @@ class Checkpointer:
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
-        meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap)
+        synchronous = kind != protocol.CheckpointKind.PERIODIC
+        meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap, synchronous)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.last_outcome = outcome
         self._last_save_at = time.monotonic()
