@@ -25,7 +25,7 @@ STEPS, STEP_DELAY_S = 1200, 0.03
 TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
-def start(child_env: dict, tmp_path, market: dict) -> tuple[Job, WebServer, dict]:
+def start(child_env: dict, tmp_path, market: dict, **job_fields) -> tuple[Job, WebServer, dict]:
     """The web server and a one-node job on local VMs that boot in 2 s, with a 4 s notice
     save budget, on the simulated spot market `market` configures."""
     env = {**child_env, "RESPAWN_LOCAL_BOOT_DELAY_S": "2", "RESPAWN_NOTICE_BUDGET_S": "4",
@@ -35,7 +35,7 @@ def start(child_env: dict, tmp_path, market: dict) -> tuple[Job, WebServer, dict
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
                    checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=5.0, allowed_clouds=["local"],
-                   instance_types=["cpu-small"], validation_enabled=False)
+                   instance_types=["cpu-small"], validation_enabled=False, **job_fields)
     return job, web, env
 
 
@@ -99,6 +99,50 @@ def test_a_notice_boots_the_spare_before_the_old_vm_dies_and_it_resumes_from_the
     assert 0 < total == pytest.approx(sum(d.total_s for d in spared))
 
 
+def serve_on_its_vm(job: Job, vms: LocalProvider, worker, notice: dict) -> Instance:
+    """Once the job runs and has a checkpoint, its VM's metadata service serves `notice`
+    (as the cloud would); the instance of that VM."""
+    wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+               and Checkpoint.objects.filter(job=job, step__gt=0).exists(), timeout=300,
+               what="the job to run and commit a checkpoint", proc=worker, interval=0.2,
+               explain=lambda: job_story(job.pk, vms))
+    instance = Instance.objects.get(job=job, state=InstanceState.RUNNING)
+    metadata_url = vms.vm_dir(instance.provider_instance_id).metadata_url_file.read_text()
+    requests.post(f"{metadata_url}/_respawn/notice", json=notice, timeout=5).raise_for_status()
+    return instance
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_rebalance_recommendation_moves_an_opted_in_job_to_a_spare_with_no_preemption(child_env, tmp_path):
+    # AWS's recommendation (an elevated risk of a reclaim, no deadline), served by the VM's
+    # metadata service; the market is off, so nothing else happens to the VM.
+    job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"}, spare_on_rebalance=True)
+    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
+    recommended: list[Instance] = []
+    try:
+        job = run_to_the_end(job, env, tmp_path, meanwhile=lambda worker: recommended.append(
+            serve_on_its_vm(job, vms, worker, {"in_s": 0, "kind": "rebalance"})))
+    finally:
+        web.stop()
+    assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
+    old = Instance.objects.get(pk=recommended[0].pk)
+    spare = Instance.objects.get(job=job, pk__gt=old.pk)
+    # A planned move: the VM was not interrupted, so nothing counts as a preemption.
+    assert old.end_reason == EndReason.FENCED and spare.end_reason == EndReason.COMPLETED, job_story(job.pk, vms)
+    assert job.preemptions == 0 and not InterruptionEvent.objects.filter(instance__job=job).exists()
+    # The spare booted while the old VM trained on, and resumed from what it saved when told to stop.
+    assert spare.requested_at < old.ended_at and spare.registered_at < old.ended_at, job_story(job.pk, vms)
+    newest_of_old = Checkpoint.objects.filter(instance=old).order_by("-step").first()
+    assert spare.resume_checkpoint == newest_of_old, job_story(job.pk, vms)
+    assert first_training_beat(spare).time > old.ended_at, job_story(job.pk, vms)
+    assert "training on while a spare boots to move the job to" in log_text(old)
+    assert f"resumed from step {newest_of_old.step}" in log_text(spare)
+    assert job.events.filter(message__contains="rebalance recommendation").exists()
+    assert job.events.filter(message__contains=f"spare instance {spare.pk} promoted").filter(
+        message__contains="the price of the overlap").exists()
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_a_false_notice_still_hands_over_to_the_spare(child_env, tmp_path):
@@ -108,20 +152,9 @@ def test_a_false_notice_still_hands_over_to_the_spare(child_env, tmp_path):
     job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"})
     vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
     noticed: list[Instance] = []
-
-    def false_notice(worker):
-        wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
-                   and Checkpoint.objects.filter(job=job, step__gt=0).exists(), timeout=300,
-                   what="the job to run and commit a checkpoint", proc=worker, interval=0.2,
-                   explain=lambda: job_story(job.pk, vms))
-        old = Instance.objects.get(job=job, state=InstanceState.RUNNING)
-        noticed.append(old)
-        metadata_url = vms.vm_dir(old.provider_instance_id).metadata_url_file.read_text()
-        requests.post(f"{metadata_url}/_respawn/notice", json={"in_s": 0, "deadline_in_s": 30},
-                      timeout=5).raise_for_status()
-
     try:
-        job = run_to_the_end(job, env, tmp_path, meanwhile=false_notice)
+        job = run_to_the_end(job, env, tmp_path, meanwhile=lambda worker: noticed.append(
+            serve_on_its_vm(job, vms, worker, {"in_s": 0, "deadline_in_s": 30})))
     finally:
         web.stop()
     assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
