@@ -99,6 +99,23 @@ def test_a_notice_boots_the_spare_before_the_old_vm_dies_and_it_resumes_from_the
     assert 0 < total == pytest.approx(sum(d.total_s for d in spared))
 
 
+def run_served(child_env: dict, tmp_path, notice: dict, **job_fields) -> tuple[Job, Instance, Instance, LocalProvider]:
+    """A job run to its end on a market that takes no VM, whose first VM's metadata service
+    serves `notice` once it trains: the job, that VM's instance, the spare that followed it
+    (the job must have succeeded), and the VMs."""
+    job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"}, **job_fields)
+    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
+    served: list[Instance] = []
+    try:
+        job = run_to_the_end(job, env, tmp_path, meanwhile=lambda worker: served.append(
+            serve_on_its_vm(job, vms, worker, notice)))
+    finally:
+        web.stop()
+    assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
+    old = Instance.objects.get(pk=served[0].pk)
+    return job, old, Instance.objects.get(job=job, pk__gt=old.pk), vms
+
+
 def serve_on_its_vm(job: Job, vms: LocalProvider, worker, notice: dict) -> Instance:
     """Once the job runs and has a checkpoint, its VM's metadata service serves `notice`
     (as the cloud would); the instance of that VM."""
@@ -117,17 +134,7 @@ def serve_on_its_vm(job: Job, vms: LocalProvider, worker, notice: dict) -> Insta
 def test_a_rebalance_recommendation_moves_an_opted_in_job_to_a_spare_with_no_preemption(child_env, tmp_path):
     # AWS's recommendation (an elevated risk of a reclaim, no deadline), served by the VM's
     # metadata service; the market is off, so nothing else happens to the VM.
-    job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"}, spare_on_rebalance=True)
-    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
-    recommended: list[Instance] = []
-    try:
-        job = run_to_the_end(job, env, tmp_path, meanwhile=lambda worker: recommended.append(
-            serve_on_its_vm(job, vms, worker, {"in_s": 0, "kind": "rebalance"})))
-    finally:
-        web.stop()
-    assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
-    old = Instance.objects.get(pk=recommended[0].pk)
-    spare = Instance.objects.get(job=job, pk__gt=old.pk)
+    job, old, spare, vms = run_served(child_env, tmp_path, {"in_s": 0, "kind": "rebalance"}, spare_on_rebalance=True)
     # A planned move: the VM was not interrupted, so nothing counts as a preemption.
     assert old.end_reason == EndReason.FENCED and spare.end_reason == EndReason.COMPLETED, job_story(job.pk, vms)
     assert job.preemptions == 0 and not InterruptionEvent.objects.filter(instance__job=job).exists()
@@ -149,17 +156,7 @@ def test_a_false_notice_still_hands_over_to_the_spare(child_env, tmp_path):
     # A notice the cloud never follows (the local market is off: nothing takes the VM). The
     # stated rule (docs/spares.md): the noticed VM still saves and stops within its budget,
     # and the spare is used.
-    job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"})
-    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
-    noticed: list[Instance] = []
-    try:
-        job = run_to_the_end(job, env, tmp_path, meanwhile=lambda worker: noticed.append(
-            serve_on_its_vm(job, vms, worker, {"in_s": 0, "deadline_in_s": 30})))
-    finally:
-        web.stop()
-    assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
-    old = Instance.objects.get(pk=noticed[0].pk)
-    spare = Instance.objects.get(job=job, pk__gt=old.pk)
+    job, old, spare, vms = run_served(child_env, tmp_path, {"in_s": 0, "deadline_in_s": 30})
     assert old.end_reason == EndReason.PREEMPTED and spare.end_reason == EndReason.COMPLETED, job_story(job.pk, vms)
     assert spare.resume_checkpoint.instance_id == old.pk and spare.resume_checkpoint.kind == "notice"
     assert InterruptionEvent.objects.get(instance=old, kind="notice").checkpoint_saved is True
