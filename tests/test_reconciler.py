@@ -79,6 +79,27 @@ def test_a_silent_vm_saving_under_a_notice_is_not_fenced_before_the_notice_deadl
     assert saving.state == InstanceState.ENDED and saving.end_reason == EndReason.LOST
 
 
+def test_a_silent_vm_claiming_a_far_notice_deadline_is_spared_no_longer_than_a_clouds_longest_window(
+        job, fast, web_server):
+    """The deadline is the VM's word: one claiming a day is judged two minutes after its
+    notice reached the control plane, as a cloud would have taken it by then."""
+    fast.RESPAWN = {**fast.RESPAWN, "API_URL": web_server.url}
+    ServiceBeat.objects.update_or_create(name="agent_api", defaults={
+        "last_seen": timezone.now(), "serving_since": timezone.now() - timedelta(seconds=5)})
+    silent = running_instance(job, deadline_in_s=-1)
+    Instance.objects.filter(pk=silent.pk).update(state=InstanceState.PREEMPTING)
+    notice = InterruptionEvent.objects.create(instance=silent, kind="notice", source="aws_imds",
+                                              notice_time=timezone.now(), deadline=timezone.now() + timedelta(days=1))
+    reconcile()
+    silent.refresh_from_db()
+    assert silent.heartbeat_deadline == notice.received_at + timedelta(minutes=2)
+    InterruptionEvent.objects.filter(pk=notice.pk).update(received_at=timezone.now() - timedelta(minutes=3))
+    Instance.objects.filter(pk=silent.pk).update(heartbeat_deadline=timezone.now() - timedelta(seconds=1))
+    assert reconcile() == 1
+    silent.refresh_from_db()
+    assert silent.state == InstanceState.ENDED and silent.end_reason == EndReason.LOST
+
+
 def test_no_instance_is_lost_while_the_api_is_unreachable(job, fast, db):
     fast.RESPAWN = {**fast.RESPAWN, "API_URL": "http://127.0.0.1:9"}  # nothing listens there
     silent = running_instance(job, deadline_in_s=-1)

@@ -455,12 +455,20 @@ def confirm_silent(instance: Instance) -> None:
     nudge_schedule()
 
 
+# The longest window a cloud gives a spot VM between its notice and the reclaim (AWS's
+# two minutes): the deadline a VM reports is its word, so a silent VM is spared no longer.
+LONGEST_NOTICE = timedelta(minutes=2)
+
+
 def _pending_notice_deadline(instance: Instance):
-    """The deadline of a preemption notice of the instance that has not yet passed, if any."""
+    """The deadline of a preemption notice of the instance that has not yet passed, if
+    any, at most LONGEST_NOTICE after the notice reached the control plane."""
     if instance.state != InstanceState.PREEMPTING:
         return None
-    return (instance.interruptions.filter(kind=InterruptionKind.NOTICE, deadline__gt=timezone.now())
-            .order_by("-deadline").values_list("deadline", flat=True).first())
+    now = timezone.now()
+    bounds = [min(deadline, received + LONGEST_NOTICE) for deadline, received in instance.interruptions.filter(
+        kind=InterruptionKind.NOTICE, deadline__gt=now).values_list("deadline", "received_at")]
+    return max((b for b in bounds if b > now), default=None)
 
 
 def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None:
