@@ -398,16 +398,17 @@ class Checkpointer:
         return time.monotonic() + deadline - time.time()
 
     # --- saving ------------------------------------------------------------------------
-    def _snapshot(self, step: int, kind: str, overlap: bool, synchronous: bool) -> tuple[dict, float, list, list[int], DeviceCopy | None]:
+    def _snapshot(self, step: int, kind: str, overlap: bool) -> tuple[dict, float, list, list[int], DeviceCopy | None]:
         """Copy the state into the host buffers but for its live tensors and, with
         `overlap`, the tensors only the optimizer writes: returns the state's tensors,
         the indices the persist thread still has to copy and the CUDA copies in flight."""
         started = time.monotonic()
         tensors: list[torch.Tensor] = []
         skeleton = flatten(self.state.state_dict(), tensors)
-        owned, live = self._overlap_plan(tensors)
-        if synchronous:
-            live = self._written_in_place(skeleton, tensors)
+        if kind == protocol.CheckpointKind.PERIODIC:
+            owned, live = self._overlap_plan(tensors)
+        else:  # a notice or final save, written before save() returns
+            owned, live = frozenset(), self._written_in_place(skeleton, tensors)
         later, device = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
             "format": layout.FORMAT, "framework": self.framework, "step": step, "kind": kind, "world_size": self.coord.world_size,
@@ -462,8 +463,7 @@ class Checkpointer:
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
-        synchronous = kind != protocol.CheckpointKind.PERIODIC
-        meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap, synchronous)
+        meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.last_outcome = outcome
         self._last_save_at = time.monotonic()

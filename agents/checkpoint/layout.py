@@ -32,6 +32,13 @@ def parse_step_dir(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def split_uri(uri: str) -> tuple[str, str] | None:
+    """`<root>/step-00001200` -> (root, "step-00001200"); None when it names no checkpoint
+    directory. Torch-free: the validator claims its checkpoint before importing torch."""
+    root, _, name = uri.rstrip("/").rpartition("/")
+    return (root, name) if parse_step_dir(name) is not None and root else None
+
+
 def data_file(rank: int, index: int) -> str:
     return f"data-r{rank}-{index}.bin"
 

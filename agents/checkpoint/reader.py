@@ -58,9 +58,10 @@ class CheckpointRef:
 
 def ref_from_uri(uri: str) -> CheckpointRef:
     """`<root>/step-00001200` -> a CheckpointRef in the storage opened at `<root>`."""
-    root, _, name = uri.rstrip("/").rpartition("/")
-    if layout.parse_step_dir(name) is None or not root:
+    parts = layout.split_uri(uri)
+    if parts is None:
         raise CorruptCheckpointError(f"{uri!r} does not name a checkpoint directory (expected <root>/step-NNNNNNNN)")
+    root, name = parts
     return CheckpointRef(open_storage(root), name)
 
 

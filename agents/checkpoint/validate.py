@@ -76,9 +76,10 @@ def claim(uri: str) -> None:
     from agents.checkpoint import layout
     from agents.checkpoint.storage import StorageError, open_storage
 
-    root, _, name = uri.rstrip("/").rpartition("/")
-    if layout.parse_step_dir(name) is None or not root:
+    parts = layout.split_uri(uri)
+    if parts is None:
         return  # not a checkpoint's URI: the reader says so
+    root, name = parts
     body = {"started_at": datetime.now(timezone.utc).isoformat()}
     try:
         open_storage(root).write_atomic(f"{name}/{layout.VALIDATING}", json.dumps(body).encode())
