@@ -28,6 +28,7 @@ from agents.checkpoint.storage.local import LocalStorage
 from agents.examples import tiny
 
 from .conftest import ROOT_DIR, config, train
+from .test_eval_fn import validate_cli
 from .factories import wide_model
 
 
@@ -167,6 +168,25 @@ def test_a_starved_validator_still_finds_the_checkpoint_it_started_on(root, stat
     train(state, data, ckpt, 20, 25)
     ckpt.close()
     assert [r.step for r in committed(LocalStorage(root))] == [20, 25]
+
+
+def test_the_validator_given_no_checkpoint_or_one_rotated_away_says_so_and_its_claim_leaves_nothing(
+        root, state, data):
+    saved_checkpoint(root, state, data)
+    code, verdict = validate_cli(f"{root}/not-a-step")
+    assert (code, verdict["result"]) == (1, "invalid") and "does not name a checkpoint directory" in verdict["message"]
+    assert not Path(root, "not-a-step").exists()
+    # Rotated away before the validator started: unreadable, not condemned; the claim it wrote
+    # makes a directory with no manifest, never loaded, and gone at the next commit.
+    gone = f"{root}/{layout.step_dir(3)}"
+    code, verdict = validate_cli(gone)
+    assert (code, verdict["result"], verdict.get("unreadable")) == (1, "invalid", True), verdict
+    assert [r.step for r in committed(LocalStorage(root))] == [5]
+    ckpt = Checkpointer(state, config(root))
+    assert ckpt.load_latest().step == 5
+    train(state, data, ckpt, 5, 10)
+    ckpt.close()
+    assert sorted(p.name for p in Path(root).iterdir()) == ["LATEST", layout.step_dir(5), layout.step_dir(10)]
 
 
 def test_keeping_one_checkpoint_is_refused(root):
