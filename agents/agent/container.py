@@ -10,10 +10,13 @@ the metadata service, storage endpoints), and the VM's GPUs when it has any. The
 checkpoint library is this agent's own `agents/` package, mounted read-only on
 PYTHONPATH: the image brings Python and the training stack (torch), not Respawn.
 
-Signals: `podman run` / `docker run` proxy the SIGTERM the agent sends to the
-container's init (`--init`), which passes it to the trainer, and exit with the
-trainer's exit status. A SIGKILL reaches only the client, so `kill` also removes
-the container. Exit statuses 125-127, and the init's own word that it could not
+Signals go through the runtime (`kill --signal`) to the container's init (`--init`),
+which passes them to the trainer; `podman run` / `docker run` then exit with the
+trainer's exit status. The client's own signal proxy is off (`--sig-proxy=false`): it
+is set up only after the container has started, and a signal that reaches the client
+before then is lost (Go ignores a SIGUSR1 it has no handler for; podman#8086,
+podman#17489); one path, not two racing. A SIGKILL reaches only the client, so `kill`
+also removes the container. Exit statuses 125-127, and the init's own word that it could not
 exec the command, are the runtime's (no such image, a container that cannot
 start, a command the image lacks): a setup failure, not the user's code."""
 
@@ -23,6 +26,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -84,8 +88,8 @@ def run_argv(*, runtime: str, image: str, name: str, command: list[str], env: di
              mounts: list[str]) -> list[str]:
     """The command line that runs `command` in `image`. `env` is the trainer's whole
     environment; its values reach the container from the runtime's own environment."""
-    argv = [runtime, "run", "--rm", "--init", "--name", name, "--network", "host", "--ipc", "host",
-            *gpu_args(runtime)]
+    argv = [runtime, "run", "--rm", "--init", "--sig-proxy=false", "--name", name, "--network", "host",
+            "--ipc", "host", *gpu_args(runtime)]
     for path in dict.fromkeys(os.path.realpath(m) for m in mounts if m):
         argv += ["--volume", f"{path}:{path}"]
     argv += ["--volume", f"{Path(agents.__file__).resolve().parent}:{LIB_MOUNT}/agents:ro"]
@@ -110,6 +114,18 @@ class ContainerTrainer(TrainerProcess):
     def start(self) -> None:
         self.remove()  # one left by an earlier agent on this VM (a restart) would hold the name
         super().start()
+
+    def signal(self, signum: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            sent = subprocess.run([self.runtime, "kill", "--signal", signal.Signals(signum).name, self.name],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=30, check=False).returncode == 0
+        except subprocess.TimeoutExpired:
+            sent = False
+        if not sent:  # no container yet (still being created), or a runtime that hangs: the client is all there is
+            super().signal(signum)
 
     def kill(self) -> None:
         super().kill()
