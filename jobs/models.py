@@ -287,13 +287,18 @@ class Instance(models.Model):
                              "stopped before we terminated it); empty until asked. Only confirmed preemptions feed "
                              "the interruption rates every team's placement uses.")
 
-    # A spot VM the cloud stops rather than deletes on eviction (Azure, eviction policy
-    # Deallocate) keeps its disk, billed until the VM is deleted.
     standby_for = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="spares",
         help_text="A spare launched on this instance's notice (docs/spares.md): it boots and prepares but holds no "
                   "node slot and trains nothing until that instance has ended; then it is promoted (this is "
                   "cleared). Kept on a spare that ended before that.")
+    standby_ready_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When this spare, booted and prepared, first asked whether it may train. The instances spares "
+                  "stand by for are told to save and stop once every spare of the job is ready: a gang hands "
+                  "over whole.")
+    # A spot VM the cloud stops rather than deletes on eviction (Azure, eviction policy
+    # Deallocate) keeps its disk, billed until the VM is deleted.
     stopped_disk_sku = models.CharField(
         max_length=50, blank=True,
         help_text="Price SKU of the disk this VM keeps while stopped (e.g. 'P10 LRS'); empty when an eviction "

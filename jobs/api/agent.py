@@ -450,9 +450,9 @@ class RendezvousView(AgentView):
 class StandbyView(AgentView):
     """A spare (docs/spares.md) polls here once prepared: `standby` while the instance it
     stands by for lives, then, promoted, the checkpoint to resume from, fixed at the
-    promotion (services.promote_spare). Asking says the spare is ready, so that instance,
-    training on through its notice, is told to save and stop (idempotent, as a GET must
-    be). Any other instance reads `standby` false and its own resume checkpoint."""
+    promotion (services.promote_spares). Asking says the spare is ready: once every spare
+    of the job is (a gang's every node has one), the instances they stand by for, training
+    on through the notice, are told to save and stop (idempotent, as a GET must be). Any other instance reads `standby` false and its own resume checkpoint."""
 
     @extend_schema(responses=inline_serializer("StandbyAnswer", {
         "standby": serializers.BooleanField(), "resume_from": serializers.CharField(allow_null=True),
@@ -460,7 +460,7 @@ class StandbyView(AgentView):
     def get(self, request):
         instance = Instance.objects.select_related("resume_checkpoint").get(pk=self.instance.pk)
         if instance.standby_for_id is not None:
-            services.end_notice_hold(instance.standby_for_id, spare_ready=True)
+            services.spare_ready(instance)
         resume = instance.resume_checkpoint
         return Response(protocol.to_dict(protocol.StandbyAnswer(
             standby=instance.standby_for_id is not None, resume_from=resume.uri if resume else None,
@@ -609,6 +609,6 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         run_id=trackers.run_id(job),
         container_image=job.container_image,
         standby=instance.standby_for_id is not None,
-        notice_hold=job.nodes == 1 and not post,  # a single VM's notice launches a spare (services.record_notice)
+        notice_hold=not post,  # a training VM's notice launches spares (services.record_notice)
         spare_on_rebalance=job.spare_on_rebalance and job.nodes == 1 and not post,
     )

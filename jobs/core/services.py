@@ -207,12 +207,15 @@ def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw
     )
     if instance.state == InstanceState.RUNNING:
         transition_instance(instance.pk, InstanceState.RUNNING, InstanceState.PREEMPTING, message=f"notice from {source}")
-    # A gang saves together: every other node checkpoints the same step and stops (a spare
-    # launched on a rebalance recommendation has no step to save: it stays, to take over).
-    request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk, spares=False)
     log_job_event(instance.job_id, f"preemption notice for instance {instance.pk} ({source})")
-    if instance.job.nodes == 1 and instance.purpose == Purpose.TRAIN and instance.job.status == JobStatus.RUNNING:
-        nudges.send_on_commit(nudges.LAUNCH_SPARE, instance.pk)  # its replacement boots during the notice
+    if instance.purpose == Purpose.TRAIN and instance.job.status == JobStatus.RUNNING:
+        # Its replacement boots during the notice, a gang's every node's; the gang trains on
+        # meanwhile and saves together once they are ready, or at once when none is coming.
+        nudges.send_on_commit(nudges.LAUNCH_SPARE, instance.pk)
+    else:
+        # A gang saves together: every other node checkpoints the same step and stops (a spare
+        # launched on a rebalance recommendation has no step to save: it stays, to take over).
+        request_action(instance.job_id, Action.CHECKPOINT_AND_STOP, exclude=instance.pk, spares=False)
     return event
 
 
@@ -279,7 +282,7 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
             notice.checkpoint_saved = notice.deadline is None or checkpoint.committed_at <= notice.deadline
             notice.save(update_fields=["checkpoint_saved"])
         # After this transaction, whose job row lock must not be held while the job's endings are locked.
-        transaction.on_commit(lambda: _hand_over_to_spare(instance.pk))
+        transaction.on_commit(lambda: _hand_over_to_spares(instance.pk))
     if instance.requested_action == Action.CHECKPOINT:
         Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
     return checkpoint, True
@@ -368,13 +371,18 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
     if instance_id is not None and Instance.objects.filter(pk=instance_id, standby_for__isnull=False).exists():
         _after_spare_ended(job, instance_id, end_reason)
         return
-    spare = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE,
-                                    standby_for__state=InstanceState.ENDED).first()
-    if spare is not None:
+    spares = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False)
+    if spares.filter(standby_for__state=InstanceState.ENDED).exists():
         if end_reason in SPARE_TAKES_OVER and job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
-            promote_spare(job, spare, end_reason)
+            if spares.filter(standby_for__state__in=InstanceState.LIVE).exists():
+                # A gang hands over whole, once its last node has ended: the others save the
+                # same step and stop (no collective goes on with a node gone), then its spares train.
+                request_action(job_id, Action.STOP if end_reason == EndReason.LOST else Action.CHECKPOINT_AND_STOP,
+                               spares=False)
+            else:
+                promote_spares(job, list(spares.select_related("standby_for")))
             return
-        release_spare(spare, f"instance {spare.standby_for_id} ended {end_reason}: no replacement is needed")
+        release_spares(job_id, f"instance {instance_id} ended {end_reason}: no replacement is needed")
     if job.status == JobStatus.CANCELLING:
         finish_cancelling(job_id)
         return
@@ -397,26 +405,32 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
 SPARE_TAKES_OVER = (EndReason.PREEMPTED, EndReason.LOST, EndReason.FENCED)
 
 
-def promote_spare(job: Job, spare: Instance, end_reason: str) -> None:
-    """The instance a spare stood by for has ended (it stopped after its notice save, or
-    its VM went): the spare takes its node slot now, resuming from the newest usable
-    checkpoint, which its agent reads from `standby`. The job passes through recovering
-    and provisioning as any relaunch does (the table of DESIGN §4), and is running again
-    at once when the spare has registered. Clearing standby_for while the old instance
-    still lived would break the one-live-instance-per-slot constraint."""
+def promote_spares(job: Job, spares: list[Instance]) -> None:
+    """Every instance the job's spares stood by for has ended (stopped after the notice
+    save, or gone): each spare takes its node slot now, all resuming from the newest usable
+    checkpoint, which their agents read from `standby`. One interruption, counted once
+    when a VM was reclaimed or lost (a planned move is not a preemption). The job passes
+    through recovering and provisioning as any relaunch does (the table of DESIGN §4), and
+    is running again at once when every spare has registered. Clearing standby_for while
+    an old instance still lived would break the one-live-instance-per-slot constraint."""
     resume = usable_checkpoint(job)
-    old = spare.standby_for
-    Instance.objects.filter(pk=spare.pk).update(
-        standby_for=None, **({"resume_checkpoint": resume, "last_step": resume.step if resume else 0}
-                             if spare.state == InstanceState.RUNNING else {}))
-    counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.FENCED else {}
-    transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {old.pk} {end_reason}", **counted)
+    olds = [spare.standby_for for spare in spares]
+    for spare in spares:
+        Instance.objects.filter(pk=spare.pk).update(
+            standby_for=None, **({"resume_checkpoint": resume, "last_step": resume.step if resume else 0}
+                                 if spare.state == InstanceState.RUNNING else {}))
+    interrupted = any(old.end_reason in (EndReason.PREEMPTED, EndReason.LOST) for old in olds)
+    counted = {"preemptions": F("preemptions") + 1} if interrupted else {}
+    transition_job(job.pk, job.status, JobStatus.RECOVERING,
+                   message=", ".join(f"instance {old.pk} {old.end_reason}" for old in olds), **counted)
+    names = ", ".join(str(spare.pk) for spare in spares)
     transition_job(job.pk, JobStatus.RECOVERING, JobStatus.PROVISIONING,
-                   message=f"spare instance {spare.pk}, launched on the notice, takes over"
-                           + (f" from step {resume.step}" if resume else ""))
-    if spare.state == InstanceState.RUNNING:
-        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="the spare had registered")
-    log_job_event(job.pk, f"spare instance {spare.pk} promoted; {overlap_words(spare, old.ended_at)}")
+                   message=f"spare instance{'s' if len(spares) > 1 else ''} {names}, launched on the notice, "
+                           f"take{'' if len(spares) > 1 else 's'} over" + (f" from step {resume.step}" if resume else ""))
+    if all(spare.state == InstanceState.RUNNING for spare in spares):
+        transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="the spares had registered")
+    for spare, old in zip(spares, olds):
+        log_job_event(job.pk, f"spare instance {spare.pk} promoted; {overlap_words(spare, old.ended_at)}")
 
 
 def overlap_words(spare: Instance, until) -> str:
@@ -430,50 +444,83 @@ def overlap_words(spare: Instance, until) -> str:
 
 
 @transaction.atomic
-def _hand_over_to_spare(instance_id: int) -> None:
-    """A noticed instance committed its notice save, the last thing its trainer does: when
-    a spare stands by for it, it ends now (preempted) and the spare is promoted at once,
-    rather than after its agent's exit report, which is still taken in its grace window."""
-    instance = Instance.objects.get(pk=instance_id)
-    if instance.state == InstanceState.ENDED or not Instance.objects.filter(
-            standby_for=instance, state__in=InstanceState.LIVE).exists():
+def _hand_over_to_spares(instance_id: int) -> None:
+    """An instance committed the notice save (a gang's rank 0 commits every rank's), the
+    last thing its trainer does: when a spare stands by for every live node, the noticed
+    node ends now (preempted) rather than after its agent's exit report, which is still
+    taken in its grace window. The rest of a gang stops with the save and ends on its
+    agents' exit reports (a VM ended here would be reaped under an agent still reporting);
+    the last end promotes the spares (after_instance_ended)."""
+    instance = Instance.objects.select_related("job").get(pk=instance_id)
+    nodes = Instance.objects.filter(job_id=instance.job_id, state__in=InstanceState.LIVE, standby_for__isnull=True,
+                                    purpose=Purpose.TRAIN)
+    if instance.state == InstanceState.ENDED or not nodes.exists() or nodes.exclude(
+            spares__state__in=InstanceState.LIVE).exists():
         return
-    # Moved off on a rebalance recommendation, with no notice: a planned move, no preemption.
-    noticed = instance.interruptions.filter(kind=InterruptionKind.NOTICE).exists()
-    end_reason, why = ((EndReason.PREEMPTED, "notice checkpoint committed; its spare takes over") if noticed else
-                       (EndReason.FENCED, "checkpoint committed on a rebalance recommendation; its spare takes over"))
-    if end_instance(instance, end_reason, message=why):
-        after_instance_ended(instance.job_id, end_reason, instance_id=instance.pk)
+    noticed = list(nodes.filter(interruptions__kind=InterruptionKind.NOTICE).distinct())
+    if noticed:
+        ending = [(node, EndReason.PREEMPTED, "notice checkpoint committed; its spare takes over") for node in noticed]
+    elif instance.job.nodes == 1:  # moved off on a rebalance recommendation: a planned move, no preemption
+        ending = [(instance, EndReason.FENCED, "checkpoint committed on a rebalance recommendation; its spare takes over")]
+    else:
+        return
+    for node, end_reason, why in ending:
+        if end_instance(node, end_reason, message=why):
+            after_instance_ended(node.job_id, end_reason, instance_id=node.pk)
 
 
 def end_notice_hold(instance_id: int, *, spare_ready: bool = False) -> None:
     """A VM trains on while its spare boots (a noticed one, JobSpec.notice_hold, or one told
-    of a rebalance): tell it to save and stop now, because the spare is ready, or, for a
-    noticed one only, because none is coming (without a notice it just trains on)."""
-    held = Instance.objects.filter(pk=instance_id, state__in=(InstanceState.LIVE if spare_ready else
-                                                             (InstanceState.PREEMPTING,)))
-    held.exclude(requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,
-                                                                     requested_action_at=timezone.now())
+    of a rebalance), and so does the rest of its gang: tell them to save and stop now,
+    because the spares are ready, or, for a noticed one only, because none is coming
+    (without a notice it just trains on). A gang saves and stops together."""
+    held = Instance.objects.filter(pk=instance_id).select_related("job").first()
+    if held is None:
+        return
+    nodes = (Instance.objects.filter(job_id=held.job_id, standby_for__isnull=True, purpose=Purpose.TRAIN)
+             if held.job.nodes > 1 else Instance.objects.filter(pk=held.pk)).filter(state__in=InstanceState.LIVE)
+    if not spare_ready and not nodes.filter(state=InstanceState.PREEMPTING).exists():
+        return
+    nodes.exclude(requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,
+                                                                      requested_action_at=timezone.now())
 
 
-def release_spare(spare: Instance, why: str) -> None:
-    """End a spare that will not be needed (fenced) and terminate its VM."""
-    if end_instance(spare, EndReason.FENCED, message=f"spare released: {why}"[:500]):
-        log_job_event(spare.job_id, f"spare instance {spare.pk} released ({why}); "
-                                    f"{overlap_words(spare, spare.ended_at or timezone.now())}")
-        if spare.provider_instance_id:
-            enqueue_terminate(spare.pk)
+def spare_ready(spare: Instance) -> None:
+    """A spare, booted and prepared, asked whether it may train. Once every spare of the
+    job is ready, the instances they stand by for are told to save and stop: a gang hands
+    over whole, never with a node slot waiting on a spare still booting. (Two spares asking
+    at once may each miss the other's mark; they ask again in half a second.)"""
+    Instance.objects.filter(pk=spare.pk, standby_ready_at__isnull=True).update(standby_ready_at=timezone.now())
+    if not Instance.objects.filter(job_id=spare.job_id, state__in=InstanceState.LIVE, standby_for__isnull=False,
+                                   standby_ready_at__isnull=True).exists():
+        end_notice_hold(spare.standby_for_id, spare_ready=True)
+
+
+def release_spares(job_id: int, why: str) -> int:
+    """End the job's spares, which will not be needed (fenced), and terminate their VMs. A
+    gang's go together: a gang hands over whole or not at all. Returns how many ended."""
+    released = 0
+    for spare in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False):
+        if end_instance(spare, EndReason.FENCED, message=f"spare released: {why}"[:500]):
+            released += 1
+            log_job_event(job_id, f"spare instance {spare.pk} released ({why}); "
+                                  f"{overlap_words(spare, spare.ended_at or timezone.now())}")
+            if spare.provider_instance_id:
+                enqueue_terminate(spare.pk)
+    return released
 
 
 def _after_spare_ended(job: Job, spare_id: int, end_reason: str) -> None:
     """A spare ended before it was promoted (it never registered, was lost, was released):
-    the job goes on as without one; if its old instance has ended meanwhile, the
-    scheduler relaunches as usual."""
+    the job goes on as without one, and without the rest of its gang's spares, which are
+    released (a gang hands over whole or not at all); if its old instance has ended
+    meanwhile, the scheduler relaunches as usual."""
     spare = Instance.objects.get(pk=spare_id)
     end_notice_hold(spare.standby_for_id)
     if end_reason != EndReason.FENCED:
         log_job_event(job.pk, f"spare instance {spare_id} ended {end_reason} before it was needed; the job "
                               "recovers without it if its instance is interrupted")
+    release_spares(job.pk, f"spare instance {spare_id} of the same gang ended {end_reason}")
     if job.status == JobStatus.RECOVERING and not Instance.objects.filter(
             job=job, state__in=InstanceState.LIVE).exists():
         nudge_schedule()

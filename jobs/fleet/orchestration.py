@@ -24,7 +24,7 @@ from agents.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
 from jobs.core.services import (after_instance_ended, end_notice_hold, enqueue_terminate, give_up_registering,
-                                judge_failure, mark_lost, nudge_schedule, release_spare, request_action)
+                                judge_failure, mark_lost, nudge_schedule, release_spares, request_action)
 from jobs.core.signals import launch_held
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.fleet import agent_dist
@@ -170,15 +170,18 @@ def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rende
     return instance.pk
 
 
-def launch_spare(instance_id: int) -> int | None:
+def launch_spare(instance_id: int) -> list[int]:
     """A notice came for this instance (it is preempting), or a rebalance recommendation
     for a job with spare_on_rebalance (it is still running): place and launch its
     replacement now, as a spare (docs/spares.md) that boots and prepares meanwhile and
-    trains once the instance has ended (jobs.core.services.promote_spare). Placement's
-    usual rules, with the instance's zone taken as just preempted. Nothing when the
-    instance has ended meanwhile (said why), the job is not running, a spare stands by
-    already, or a GPU limit, the budget or placement says no (a noticed job then recovers
-    as without one; a recommended one just trains on). Returns the spare's id."""
+    trains once the instance has ended (jobs.core.services.promote_spares). In a gang,
+    every node gets one, all in one placement with a rendezvous of their own: a gang
+    saves and stops together and hands over whole. Placement's usual rules, with the
+    instance's zone taken as just preempted. Nothing when the instance has ended
+    meanwhile (said why), the job is not running, spares stand by already, or a GPU
+    limit, the budget or placement says no (a noticed job then saves and stops at once
+    and recovers as without spares; a recommended one just trains on). Returns the
+    spares' ids."""
     with transaction.atomic():
         old = Instance.objects.select_for_update().select_related("job", "job__team").filter(pk=instance_id).first()
         noticed = old is not None and old.state == InstanceState.PREEMPTING
@@ -189,30 +192,34 @@ def launch_spare(instance_id: int) -> int | None:
             if old is not None and old.state == InstanceState.ENDED:
                 log_job_event(old.job_id, f"no spare for instance {old.pk}: its VM had already ended when its "
                                           "notice was handled; the job recovers as usual")
-            return None
+            return []
         job = old.job
-        spares = Instance.objects.filter(standby_for=old)
-        if spares.exists():  # one spare an instance: a resent nudge, or a notice after a recommendation's
+        nodes = list(Instance.objects.filter(job=job, state__in=InstanceState.LIVE, standby_for__isnull=True,
+                                             purpose=Purpose.TRAIN).order_by("rank"))
+        spares = Instance.objects.filter(standby_for__in=nodes)
+        if spares.exists():  # one spare a node: a resent nudge, or a notice after a recommendation's or a peer's
             if noticed and spares.filter(state__in=InstanceState.LIVE).exists():
-                _hold_for_spare(old)  # its notice waits for that spare too
+                _hold_for_spare(old)  # its notice waits for those spares too
             else:
                 end_notice_hold(old.pk)
-            return None
-        where = _spare_placement(job, old)
+            return []
+        where = _spare_placement(job, old, len(nodes))
         if isinstance(where, str):
             log_job_event(job.pk, f"no spare for instance {old.pk}: {where}; "
                                   + ("the job recovers when it has ended" if noticed else "it trains on"))
             end_notice_hold(old.pk)
-            return None
-        spare_id = _new_instance(job, old.rank, where, "", standby_for=old)
+            return []
+        rendezvous = gang_rendezvous(job, where.placement)
+        spare_ids = [_new_instance(job, node.rank, where, rendezvous, standby_for=node) for node in nodes]
         if noticed:
             _hold_for_spare(old)
         p = where.placement
-        log_job_event(job.pk, f"spare instance {spare_id} launching on {p.provider} {p.zone} {p.instance_type} "
+        log_job_event(job.pk, f"spare instance{'s' if len(spare_ids) > 1 else ''} "
+                              f"{', '.join(map(str, spare_ids))} launching on {p.provider} {p.zone} {p.instance_type} "
                               f"({p.market}, ${where.usd_per_hour}/h) during the "
                               f"{'notice' if noticed else 'rebalance recommendation'} of instance {old.pk}")
-        transaction.on_commit(lambda: _enqueue_launches([spare_id]))
-    return spare_id
+        transaction.on_commit(lambda: _enqueue_launches(spare_ids))
+    return spare_ids
 
 
 def _hold_for_spare(old: Instance) -> None:
@@ -223,9 +230,9 @@ def _hold_for_spare(old: Instance) -> None:
                                                             requested_action_at=timezone.now())
 
 
-def _spare_placement(job: Job, old: Instance) -> str | placements.PricedPlacement:
-    """Where the spare goes, or why none is launched."""
-    wanted = job.accelerator_count
+def _spare_placement(job: Job, old: Instance, count: int) -> str | placements.PricedPlacement:
+    """Where `count` spares go, or why none is launched."""
+    wanted = job.accelerator_count * count
     team_limit, deployment_limit = job.team.max_concurrent_gpus, settings.RESPAWN["MAX_CONCURRENT_GPUS"]
     if team_limit is not None and gpus_in_use(job.team_id) + wanted > team_limit:
         return f"the team GPU limit ({team_limit}) has no room for it beside the noticed VM"
@@ -234,7 +241,7 @@ def _spare_placement(job: Job, old: Instance) -> str | placements.PricedPlacemen
     choice = placements.choose(job, leaving=old)
     if choice.chosen is None:
         return choice.reason
-    over_budget = budget.hold_reason(job.team, budget.job_remaining_cost(choice.chosen.usd_per_hour, job, 1))
+    over_budget = budget.hold_reason(job.team, budget.job_remaining_cost(choice.chosen.usd_per_hour, job, count))
     return over_budget or choice.chosen
 
 
@@ -243,8 +250,9 @@ def release_stale_spares() -> int:
     stood by for a notice that turned out false and an agent that did not stop; one
     launched on a rebalance recommendation (no notice) whose instance still runs a save
     budget and a heartbeat timeout after it was told to stop has an agent that did not
-    stop either. Released; the instance keeps its slot (docs/spares.md). Returns how many
-    were released."""
+    stop either (so has a gang's node without a notice, told to stop once its spares were
+    ready). Released, with the rest of a gang's; the instance keeps its slot
+    (docs/spares.md). Returns how many were released."""
     grace = timedelta(seconds=settings.RESPAWN["HEARTBEAT_TIMEOUT_S"])
     save_budget = timedelta(seconds=settings.RESPAWN["NOTICE_BUDGET_S"])
     released = 0
@@ -257,12 +265,11 @@ def release_stale_spares() -> int:
         if deadline is not None and timezone.now() > deadline + grace:
             why = f"instance {old.pk} still ran past its notice's deadline (a false notice)"
         elif not notices.exists() and told_to_stop and timezone.now() > told_to_stop + save_budget + grace:
-            why = f"instance {old.pk}, moving on a rebalance recommendation, did not stop when its spare was ready"
+            why = f"instance {old.pk} did not stop when its spare was ready"
         else:
             continue
         with transaction.atomic():
-            release_spare(spare, why)
-        released += 1
+            released += release_spares(spare.job_id, why)
     return released
 
 

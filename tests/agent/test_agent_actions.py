@@ -150,7 +150,7 @@ def test_with_spare_on_rebalance_the_agent_reports_it_trains_on_and_hands_over_w
                    what="training on after the recommendation", proc=agent)
         assert Instance.objects.get(pk=setup.instance.pk).state == InstanceState.RUNNING
         # The spare (launched by the worker's task, run here) registers and, prepared, asks standby.
-        spare = Instance.objects.get(pk=orchestration.launch_spare(setup.instance.pk))
+        spare = Instance.objects.get(pk__in=orchestration.launch_spare(setup.instance.pk))
         services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
         told_at = Instance.objects.get(pk=setup.instance.pk).last_step
         services.end_notice_hold(setup.instance.pk, spare_ready=True)

@@ -242,17 +242,26 @@ def test_ended_instance_is_told_to_stop_and_keeps_reporting_within_grace(agent, 
     assert agent.post("logs", protocol.LogBatch(offset=1, lines=["too late"])).status_code == 401
 
 
-def test_gang_notice_tells_the_other_nodes_to_checkpoint_and_stop(db):
+def test_a_gang_notice_lets_the_other_nodes_train_on_until_no_spares_are_coming_then_stops_them_all(db):
+    from jobs.core import services
+
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=2, status=JobStatus.PROVISIONING)
-    agents = []
+    agents, nodes = [], []
     for rank in range(2):
-        client = AgentClient()
-        assert client.register(make_instance(job, rank=rank).bootstrap_token).status_code == 200
+        client, node = AgentClient(), make_instance(job, rank=rank)
+        answer = client.register(node.bootstrap_token)
+        assert answer.status_code == 200
+        assert answer.json()["job"]["notice_hold"] is True  # every training node holds a notice for its spares
         agents.append(client)
+        nodes.append(node.instance)
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
     agents[1].post("notice", protocol.Notice(source="local", notice_time=timezone.now().isoformat()))
-    assert agents[0].post("heartbeat", protocol.Heartbeat(step=9)).json()["action"] == "checkpoint_and_stop"
+    # The gang's spares are being placed (jobs.fleet.orchestration.launch_spare): the peer trains on.
+    assert agents[0].post("heartbeat", protocol.Heartbeat(step=9)).json()["action"] == "continue"
+    services.end_notice_hold(nodes[1].pk)  # what launch_spare does when none can be placed
+    assert agents[0].post("heartbeat", protocol.Heartbeat(step=10)).json()["action"] == "checkpoint_and_stop"
+    assert agents[1].post("heartbeat", protocol.Heartbeat(step=10)).json()["action"] == "checkpoint_and_stop"
 
 
 def test_processed_events_record_every_report(agent):

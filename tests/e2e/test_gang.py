@@ -1,6 +1,8 @@
 """A 2-node job (a gang) on the local provider, end to end: interrupted on node 1
 only, by a notice or by killing its VM outright, it is relaunched as a whole gang
-and still finishes with bitwise the weights of a 2-node run never interrupted.
+and still finishes with bitwise the weights of a 2-node run never interrupted. On a
+notice the new gang is a gang of spares, booted while the old one trains on
+(docs/spares.md).
 
 Real processes throughout: gunicorn, a Celery worker and beat, two detached
 local "VMs" per gang, each running the agent, which runs its rank of the
@@ -24,7 +26,8 @@ import requests
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.fleet.providers.local import LocalConfig, LocalProvider
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
+from jobs.money.downtime import job_downtime
 from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
@@ -57,7 +60,8 @@ def reference_digest(tmp_path_factory) -> str:
 def gang_job(child_env, web_server, tmp_path):
     """A 2-node job run by a real worker and beat; yields (job, the VMs' provider, env)."""
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5",
+           "RESPAWN_NOTICE_BUDGET_S": "5"}  # a 30 s notice then leaves 25 s for spares to boot
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES,
                    command=[*TRAIN, "--step-delay", str(STEP_DELAY_S)], total_steps=STEPS,
@@ -121,6 +125,17 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     assert [i.end_reason for i in relaunched] == [EndReason.COMPLETED] * NODES
     assert [i.resume_checkpoint_id for i in relaunched] == [notice.pk] * NODES
     assert len({i.rendezvous_addr for i in interrupted + relaunched}) == 2  # a fresh rendezvous per gang
+    # The new gang is the spares launched on the notice, one per node, booted before the old
+    # gang ended and promoted together; never two gangs training: the first step of each
+    # spare came after every old node had ended.
+    old_ended = max(i.ended_at for i in interrupted)
+    assert all(i.requested_at < old_ended for i in relaunched), job_story(job.pk, vms)
+    assert all(job.events.filter(message__contains=f"spare instance {i.pk} promoted").exists() for i in relaunched)
+    for spare in relaunched:
+        first = MetricPoint.objects.filter(instance=spare, step__gt=notice.step).order_by("time").first()
+        assert first is None or first.time > old_ended, job_story(job.pk, vms)
+    _, downtimes = job_downtime(job.pk, job.finished_at)
+    assert [d.parts["capacity"] for d in downtimes] == [0], downtimes  # the spares were there
     assert job.artifact_digest == reference_digest
 
 

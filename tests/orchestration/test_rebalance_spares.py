@@ -40,7 +40,7 @@ def recommend(made, **body):
 
 def ready_spare(old: Instance) -> Instance:
     """The spare launched for `old`, registered and asking `standby` (it is prepared)."""
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     with transaction.atomic():
         services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
     return spare
@@ -56,10 +56,10 @@ def test_a_recommendation_launches_a_spare_and_the_instance_trains_on(running, d
     # Not an interruption: the instance runs on, untold to save or hold, and nothing is counted.
     assert (old.state, old.requested_action) == (InstanceState.RUNNING, "")
     assert not InterruptionEvent.objects.filter(instance=old).exists()
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     assert (spare.standby_for_id, spare.state) == (old.pk, InstanceState.REQUESTED)
     assert spare.zone != old.zone  # the recommended zone counts as just preempted
-    assert orchestration.launch_spare(old.pk) is None  # one spare an instance
+    assert orchestration.launch_spare(old.pk) == []  # one spare an instance
     assert job.events.filter(message__contains="rebalance recommendation of instance").exists()
     assert Instance.objects.get(pk=old.pk).requested_action == ""  # still training
 
@@ -90,13 +90,13 @@ def test_a_notice_after_the_recommendation_waits_for_the_same_spare(running):
     job, made, setup = running
     recommend(made)
     old = made.instance
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     now = timezone.now()
     with transaction.atomic():
         services.record_notice(Instance.objects.get(pk=old.pk), source="aws_imds", notice_time=now,
                                deadline=now + dt.timedelta(seconds=120), raw="")
     assert Instance.objects.get(pk=spare.pk).requested_action == ""  # the spare is not told to save and stop
-    assert orchestration.launch_spare(old.pk) is None  # no second spare
+    assert orchestration.launch_spare(old.pk) == []  # no second spare
     assert Instance.objects.get(pk=old.pk).requested_action == Action.HOLD  # the noticed VM trains on for it
     assert Instance.objects.filter(standby_for=old).count() == 1
 
@@ -105,7 +105,7 @@ def test_a_spare_that_never_registers_leaves_the_instance_training(running):
     job, made, setup = running
     recommend(made)
     old = made.instance
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     Instance.objects.filter(pk=spare.pk).update(requested_at=timezone.now() - dt.timedelta(hours=1))
     orchestration.retry_stuck_provisioning()
     spare.refresh_from_db()

@@ -37,11 +37,11 @@ def spare_of(old) -> Instance:
 
 def test_a_notice_places_a_spare_outside_the_noticed_zone_holding_no_slot(noticed):
     job, old = noticed
-    spare_id = orchestration.launch_spare(old.pk)
+    [spare_id] = orchestration.launch_spare(old.pk)
     spare = Instance.objects.get(pk=spare_id)
     assert (spare.standby_for_id, spare.rank, spare.state) == (old.pk, old.rank, InstanceState.REQUESTED)
     assert spare.zone != old.zone  # the noticed zone counts as just preempted
-    assert orchestration.launch_spare(old.pk) is None  # a resent nudge adds none
+    assert orchestration.launch_spare(old.pk) == []  # a resent nudge adds none
     assert job.events.filter(message__contains=f"spare instance {spare_id} launching").exists()
     # The slot is the old instance's: the database refuses a promotion while it lives.
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -52,7 +52,7 @@ def test_the_spare_takes_over_from_the_notice_checkpoint_once_the_old_instance_e
     from tests.downtime.test_downtime import _checkpoint
 
     job, old = noticed
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     with transaction.atomic():
         services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
     spare.refresh_from_db()
@@ -70,7 +70,7 @@ def test_the_spare_takes_over_from_the_notice_checkpoint_once_the_old_instance_e
 
 def test_a_false_notice_releases_the_spare_and_says_what_the_overlap_cost(noticed):
     job, old = noticed
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     assert orchestration.release_stale_spares() == 0  # within its deadline
     old.interruptions.update(deadline=timezone.now() - dt.timedelta(hours=1))  # the VM outlived it
     assert orchestration.release_stale_spares() == 1
@@ -85,7 +85,7 @@ def test_a_false_notice_releases_the_spare_and_says_what_the_overlap_cost(notice
 
 def test_a_spare_that_never_registers_fails_on_its_boot_deadline_and_the_job_goes_on(noticed, settings):
     job, old = noticed
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     Instance.objects.filter(pk=spare.pk).update(requested_at=timezone.now() - dt.timedelta(hours=1))
     orchestration.retry_stuck_provisioning()
     spare.refresh_from_db()
@@ -106,7 +106,7 @@ def test_a_notice_for_a_vm_already_gone_is_ignored_with_a_reason(noticed):
     job, old = noticed
     with transaction.atomic():
         end_instance(old, EndReason.PREEMPTED)
-    assert orchestration.launch_spare(old.pk) is None
+    assert orchestration.launch_spare(old.pk) == []
     assert not Instance.objects.filter(standby_for=old).exists()
     assert job.events.filter(message__contains=f"no spare for instance {old.pk}: its VM had already ended").exists()
     now = timezone.now()
@@ -120,7 +120,7 @@ def test_the_notice_save_s_commit_hands_the_slot_over_before_the_old_agent_s_exi
     import uuid
 
     job, old = noticed
-    spare = Instance.objects.get(pk=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
     with transaction.atomic():
         services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
     with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
