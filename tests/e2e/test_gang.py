@@ -26,7 +26,7 @@ import requests
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.fleet.providers.local import LocalConfig, LocalProvider
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
 from jobs.money.downtime import job_downtime
 from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
@@ -134,6 +134,8 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     for spare in relaunched:
         first = MetricPoint.objects.filter(instance=spare, step__gt=notice.step).order_by("time").first()
         assert first is None or first.time > old_ended, job_story(job.pk, vms)
+    noticed_log = "\n".join(line for chunk in LogChunk.objects.filter(instance=interrupted[1]) for line in chunk.lines)
+    assert "training on while a spare boots" in noticed_log, noticed_log[-3000:]
     _, downtimes = job_downtime(job.pk, job.finished_at)
     assert [d.parts["capacity"] for d in downtimes] == [0], downtimes  # the spares were there
     assert job.artifact_digest == reference_digest
