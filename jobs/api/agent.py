@@ -452,7 +452,8 @@ class StandbyView(AgentView):
     stands by for lives, then, promoted, the checkpoint to resume from, fixed at the
     promotion (services.promote_spares). Asking says the spare is ready: once every spare
     of the job is (a gang's every node has one), the instances they stand by for, training
-    on through the notice, are told to save and stop (idempotent, as a GET must be). Any other instance reads `standby` false and its own resume checkpoint."""
+    on through the notice, are told to save and stop (idempotent, as a GET must be). Any
+    other instance reads `standby` false and its own resume checkpoint."""
 
     @extend_schema(responses=inline_serializer("StandbyAnswer", {
         "standby": serializers.BooleanField(), "resume_from": serializers.CharField(allow_null=True),

@@ -401,6 +401,12 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
         _after_stop(job)
 
 
+def training_nodes(job_id: int):
+    """The job's live training instances that hold a node slot (not spares, not a post step)."""
+    return Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=True,
+                                   purpose=Purpose.TRAIN)
+
+
 # The ends of an instance after which the spare launched on its notice takes its slot.
 SPARE_TAKES_OVER = (EndReason.PREEMPTED, EndReason.LOST, EndReason.FENCED)
 
@@ -452,8 +458,7 @@ def _hand_over_to_spares(instance_id: int) -> None:
     agents' exit reports (a VM ended here would be reaped under an agent still reporting);
     the last end promotes the spares (after_instance_ended)."""
     instance = Instance.objects.select_related("job").get(pk=instance_id)
-    nodes = Instance.objects.filter(job_id=instance.job_id, state__in=InstanceState.LIVE, standby_for__isnull=True,
-                                    purpose=Purpose.TRAIN)
+    nodes = training_nodes(instance.job_id)
     if instance.state == InstanceState.ENDED or not nodes.exists() or nodes.exclude(
             spares__state__in=InstanceState.LIVE).exists():
         return
@@ -477,8 +482,8 @@ def end_notice_hold(instance_id: int, *, spare_ready: bool = False) -> None:
     held = Instance.objects.filter(pk=instance_id).select_related("job").first()
     if held is None:
         return
-    nodes = (Instance.objects.filter(job_id=held.job_id, standby_for__isnull=True, purpose=Purpose.TRAIN)
-             if held.job.nodes > 1 else Instance.objects.filter(pk=held.pk)).filter(state__in=InstanceState.LIVE)
+    nodes = training_nodes(held.job_id) if held.job.nodes > 1 else Instance.objects.filter(
+        pk=held.pk, state__in=InstanceState.LIVE)
     if not spare_ready and not nodes.filter(state=InstanceState.PREEMPTING).exists():
         return
     nodes.exclude(requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,

@@ -24,7 +24,8 @@ from agents.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
 from jobs.core.services import (after_instance_ended, end_notice_hold, enqueue_terminate, give_up_registering,
-                                judge_failure, mark_lost, nudge_schedule, release_spares, request_action)
+                                judge_failure, mark_lost, nudge_schedule, release_spares, request_action,
+                                training_nodes)
 from jobs.core.signals import launch_held
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.fleet import agent_dist
@@ -194,8 +195,7 @@ def launch_spare(instance_id: int) -> list[int]:
                                           "notice was handled; the job recovers as usual")
             return []
         job = old.job
-        nodes = list(Instance.objects.filter(job=job, state__in=InstanceState.LIVE, standby_for__isnull=True,
-                                             purpose=Purpose.TRAIN).order_by("rank"))
+        nodes = list(training_nodes(job.pk).order_by("rank"))
         spares = Instance.objects.filter(standby_for__in=nodes)
         if spares.exists():  # one spare a node: a resent nudge, or a notice after a recommendation's or a peer's
             if noticed and spares.filter(state__in=InstanceState.LIVE).exists():
