@@ -173,6 +173,12 @@ class JobSpec:
     rank: int = 0
     world_size: int = 1
     rendezvous_addr: str = ""  # "host:port" of rank 0; empty for single-node jobs
+    # An elastic gang (docs/elastic.md): when its trainer exits on its own, the agent reports that in
+    # its heartbeats and waits for the gang's word rather than exiting. A heartbeat answer naming
+    # another gang_generation (a node lost, or one joining) makes it ask `standby` for its new rank,
+    # world size, rendezvous and resume checkpoint, and restart the trainer with them.
+    elastic: bool = False
+    gang_generation: int = 0
     # Run before `command` (agents/agent/prepare.py); outputs cached under
     # `<checkpoint_uri>/prepare/<key>/`, key = content hash of the command and inputs.
     prepare_command: list[str] = field(default_factory=list)
@@ -215,6 +221,10 @@ class Heartbeat(Report):
     last_checkpoint_step: int | None = None
     checkpoint_save_s: float | None = None  # last save, snapshot to commit
     checkpoint_stall_s: float | None = None  # last save, training blocked
+    # An elastic gang's node whose trainer exited with this code, in gang_generation: it waits for
+    # the control plane to regroup the gang (a peer was lost) or to stop it (the code failed).
+    trainer_exit_code: int | None = None
+    gang_generation: int = 0
 
 
 @dataclass(kw_only=True)
@@ -222,6 +232,7 @@ class HeartbeatAnswer:
     action: str = Action.CONTINUE
     checkpoint_interval_s: float | None = None
     heartbeat_interval_s: float | None = None
+    gang_generation: int = 0  # the form of an elastic gang this node is to train in (JobSpec.elastic)
 
 
 @dataclass(kw_only=True)
@@ -230,6 +241,11 @@ class StandbyAnswer:
     resume_from: str | None = None  # once promoted: as JobSpec's
     resume_step: int | None = None
     resume_validation: str = ""
+    # Where the instance trains now (JobSpec's fields): what an elastic gang's regroup changed.
+    rank: int = 0
+    world_size: int = 1
+    rendezvous_addr: str = ""
+    gang_generation: int = 0
 
 
 @dataclass(kw_only=True)

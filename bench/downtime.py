@@ -1,14 +1,18 @@
-"""Downtime of a noticed preemption when the replacement boots during the notice.
+"""Downtime of a preemption: a replacement booted during the notice, and an elastic gang.
 
-    python bench/downtime.py [--check] [--time-scale 2] [--boot-s 60] [--notice-s 120]
+    python bench/downtime.py [--check] [--rows notice,elastic] [--time-scale 2] [--boot-s 60] [--notice-s 120]
+                             [--trials 10]
 
 The embedded default, for real: a fresh SQLite database and the filesystem broker in
 a temporary directory, gunicorn, a Celery worker and beat (subprocesses), and the local
-provider booting real local VMs (supervisor + agent + the plain PyTorch example) that
-take `--boot-s` to boot and get an AWS-like notice `--notice-s` before they are killed,
-both divided by `--time-scale` (the market notices each VM 60 s, scaled, after its agent
-starts). The trainer's own start (Python, PyTorch, the checkpoint's load) is not scaled:
-it is the restore, which a spare does after the old VM's save, not during its notice. One job trains through its notices to the end; for each noticed preemption
+provider booting real local VMs (supervisor + agent + trainer) that take `--boot-s` to
+boot, divided by `--time-scale`.
+
+Row `notice`: VMs get an AWS-like notice `--notice-s` before they are killed (scaled;
+the market notices each VM 60 s, scaled, after its agent starts), running the plain
+PyTorch example. The trainer's own start (Python, PyTorch, the checkpoint's load) is not
+scaled: it is the restore, which a spare does after the old VM's save, not during its
+notice. One job trains through its notices to the end; for each noticed preemption
 that a spare took over (docs/spares.md), from the run's own records:
 
   downtime: the old VM's last step -> the spare's first step past its resume step
@@ -20,13 +24,22 @@ that a spare took over (docs/spares.md), from the run's own records:
 save + boot + restore is what the preemption costs when done one after the other, the
 way it was before the replacement launched on the notice.
 --check: downtime / (save + boot + restore), summed over the noticed preemptions, <= 0.35.
+
+Row `elastic`: `--trials` times, a 3-node job (`agents.examples.dcp_loop`, DDP over gloo,
+sharded checkpoints) runs with a checkpoint, and one node's VM is killed outright
+(SIGKILL to all its processes); timed from the kill to the first step a node reports
+past the step it resumed from. Elastic (nodes 2..3): the two survivors regroup and go
+on (docs/elastic.md); the baseline, in the same run, is the same job with nodes 3 only,
+relaunched whole on 3 new VMs. --check: p95 elastic / p95 whole relaunch <= 0.5.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,31 +49,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.relaunch import embedded_env, unused_port  # noqa: E402  (after the path insert)
+from bench.relaunch import embedded_env, p95, unused_port  # noqa: E402  (after the path insert)
 
 TARGET_RATIO = 0.35
+TARGET_ELASTIC = 0.5
 STEPS, STEP_DELAY_S = 3000, 0.03
+NODES = 3
+ELASTIC_TRAIN = [sys.executable, "-m", "agents.examples.dcp_loop", "--wrap", "ddp", "--steps", "1000000", "--every",
+                 "10", "--global-batch", "6", "--step-delay", "0.05"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help=f"exit 1 unless the ratio is <= {TARGET_RATIO}")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 unless notice <= {TARGET_RATIO} and elastic <= {TARGET_ELASTIC}")
+    parser.add_argument("--rows", default="notice,elastic", help="which rows to measure, comma-separated")
     parser.add_argument("--time-scale", type=float, default=2.0, help="divides the boot delay, notice and VM lifetime")
     parser.add_argument("--boot-s", type=float, default=60.0, help="a VM's boot before its agent starts (unscaled)")
     parser.add_argument("--notice-s", type=float, default=120.0, help="notice to the VM's end (unscaled; AWS: 120)")
-    parser.add_argument("--time-limit-s", type=float, default=600.0)
+    parser.add_argument("--trials", type=int, default=10, help="kills per arm of the elastic row")
+    parser.add_argument("--time-limit-s", type=float, default=600.0, help="per job")
     args = parser.parse_args(argv)
-    if args.time_scale <= 0 or args.boot_s < 0 or args.notice_s <= 0:
-        parser.error("--time-scale and --notice-s must be > 0, --boot-s >= 0")
+    rows = set(args.rows.split(","))
+    if args.time_scale <= 0 or args.boot_s < 0 or args.notice_s <= 0 or args.trials < 1 or not rows or \
+            rows - {"notice", "elastic"}:
+        parser.error("--time-scale, --notice-s and --trials must be > 0, --boot-s >= 0, --rows of notice, elastic")
 
     var_dir = Path(tempfile.mkdtemp(prefix="respawn-bench-downtime-"))
     port = unused_port()
     env = embedded_env(var_dir)
-    env.update(RESPAWN_API_URL=f"http://127.0.0.1:{port}", RESPAWN_LOCAL_MARKET="every",
-               RESPAWN_LOCAL_PREEMPT_EVERY_S=str(60.0 / args.time_scale),
-               RESPAWN_LOCAL_NOTICE_S=str(args.notice_s / args.time_scale),
-               RESPAWN_LOCAL_BOOT_DELAY_S=str(args.boot_s / args.time_scale), RESPAWN_NOTICE_BUDGET_S="3",
-               RESPAWN_HEARTBEAT_INTERVAL_S="1", RESPAWN_HEARTBEAT_TIMEOUT_S="10", RESPAWN_RECONCILE_INTERVAL_S="1")
+    env.update(RESPAWN_API_URL=f"http://127.0.0.1:{port}", RESPAWN_LOCAL_BOOT_DELAY_S=str(args.boot_s / args.time_scale),
+               RESPAWN_NOTICE_BUDGET_S="3", RESPAWN_HEARTBEAT_INTERVAL_S="1", RESPAWN_HEARTBEAT_TIMEOUT_S="10",
+               RESPAWN_RECONCILE_INTERVAL_S="1")
     os.environ.clear()  # this process must see the children's database, not one from the caller's environment
     os.environ.update(env)
     import django
@@ -70,37 +90,143 @@ def main(argv: list[str] | None = None) -> int:
 
     call_command("migrate", verbosity=0)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still stop the children and the VMs
+    print(f"boot delay {args.boot_s / args.time_scale:.0f}s (time scale 1/{args.time_scale:g}; {var_dir})")
+    verdicts = []
+    if "notice" in rows:
+        market = dict(RESPAWN_LOCAL_MARKET="every", RESPAWN_LOCAL_PREEMPT_EVERY_S=str(60.0 / args.time_scale),
+                      RESPAWN_LOCAL_NOTICE_S=str(args.notice_s / args.time_scale))
+        with control_plane(var_dir, {**env, **market}, port):
+            job = _run_job(var_dir, args.time_limit_s)
+        verdicts.append(notice_row(job, args.notice_s / args.time_scale))
+    if "elastic" in rows:
+        with control_plane(var_dir, env, port):
+            verdicts.append(elastic_row(var_dir, args.trials, args.time_limit_s))
+    return 0 if all(verdicts) or not args.check else 1
+
+
+@contextlib.contextmanager
+def control_plane(var_dir: Path, env: dict, port: int):
+    """Web, worker and beat with `env`; on the way out they stop, and so does every local VM."""
     children = [_start(var_dir, env, name, argv) for name, argv in (
         ("web", [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"]),
         ("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
                     "--concurrency", "4", "--without-heartbeat", "--without-gossip", "--without-mingle"]),
         ("beat", [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "-s", str(var_dir / "beat")]))]
     try:
-        job = _run_job(var_dir, args.time_limit_s)
+        yield
     finally:
         for child in reversed(children):
             os.killpg(child.pid, signal.SIGTERM)  # gunicorn's and the worker's own children too
             child.wait(30)
-        from django.conf import settings
+        _local_vms().terminate_all()
 
-        from jobs.fleet.providers.local import LocalConfig, LocalProvider
 
-        LocalProvider(LocalConfig(root=settings.PROVIDER_CONFIG["local"]["root"])).terminate_all()
+def _local_vms():
+    from django.conf import settings
+
+    from jobs.fleet.providers.local import LocalConfig, LocalProvider
+
+    return LocalProvider(LocalConfig(root=settings.PROVIDER_CONFIG["local"]["root"]))
+
+
+def notice_row(job, notice_s: float) -> bool:
     rows = measure(job)
-    print(f"job {job.pk}: {job.status} after {job.preemptions} preemption(s); notice {args.notice_s / args.time_scale:.0f}s, "
-          f"boot delay {args.boot_s / args.time_scale:.0f}s (time scale 1/{args.time_scale:g}; {var_dir})")
+    print(f"notice: job {job.pk}: {job.status} after {job.preemptions} preemption(s); notice {notice_s:.0f}s")
     for row in rows:
         print(f"  instance {row['old']} -> spare {row['spare']}: downtime {row['downtime']:.2f}s; serial "
               f"save {row['save']:.2f}s + boot {row['boot']:.2f}s + restore {row['restore']:.2f}s; "
               f"parts as the job page shows them: {row['parts']}")
     if not rows:
         print("no noticed preemption was taken over by a spare: nothing to measure  OVER TARGET")
-        return 1 if args.check else 0
+        return False
     ratio = sum(r["downtime"] for r in rows) / sum(r["save"] + r["boot"] + r["restore"] for r in rows)
     verdict = ratio <= TARGET_RATIO
     print(f"downtime / (save + boot + restore): {ratio:.3f} (target <= {TARGET_RATIO})  "
           f"{'OK' if verdict else 'OVER TARGET'}")
-    return 0 if verdict or not args.check else 1
+    return verdict
+
+
+def elastic_row(var_dir: Path, trials: int, time_limit_s: float) -> bool:
+    """Alternate the two arms, `trials` kills each, on the same machine in the same run."""
+    team, owner = _team()
+    times: dict[str, list[float]] = {"elastic": [], "whole": []}
+    for trial in range(trials):
+        for arm in times:
+            seconds = _kill_one_node(var_dir, team, owner, elastic=arm == "elastic", time_limit_s=time_limit_s)
+            times[arm].append(seconds)
+            print(f"  trial {trial + 1} {arm}: training again {seconds:.2f}s after the kill", flush=True)
+    elastic, whole = p95(times["elastic"]), p95(times["whole"])
+    ratio = elastic / whole
+    verdict = ratio <= TARGET_ELASTIC
+    print(f"elastic: one of {NODES} local nodes killed -> training again, p95 over {trials} trials: on the 2 "
+          f"survivors {elastic:.2f}s, relaunched whole on {NODES} {whole:.2f}s (medians "
+          f"{statistics.median(times['elastic']):.2f}s, {statistics.median(times['whole']):.2f}s)")
+    print(f"elastic / whole relaunch (p95): {ratio:.3f} (target <= {TARGET_ELASTIC})  "
+          f"{'OK' if verdict else 'OVER TARGET'}")
+    return verdict
+
+
+def _team():
+    from django.contrib.auth.models import User
+
+    from jobs.models import Membership, Team
+
+    owner, _ = User.objects.get_or_create(username="bench")
+    team, _ = Team.objects.get_or_create(name="bench")
+    Membership.objects.get_or_create(user=owner, team=team, defaults={"role": "admin"})
+    return team, owner
+
+
+def _kill_one_node(var_dir: Path, team, owner, *, elastic: bool, time_limit_s: float) -> float:
+    """Seconds from killing rank 1's VM of a fresh 3-node job (once it runs with a
+    checkpoint) to the first step reported past a resume step since. The job is
+    cancelled afterwards and its VMs gone before the next trial."""
+    from django.db.models import F
+    from django.utils import timezone
+
+    from jobs.core.choices import InstanceState, JobStatus
+    from jobs.core.services import cancel_job
+    from jobs.models import Checkpoint, Instance, Job, StepPoint
+
+    job = Job.objects.create(
+        team=team, owner=owner, name=f"{'elastic' if elastic else 'whole'}-gang", nodes=NODES,
+        nodes_min=NODES - 1 if elastic else None, total_steps=1000000, checkpoint_uri=str(var_dir / "ckpt"),
+        command=ELASTIC_TRAIN, allowed_clouds=["local"], instance_types=["cpu-small"], validation_enabled=False)
+    _wait(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING and Checkpoint.objects.filter(
+        job=job, step__gt=0).exists(), time_limit_s, f"job {job.pk} to run with a checkpoint")
+    first = list(Instance.objects.filter(job=job, state=InstanceState.RUNNING).order_by("rank"))
+    killed_at = timezone.now()
+    for pid in _local_vms().processes(first[1].provider_instance_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def training_again():
+        # The first step after the resume step, since the kill: an old trainer had made it
+        # before the kill, and makes no step after it (its collectives break).
+        points = StepPoint.objects.filter(job=job, time__gt=killed_at, instance__resume_checkpoint__isnull=False,
+                                          step=F("instance__resume_checkpoint__step") + 1)
+        if elastic:  # the survivors, regrouped (a whole relaunch would be a failed trial)
+            points = points.filter(instance__in=first, instance__gang_generation__gt=0)
+        return points.order_by("time").values_list("time", flat=True).first()
+
+    _wait(training_again, time_limit_s, f"job {job.pk} to train again after the kill")
+    seconds = (training_again() - killed_at).total_seconds()
+    if elastic and Instance.objects.filter(job=job).count() != NODES:
+        raise SystemExit(f"job {job.pk}: the elastic gang was relaunched rather than going on ({var_dir})")
+    cancel_job(job, by=owner)
+    _wait(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL and not Instance.objects.filter(
+        job=job, state__in=InstanceState.LIVE).exists(), time_limit_s, f"job {job.pk} to stop")
+    return seconds
+
+
+def _wait(predicate, time_limit_s: float, what: str) -> None:
+    give_up = time.monotonic() + time_limit_s
+    while not predicate():
+        if time.monotonic() > give_up:
+            raise SystemExit(f"gave up after {time_limit_s:.0f}s waiting for {what}")
+        time.sleep(0.2)
 
 
 def _start(var_dir: Path, env: dict, name: str, argv: list[str]) -> subprocess.Popen:
@@ -109,14 +235,10 @@ def _start(var_dir: Path, env: dict, name: str, argv: list[str]) -> subprocess.P
 
 
 def _run_job(var_dir: Path, time_limit_s: float):
-    from django.contrib.auth.models import User
-
     from jobs.core.choices import JobStatus
-    from jobs.models import Job, Membership, Team
+    from jobs.models import Job
 
-    owner = User.objects.create_user("bench")
-    team = Team.objects.create(name="bench")
-    Membership.objects.create(user=owner, team=team, role="admin")
+    team, owner = _team()
     job = Job.objects.create(
         team=team, owner=owner, name="downtime", total_steps=STEPS, checkpoint_uri=str(var_dir / "ckpt"),
         command=[sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", str(STEPS), "--step-delay-s",

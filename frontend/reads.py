@@ -28,14 +28,14 @@ from django.db import connection, models
 
 from jobs.core.choices import InstanceState
 from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
-                         MetricPoint, PriceQuote, StepPoint, Team)
+                         MetricPoint, PriceQuote, StepPoint, Team, WorldSize)
 from jobs.money import costs
 
 JOB, INSTANCE, CHECKPOINT = Job._meta.db_table, Instance._meta.db_table, Checkpoint._meta.db_table
 EVENT, INTERRUPTION, LOG = JobEvent._meta.db_table, InterruptionEvent._meta.db_table, LogChunk._meta.db_table
 METRIC, TEAM, USER = MetricPoint._meta.db_table, Team._meta.db_table, User._meta.db_table
 MEMBERSHIP, QUOTE, DISK_QUOTE = Membership._meta.db_table, PriceQuote._meta.db_table, DiskPriceQuote._meta.db_table
-STEP = StepPoint._meta.db_table
+STEP, WORLD_SIZE = StepPoint._meta.db_table, WorldSize._meta.db_table
 LIVE_STATES = tuple(sorted(InstanceState.LIVE))
 
 
@@ -176,7 +176,7 @@ def team_usernames(team_id: int) -> Read:
 # ---- one job ----------------------------------------------------------------------------------
 
 JOB_COLUMNS = ("id", "team_id", "name", "status", "status_reason", "failure_cause", "failure_message", "last_step",
-               "total_steps", "preemptions", "failure_restarts", "artifact_uri", "artifact_digest")
+               "total_steps", "preemptions", "failure_restarts", "artifact_uri", "artifact_digest", "nodes", "nodes_min")
 
 
 def _job_row(rows: list[tuple]) -> dict | None:
@@ -286,6 +286,12 @@ def newest_events(job_id: int, limit: int) -> Read:
     return Read(f"SELECT created_at, from_status, to_status, message FROM {EVENT} WHERE job_id = %s "
                 "ORDER BY created_at DESC, id DESC LIMIT %s", [job_id, limit],
                 _named("created_at", "from_status", "to_status", "message"))
+
+
+def world_sizes(job_id: int) -> Read:
+    """The job's world size over time (jobs.models.WorldSize), oldest first."""
+    return Read(f"SELECT at, world_size, reason FROM {WORLD_SIZE} WHERE job_id = %s ORDER BY at, id", [job_id],
+                _named("at", "world_size", "reason"))
 
 
 # ---- a team -----------------------------------------------------------------------------------

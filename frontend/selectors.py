@@ -185,10 +185,10 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
     job_id = job["id"]
     money = job_money(job, now, detail=True)
     summary = job_summary(job, money, may_cancel=may_cancel, now=now)
-    found, newest_checkpoints, interruptions, loss, curve, events = reads.batch(
+    found, newest_checkpoints, interruptions, loss, curve, events, sizes = reads.batch(
         reads.instances(job_id), reads.newest_checkpoints(job_id, MARKED_CHECKPOINTS), reads.interruptions(job_id),
         reads.loss_points(job_id, LOSS_POINTS), reads.curve_instances(job_id),
-        reads.newest_events(job_id, RECENT_ROWS))
+        reads.newest_events(job_id, RECENT_ROWS), reads.world_sizes(job_id))
     instances, checkpoints = _instances(found, money), _checkpoints(newest_checkpoints)
     interval = next((i["checkpoint_interval"] for i in reversed(found) if i["checkpoint_interval"] is not None), None)
     listed = sorted(checkpoints, key=lambda c: (c["step"], c["committed_at"]), reverse=True)[:RECENT_ROWS]
@@ -203,6 +203,7 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
         "checkpoints": listed,
         "events": [{"at": _iso(e["created_at"]), "from": e["from_status"], "to": e["to_status"],
                     "message": e["message"]} for e in reversed(events)],
+        "world_sizes": [{"at": _iso(w["at"]), "world_size": w["world_size"], "reason": w["reason"]} for w in sizes],
         "as_of": now.isoformat(),
     }
 

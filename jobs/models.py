@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from jobs.core.choices import (
     CHECKPOINT_KIND_CHOICES,
@@ -137,7 +138,12 @@ class Job(models.Model):
     source_git_commit = models.CharField(max_length=64, blank=True, help_text="Full commit id checked out.")
 
     # Where to run it.
-    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    nodes = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)],
+                                        help_text="Nodes of the gang; for an elastic gang, the most it runs on.")
+    nodes_min = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Elastic gangs (docs/elastic.md): the fewest nodes the gang trains on. A node lost with at least "
+                  "this many left, the survivors go on from the newest checkpoint, resharded; empty: always all.")
     accelerator = models.CharField(max_length=50, blank=True)
     accelerator_count = models.PositiveIntegerField(default=1)
     instance_types = models.JSONField(default=list, blank=True)
@@ -200,6 +206,11 @@ class Job(models.Model):
         return f"job {self.pk} {self.name}"
 
     @property
+    def elastic(self) -> bool:
+        """Whether the gang may go on with fewer nodes than it asked for."""
+        return self.nodes_min is not None and self.nodes_min < self.nodes
+
+    @property
     def storage_uri(self) -> str:
         """Each job checkpoints under its own prefix of the storage root (DESIGN §6)."""
         return f"{self.checkpoint_uri.rstrip('/')}/job-{self.pk}"
@@ -225,6 +236,23 @@ def failure_headline(message: str) -> str:
     return message.partition("\n")[0]
 
 
+class WorldSize(models.Model):
+    """A job's world size from a moment on (DESIGN §11): each gang placed, each regroup of
+    an elastic gang. The job page plots them."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="world_sizes")
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    world_size = models.PositiveIntegerField()
+    reason = models.TextField(blank=True)
+    # A regroup's: the node whose loss caused it, and the checkpoint every node resumed from.
+    after_instance = models.ForeignKey("Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    resume_checkpoint = models.ForeignKey("Checkpoint", null=True, blank=True, on_delete=models.SET_NULL,
+                                          related_name="+")
+
+    class Meta:
+        ordering = ["at", "id"]
+
+
 class JobEvent(models.Model):
     """One row per status change (and other notable happenings) of a job."""
 
@@ -242,8 +270,22 @@ class Instance(models.Model):
     """One VM lifetime of one node slot (rank) of a job."""
 
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="instances")
+    # The rank and world size its trainer started with; an elastic gang's regroup restarts
+    # the trainer with new ones and a new generation (services.regroup).
     rank = models.PositiveIntegerField(default=0)
     world_size = models.PositiveIntegerField(default=1)
+    gang_generation = models.PositiveIntegerField(
+        default=0, help_text="Which form of its elastic gang the instance trains in; raised at each regroup, and the "
+                             "agent restarts its trainer when its heartbeat answer names another.")
+    earlier_runs = models.JSONField(
+        default=list, blank=True, help_text="An elastic gang's node: the runs its VM trained before each regroup, "
+        "oldest first, each {rank, resume_step, resume_from (the instance that wrote it), last_step, kept_until (the "
+        "step the regroup resumed from), until}; the "
+        "money counts the work each kept (jobs.money.costs). rank, resume_checkpoint and last_step are the run now.")
+    trainer_exited_at = models.DateTimeField(
+        null=True, blank=True, help_text="An elastic gang's node whose trainer exited (a peer gone, or its code): its "
+                                         "agent waits for the gang's word, a regroup or a stop, and this is cleared "
+                                         "at a regroup.")
     purpose = models.CharField(max_length=10, choices=PURPOSE_CHOICES, default=Purpose.TRAIN,
                                help_text="train, or post: the job's post step on one on-demand VM.")
     provider = models.CharField(max_length=20)

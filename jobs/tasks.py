@@ -87,6 +87,11 @@ def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_i
     orchestration.check_gang_failure(job_id, signature, output_tail, instance_id)
 
 
+@shared_task(name="jobs.tasks.check_elastic_gang", ignore_result=True, **CLOUD_RETRY)
+def check_elastic_gang(job_id: int) -> None:
+    orchestration.check_elastic_gang(job_id)
+
+
 @shared_task(name="jobs.tasks.reconcile", ignore_result=True)
 def reconcile() -> int:
     """The safety net, in bounded batches: silent instances confirmed with the

@@ -49,6 +49,7 @@ FIELDS: dict[str, Field] = {
     "source_git_url": Field("str", maximum=500),
     "source_git_commit": Field("str", maximum=64),
     "nodes": Field("int", minimum=1, maximum=64),
+    "nodes_min": Field("int", minimum=1, maximum=64),
     "accelerator": Field("str", maximum=50),
     "accelerator_count": Field("int", minimum=0),
     "instance_types": Field("strings"),

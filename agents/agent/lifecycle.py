@@ -166,6 +166,10 @@ class Agent:
         self.rebalance_reported = False  # a job with spare_on_rebalance reports the first one only
         self.heartbeat_interval_s = 10.0
         self.checkpoint_interval_s: float | None = None
+        # An elastic gang (JobSpec.elastic): the exit code of a trainer that exited on its own while
+        # this node waits for the gang's word, and whether a new form of the gang was announced.
+        self.trainer_exit_code: int | None = None
+        self.regroup_wanted = False
 
     def _backoff(self) -> Backoff:
         return Backoff(base_s=self.config.backoff_base_s, max_s=self.config.backoff_max_s)
@@ -391,24 +395,42 @@ class Agent:
                 env[protocol.ENV_RESUME_FROM] = job.resume_from
         if trackers.wants_mlflow_run(env, {**job.env, **job.secret_env}):
             self._find_mlflow_run(env)
-        try:
-            if self.checkpoint_interval_s:
-                write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
-            if job.container_image:
-                self.trainer, ended = self._container_trainer(env)
+        while True:
+            if self.regroup_wanted or self.trainer_exit_code is not None:
+                ended = self._join_the_regrouped_gang()
                 if ended is not None:
                     return ended
-            else:
-                self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
-            self._say_where_it_resumes()
-            self.trainer.start()
-        except (OSError, ValueError) as exc:
-            return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
-        if self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
-            self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
-        code = self._watch()
-        self._collect_checkpoints()
-        self._ship_metrics()
+                env.pop(protocol.ENV_RESUME_FROM, None)
+                if job.resume_from:
+                    env[protocol.ENV_RESUME_FROM] = job.resume_from
+            try:
+                env.update(gang_env(job))
+                if self.checkpoint_interval_s:
+                    write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.checkpoint_interval_s})
+                if job.container_image:
+                    self.trainer, ended = self._container_trainer(env)
+                    if ended is not None:
+                        return ended
+                else:
+                    self.trainer = TrainerProcess(job.command, env=env, cwd=job.working_dir, log_path=self.log_path)
+                self._say_where_it_resumes()
+                self.trainer.start()
+            except (OSError, ValueError) as exc:
+                return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
+            if self.validator is None and self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
+                self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
+            code = self._watch()
+            self._collect_checkpoints()
+            self._ship_metrics()
+            if not job.elastic or self.notice is not None or self.stopped_by_control_plane or (code == 0 and not self.regroup_wanted):
+                break
+            if not self.regroup_wanted:
+                # A peer gone breaks the gang's collectives, and so does a bug: the control plane
+                # tells which (jobs.fleet.orchestration.check_elastic_gang).
+                self.trainer_exit_code = code
+                self._agent_line(f"the trainer exited (code {code}); as a node of an elastic gang, waiting for the "
+                                 "control plane's word: a peer lost (the gang goes on without it) or the code failed "
+                                 "(the gang stops)")
         if self.notice is not None:
             self._report_notice_outcome()
         elif job.container_image and not self.stopped_by_control_plane:
@@ -470,7 +492,7 @@ class Agent:
                 self._ship_logs()
                 next_logs = now + self.config.log_batch_interval_s
             if now >= next_heartbeat:
-                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                self.reporter.report(protocol.PATH_HEARTBEAT, self._heartbeat())
                 self._ship_metrics()
                 # While a notice is held, the control plane's word that the spare is ready must come soon.
                 next_heartbeat = now + (min(STANDBY_POLL_S, self.heartbeat_interval_s) if self.hold_until is not None else self.heartbeat_interval_s)
@@ -557,6 +579,51 @@ class Agent:
 
         return self._poll_until(protocol.PATH_STANDBY, "standby", promoted, STANDBY_POLL_S)
 
+    def _join_the_regrouped_gang(self) -> protocol.ExitReport | None:
+        """An elastic gang's node whose trainer exited, on its own or stopped for a regroup:
+        ask `standby` until it names a new generation of the gang, and take this node's rank,
+        world size, rendezvous and resume checkpoint from it (kept in the session, so a
+        restarted agent trains there too). None when the trainer may restart; else the
+        exit report: told to stop (a failed trainer's with its own code and output), a
+        notice, or no word within the register timeout."""
+        job = self.job
+        assert job is not None
+        give_up_at = time.monotonic() + self.config.register_timeout_s
+        gave_up = False
+
+        def regrouped(answer: dict) -> bool:
+            nonlocal gave_up
+            generation, rank, world, addr = (answer.get(k) for k in ("gang_generation", "rank", "world_size", "rendezvous_addr"))
+            if isinstance(generation, int) and generation != job.gang_generation:
+                if isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world and isinstance(addr, str):
+                    job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = rank, world, addr, generation
+                    resume_step = answer.get("resume_step")
+                    job.resume_from = answer.get("resume_from") if isinstance(answer.get("resume_from"), str) else None
+                    job.resume_step = resume_step if isinstance(resume_step, int) else None
+                    job.resume_validation = str(answer.get("resume_validation") or "")
+                    return True
+                log.warning("standby answer with an unusable gang, ignored: %r", answer)
+            gave_up = time.monotonic() >= give_up_at
+            return gave_up
+
+        ended = self._poll_until(protocol.PATH_STANDBY, "standby", regrouped, STANDBY_POLL_S)
+        if gave_up:
+            self._agent_line(f"no word from the control plane within {self.config.register_timeout_s}s; reporting the trainer's exit")
+        if gave_up or ended is not None and self.notice is None:
+            return self._exit_report(self.trainer_exit_code)
+        if ended is not None:
+            return ended
+        self.trainer_exit_code, self.regroup_wanted, self.checkpoint_requested = None, False, False
+        self.status.start_step = job.resume_step or 0
+        if os.path.exists(self.paths.status):
+            os.remove(self.paths.status)  # the stopped trainer's step is not where the new one starts
+        self._save_session()
+        self._agent_line(f"the gang regrouped (generation {job.gang_generation}): rank {job.rank} of {job.world_size}, "
+                         f"rendezvous {job.rendezvous_addr or '(rank 0 not registered yet)'}; restarting the trainer")
+        if job.rank > 0 and not job.rendezvous_addr:
+            return self._await_rendezvous()
+        return None
+
     def _poll_until(self, path: str, what: str, done, every_s: float,
                     give_up: tuple[float, str] | None = None) -> protocol.ExitReport | None:
         """GET `path` every `every_s` until `done(answer)`, heartbeating meanwhile so this
@@ -570,7 +637,7 @@ class Agent:
             now = time.monotonic()
             if now >= next_poll:
                 if now >= next_beat:
-                    self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                    self.reporter.report(protocol.PATH_HEARTBEAT, self._heartbeat())
                     next_beat = now + self.heartbeat_interval_s
                 outcome = self.client.get(path)
                 if outcome.kind == DELIVERED and isinstance(outcome.answer, dict) and done(outcome.answer):
@@ -611,7 +678,7 @@ class Agent:
         next_heartbeat = time.monotonic()
         while worker.is_alive() and not (self.notice or self.stopped_by_control_plane):
             if time.monotonic() >= next_heartbeat:
-                self.reporter.report(protocol.PATH_HEARTBEAT, self.status.heartbeat(self.last_checkpoint))
+                self.reporter.report(protocol.PATH_HEARTBEAT, self._heartbeat())
                 next_heartbeat = time.monotonic() + self.heartbeat_interval_s
             try:
                 self._handle(self.events.get(timeout=self.config.tick_s))
@@ -751,6 +818,15 @@ class Agent:
         heartbeat = finite_or_none(answer.get("heartbeat_interval_s"))
         if heartbeat is not None and heartbeat > 0:
             self.heartbeat_interval_s = heartbeat
+        generation = answer.get("gang_generation")
+        if self.job is not None and self.job.elastic and isinstance(generation, int) and \
+                generation != self.job.gang_generation and not self.regroup_wanted:
+            self.regroup_wanted = True
+            if self.trainer is not None and not self.preparing and self.trainer.poll() is None:
+                # Its gang lost a node (its collectives are broken or soon will be) or regroups:
+                # nothing can be saved together, so the trainer goes now and restarts in the new gang.
+                self._agent_line(f"the gang regroups (generation {generation}): stopping the trainer to restart it there")
+                self.trainer.kill()
         if self.hold_until is not None and action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP):
             self._agent_line("the spare is ready: checkpointing and stopping")
             self._stop_for_notice(report=False)
@@ -766,6 +842,12 @@ class Agent:
             self._signal_trainer(self.config.stop_signal)
             self.kill_at = time.monotonic() + grace
             self._agent_line(f"control plane asked to {action}; stopping the trainer within {grace:.1f}s")
+
+    def _heartbeat(self) -> protocol.Heartbeat:
+        beat = self.status.heartbeat(self.last_checkpoint)
+        if self.trainer_exit_code is not None:
+            beat.trainer_exit_code, beat.gang_generation = self.trainer_exit_code, self.job.gang_generation
+        return beat
 
     def _checkpoint_wanted(self, heartbeat_sent_at: str) -> bool:
         """A `checkpoint` answer is repeated until the control plane sees a commit:
@@ -881,6 +963,8 @@ class Agent:
         status = self.status.read()
         if self.notice is not None:
             reason = protocol.ExitReason.PREEMPTED
+        elif self.trainer_exit_code is not None:  # an elastic gang's trainer failed before the control plane's word
+            reason = protocol.ExitReason.FAILED
         elif self.stopped_by_control_plane or status.get("stopped") is True:
             # The second case: a gang's rank stopped with the rank that was asked to stop, its
             # save done, whatever its exit code: gloo's teardown, a peer gone first, aborts a

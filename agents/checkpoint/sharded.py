@@ -258,6 +258,7 @@ class ShardedCheckpointer:
     def save(self, step: int, kind: str | None = None) -> SaveOutcome | None:
         if kind not in (None, *protocol.CheckpointKind.ALL):
             raise ValueError(f"save kind {kind!r} is not one of {protocol.CheckpointKind.ALL}")
+        asked = kind is not None  # a final or notice save of a step saved periodically still reports its kind
         table = self.coord.agreed(self._row(step))
         if table is not None and self._inflight is not None and all(row[_WRITTEN] != WRITING for row in table):
             self._settle(table)
@@ -269,7 +270,7 @@ class ShardedCheckpointer:
         elif kind is None and (self.config.every_steps and self._due(step) or table is not None
                                and (any(row[_NOW] for row in table) or table[0][_DUE])):
             kind = protocol.CheckpointKind.PERIODIC
-        if kind is not None and step != self._last_saved_step:
+        if kind is not None and (asked or step != self._last_saved_step):
             self._stop_seen = self._now_seen = False
             outcome = self._save(step, kind)
         self.coord.share(self._row(step))

@@ -10,10 +10,13 @@ a run stopped on 4 ranks continues on 2 with the same sample order.
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import torch
 import torch.distributed as dist
 
+from agents import trainer
 from agents.checkpoint import CheckpointConfig, ResumableSampler, ShardedCheckpointer, ShardedState
 from agents.checkpoint.distributed import init_process_group, leave_process_group
 
@@ -88,31 +91,40 @@ def dataset(device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(device), x.sum(dim=1, keepdim=True).sin().to(device)
 
 
-def train_step(state: ShardedState, data: tuple[torch.Tensor, torch.Tensor]) -> None:
+def train_step(state: ShardedState, data: tuple[torch.Tensor, torch.Tensor]) -> float:
     idx = state.sampler.next_batch()
     x, y = data
     loss = torch.nn.functional.mse_loss(state.model(x[idx]), y[idx])
     state.optimizer.zero_grad()
     loss.backward()
     state.optimizer.step()
+    return loss.item()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--uri", required=True)
+    parser.add_argument("--uri", default=os.environ.get("RESPAWN_CHECKPOINT_URI", ""),
+                        help="checkpoint root (default: $RESPAWN_CHECKPOINT_URI, which the agent sets)")
     parser.add_argument("--wrap", choices=("ddp", "fsdp"), default="fsdp")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--every", type=int, default=5)
+    parser.add_argument("--global-batch", type=int, default=8,
+                        help="samples per step over all ranks; every world size the job runs on must divide it")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="sleep per step, to make a short run last")
     args = parser.parse_args()
+    if not args.uri:
+        parser.error("--uri is needed where RESPAWN_CHECKPOINT_URI is not set")
     init_process_group("gloo")
-    state = build(args.wrap)
+    state = build(args.wrap, global_batch=args.global_batch)
     ckpt = ShardedCheckpointer(state, CheckpointConfig.from_env(uri=args.uri, every_steps=args.every))
     data = dataset()
     for step in range(ckpt.load_latest().step, args.steps):
-        train_step(state, data)
+        loss = train_step(state, data)
+        trainer.report(step + 1, loss)  # each rank's progress to its own agent (one rank a VM)
         ckpt.save(step + 1)
         if ckpt.should_stop:
             break
+        time.sleep(args.step_delay)
     else:
         ckpt.finish(args.steps)
     ckpt.close()

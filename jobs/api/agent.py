@@ -93,6 +93,9 @@ class HeartbeatSerializer(ReportSerializer):
     last_checkpoint_step = CountField(required=False, allow_null=True)
     checkpoint_save_s = FiniteFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_DURATION_S)
     checkpoint_stall_s = FiniteFloatField(required=False, allow_null=True, min_value=0, max_value=MAX_DURATION_S)
+    trainer_exit_code = serializers.IntegerField(required=False, allow_null=True, default=None,
+                                                 min_value=-255, max_value=255)
+    gang_generation = CountField(required=False, default=0)
 
 
 class NoticeSerializer(ReportSerializer):
@@ -277,9 +280,13 @@ class HeartbeatView(AgentView):
     @staticmethod
     def apply(digest: str, data: dict) -> Instance:
         """The heartbeat applied; its instance if the token opens it, else AuthenticationFailed."""
-        return HeartbeatTokenAuthentication.admit(heartbeats.record_heartbeat(
+        instance = HeartbeatTokenAuthentication.admit(heartbeats.record_heartbeat(
             digest, event_id=data["event_id"], step=data["step"], loss=data["loss"],
             samples_per_s=data["samples_per_s"]))
+        if data["trainer_exit_code"] is not None:  # an elastic gang's node waiting for the gang's word
+            services.trainer_exited(instance, exit_code=data["trainer_exit_code"],
+                                    generation=data["gang_generation"])
+        return instance
 
     @staticmethod
     def answer(instance: Instance) -> dict:
@@ -287,12 +294,14 @@ class HeartbeatView(AgentView):
             action=services.heartbeat_action(instance),
             checkpoint_interval_s=services.checkpoint_interval_s(instance),
             heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
+            gang_generation=instance.gang_generation,
         ))
 
     @extend_schema(request=HeartbeatSerializer, responses=inline_serializer("HeartbeatAnswer", {
         "action": serializers.ChoiceField(choices=protocol.Action.ALL),
         "checkpoint_interval_s": serializers.FloatField(),
         "heartbeat_interval_s": serializers.FloatField(),
+        "gang_generation": serializers.IntegerField(),
     }))
     def post(self, request):
         digest = agent_token_digest(request)
@@ -453,11 +462,14 @@ class StandbyView(AgentView):
     promotion (services.promote_spares). Asking says the spare is ready: once every spare
     of the job is (a gang's every node has one), the instances they stand by for, training
     on through the notice, are told to save and stop (idempotent, as a GET must be). Any
-    other instance reads `standby` false and its own resume checkpoint."""
+    other instance reads `standby` false and its own resume checkpoint, with where it
+    trains now: a node of an elastic gang asks here after a regroup (services.regroup)."""
 
     @extend_schema(responses=inline_serializer("StandbyAnswer", {
         "standby": serializers.BooleanField(), "resume_from": serializers.CharField(allow_null=True),
-        "resume_step": serializers.IntegerField(allow_null=True), "resume_validation": serializers.CharField()}))
+        "resume_step": serializers.IntegerField(allow_null=True), "resume_validation": serializers.CharField(),
+        "rank": serializers.IntegerField(), "world_size": serializers.IntegerField(),
+        "rendezvous_addr": serializers.CharField(), "gang_generation": serializers.IntegerField()}))
     def get(self, request):
         instance = Instance.objects.select_related("resume_checkpoint").get(pk=self.instance.pk)
         if instance.standby_for_id is not None:
@@ -465,7 +477,9 @@ class StandbyView(AgentView):
         resume = instance.resume_checkpoint
         return Response(protocol.to_dict(protocol.StandbyAnswer(
             standby=instance.standby_for_id is not None, resume_from=resume.uri if resume else None,
-            resume_step=resume.step if resume else None, resume_validation=resume.validation if resume else "")))
+            resume_step=resume.step if resume else None, resume_validation=resume.validation if resume else "",
+            rank=instance.rank, world_size=instance.world_size, rendezvous_addr=instance.rendezvous_addr,
+            gang_generation=instance.gang_generation)))
 
 
 class SourceView(AgentView):
@@ -599,6 +613,8 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         rank=instance.rank,
         world_size=instance.world_size,
         rendezvous_addr=instance.rendezvous_addr,
+        elastic=job.elastic and not post,
+        gang_generation=instance.gang_generation,
         prepare_command=job.prepare_command,
         prepare_inputs=job.prepare_inputs,
         purpose=instance.purpose,

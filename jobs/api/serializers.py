@@ -15,7 +15,8 @@ from agents.sourcetree import DIGEST_PREFIX, DIGEST_RE
 from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
 from jobs.fleet import catalog
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, SourceArchive, Team
+from jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, SourceArchive, Team,
+                         WorldSize)
 from jobs.money import downtime
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawncli.names import closest_name
@@ -128,8 +129,8 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         fields = [
             "id", "team", "owner", "name", "command", "working_dir", "machine_image", "container_image", "env",
             "secret_env",
-            "prepare_command", "prepare_inputs", "post_command", "nodes", "accelerator", "accelerator_count",
-            "instance_types", "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions",
+            "prepare_command", "prepare_inputs", "post_command", "nodes", "nodes_min", "accelerator",
+            "accelerator_count", "instance_types", "allowed_clouds", "allowed_regions", "max_price_per_hour", "on_demand_after_preemptions",
             "deadline", "priority", "total_steps", "checkpoint_uri", "checkpoint_interval_s", "checkpoint_every_steps",
             "validation_enabled", "validation_model_factory", "validation_batch_factory", "validation_eval_fn",
             "validation_tolerance",
@@ -145,6 +146,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         ]
         extra_kwargs = {
             "nodes": {"min_value": 1, "max_value": 64},
+            "nodes_min": {"min_value": 1, "max_value": 64},
             "priority": {"min_value": -100, "max_value": 100},
             "total_steps": {"min_value": 1},
             "checkpoint_interval_s": {"min_value": 1},
@@ -185,6 +187,10 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
             raise serializers.ValidationError({"secret_env": [f"{', '.join(both)} also in env: name each once"]})
         if attrs.get("prepare_inputs") and not attrs.get("prepare_command"):
             raise serializers.ValidationError({"prepare_inputs": ["prepare_inputs needs a prepare_command"]})
+        if attrs.get("nodes_min") is not None and attrs["nodes_min"] > attrs.get("nodes", 1):
+            raise serializers.ValidationError({"nodes_min": [
+                f"nodes_min {attrs['nodes_min']} is above nodes {attrs.get('nodes', 1)}: an elastic gang trains on "
+                "nodes_min..nodes nodes"]})
         if attrs.get("spare_on_rebalance") and attrs.get("nodes", 1) > 1:
             raise serializers.ValidationError({"spare_on_rebalance": [
                 "spares are launched for one-node jobs only: a gang keeps saving together on a notice"]})
@@ -349,15 +355,23 @@ class DowntimeSerializer(serializers.Serializer):
     parts = DowntimePartsSerializer(help_text="Seconds on the path to the resumed training (docs/downtime.md).")
 
 
+class WorldSizeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = WorldSize
+        fields = ["at", "world_size", "reason"]
+
+
 class JobDetailSerializer(JobSerializer):
     """A job as its detail answers it: with its downtime (one read per interruption, so not in the list)."""
 
     downtime_s = serializers.SerializerMethodField(help_text="Seconds the job was down across its interruptions "
                                                              "(overlaps counted once); open ones up to now.")
     interruptions = serializers.SerializerMethodField()
+    world_sizes = WorldSizeSerializer(many=True, read_only=True, help_text=(
+        "The job's world size over time: each gang placed, each regroup of an elastic gang (docs/elastic.md)."))
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "downtime_s", "interruptions"]
+        fields = [*JobSerializer.Meta.fields, "downtime_s", "interruptions", "world_sizes"]
 
     def to_representation(self, job):
         self._measured = downtime.job_downtime(job.pk, timezone.now())  # read once for both fields

@@ -15,6 +15,7 @@ SCHEDULE = "jobs.tasks.schedule"
 LAUNCH_INSTANCE = "jobs.tasks.launch_instance"
 TERMINATE_INSTANCE = "jobs.tasks.terminate_instance"
 CHECK_GANG_FAILURE = "jobs.tasks.check_gang_failure"
+CHECK_ELASTIC_GANG = "jobs.tasks.check_elastic_gang"
 LAUNCH_SPARE = "jobs.tasks.launch_spare"
 DELIVER_NOTIFICATION = "jobs.tasks.deliver_notification"
 

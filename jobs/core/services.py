@@ -5,6 +5,7 @@ themselves (that is `jobs.core.transitions`)."""
 from __future__ import annotations
 
 import logging
+import socket
 from datetime import timedelta
 from decimal import Decimal
 
@@ -19,7 +20,7 @@ from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.core.signals import checkpoint_invalid
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, failure_message
+from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize, failure_message
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +135,15 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
     # A gang's ranks register at once: under READ COMMITTED each would count only itself as
     # running and none would move the job on. The job's row lock orders the counts.
     job = Job.objects.select_for_update(of=("self",)).get(pk=instance.job_id)
-    live = Instance.objects.filter(job=job, state__in=InstanceState.LIVE)
-    if live.filter(state=InstanceState.RUNNING).count() == job.nodes and job.status == JobStatus.PROVISIONING:
+    _running_once_all_registered(job)
+
+
+def _running_once_all_registered(job: Job) -> None:
+    """A provisioning job runs once every node of its gang has registered (an elastic
+    gang's, as many as it has regrouped to)."""
+    nodes = training_nodes(job.pk)
+    if job.status == JobStatus.PROVISIONING and nodes.exists() and not nodes.exclude(
+            state=InstanceState.RUNNING).exists() and nodes.count() == current_world_size(job):
         transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="every node registered")
 
 
@@ -363,14 +371,15 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
 
 
 def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str = "", output_tail: str = "",
-                         setup_failure: bool = False, instance_id: int | None = None) -> None:
+                         setup_failure: bool = False, instance_id: int | None = None) -> bool:
     """Move the job on after one of its instances ended, in the transaction that ended
     it: jobs.core.transitions.end_instance took the job's lock, so when two ranks end at
-    once the second decision sees the first."""
+    once the second decision sees the first. Returns whether an elastic gang went on
+    without the instance (go_on_with_survivors)."""
     job = Job.objects.get(pk=job_id)
     if instance_id is not None and Instance.objects.filter(pk=instance_id, standby_for__isnull=False).exists():
         _after_spare_ended(job, instance_id, end_reason)
-        return
+        return False
     spares = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False)
     if spares.filter(standby_for__state=InstanceState.ENDED).exists():
         if end_reason in SPARE_TAKES_OVER and job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
@@ -381,30 +390,111 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
                                spares=False)
             else:
                 promote_spares(job, list(spares.select_related("standby_for")))
-            return
+            return False
         release_spares(job_id, f"instance {instance_id} ended {end_reason}: no replacement is needed")
     if job.status == JobStatus.CANCELLING:
         finish_cancelling(job_id)
-        return
+        return False
     if job.status == JobStatus.FINISHING:
         _after_post_instance(job, failure_signature, output_tail, setup_failure, instance_id)
-        return
+        return False
     if job.status not in JobStatus.ACTIVE:
-        return
+        return False
     if end_reason == EndReason.COMPLETED:
         _maybe_succeed(job)
     elif end_reason == EndReason.FAILED:
         _after_failure(job, failure_signature, output_tail, setup_failure, instance_id)
     elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
+        if go_on_with_survivors(job, end_reason, instance_id):
+            return True
         _after_interruption(job, end_reason)
     else:
         _after_stop(job)
+    return False
 
 
 def training_nodes(job_id: int):
     """The job's live training instances that hold a node slot (not spares, not a post step)."""
     return Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=True,
                                    purpose=Purpose.TRAIN)
+
+
+def current_world_size(job: Job) -> int:
+    """The nodes the job's gang trains on now: its newest world size, else all it asked for."""
+    return job.world_sizes.order_by("-at", "-id").values_list("world_size", flat=True).first() or job.nodes
+
+
+def free_local_address() -> str:
+    """A rendezvous address for a gang of local "VMs", which share this machine: a port
+    free here now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def go_on_with_survivors(job: Job, end_reason: str, instance_id: int | None) -> bool:
+    """A node of an elastic gang was lost (preempted, lost, or refused for capacity
+    while the gang was placed): with at least nodes_min nodes left, they go on without
+    it (regroup), and no gang is relaunched. Whether they did."""
+    if not job.elastic or job.status not in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+        return False
+    survivors = list(training_nodes(job.pk).select_related("resume_checkpoint").order_by("rank"))
+    what = f"instance {instance_id} {end_reason}" if instance_id is not None else f"a node {end_reason}"
+    if len(survivors) < job.nodes_min:
+        log_job_event(job.pk, f"{what}: {len(survivors)} node(s) left, fewer than the {job.nodes_min} the job "
+                              "trains on at least; the gang is relaunched whole")
+        return False
+    counted = {"preemptions": F("preemptions") + 1} if end_reason in (EndReason.PREEMPTED, EndReason.LOST) else {}
+    if counted:
+        Job.objects.filter(pk=job.pk).update(**counted)
+    regroup(job, survivors, f"{what}: the gang goes on with {len(survivors)} of {job.nodes} nodes", after=instance_id)
+    return True
+
+
+def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = None) -> None:
+    """Make `nodes` (in rank order) the job's gang: ranks 0..n-1 of world size n, a fresh
+    rendezvous, the newest usable checkpoint to resume from (resharded by the trainer's
+    checkpointer), and a new generation, which their heartbeat answers carry: each agent
+    then restarts its trainer (agents.agent.lifecycle). A node not yet registered learns
+    it all from its register answer. Ranks only move down, so taking the rows in rank
+    order keeps one live instance per slot at every statement. Each node's run until now
+    is kept in its earlier_runs, for the money (the work each run kept); `after`: the
+    instance whose loss caused it."""
+    resume = usable_checkpoint(job)
+    now = timezone.now()
+    generation = max(node.gang_generation for node in nodes) + 1
+    first = nodes[0]
+    if first.provider == "local":
+        addr = free_local_address()
+    else:  # rank 0's host, known once it registered (register_instance sets it then)
+        addr = f"{first.hostname}:{GANG_PORT}" if first.hostname else ""
+    for rank, node in enumerate(nodes):
+        ran = {"rank": node.rank, "resume_step": node.resume_checkpoint.step if node.resume_checkpoint else 0,
+               "resume_from": node.resume_checkpoint.instance_id if node.resume_checkpoint else None,
+               "last_step": node.last_step, "kept_until": resume.step if resume else 0, "until": now.isoformat()}
+        Instance.objects.filter(pk=node.pk).update(
+            rank=rank, world_size=len(nodes), rendezvous_addr=addr, gang_generation=generation,
+            trainer_exited_at=None, resume_checkpoint=resume, last_step=resume.step if resume else 0,
+            earlier_runs=[*node.earlier_runs, ran] if node.registered_at else [])
+    WorldSize.objects.create(job=job, at=now, world_size=len(nodes), reason=why, after_instance_id=after,
+                             resume_checkpoint=resume)
+    log_job_event(job.pk, f"{why}, from " + (f"step {resume.step}" if resume else "the start")
+                  + f" (elastic gang, generation {generation})")
+    _running_once_all_registered(Job.objects.get(pk=job.pk))
+
+
+def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:
+    """An elastic gang's node says its trainer exited (a heartbeat's trainer_exit_code)
+    and waits for the gang's word. Said about the gang it trains in now, the first time
+    only, a worker asks the cloud about its peers (jobs.fleet.orchestration.check_elastic_gang);
+    a word about an older generation is a node that has not yet seen the regroup, and
+    one from a job that is not elastic is no word at all."""
+    if Instance.objects.filter(pk=instance.pk, state__in=InstanceState.LIVE, gang_generation=generation,
+                               job__nodes_min__lt=F("job__nodes"), trainer_exited_at__isnull=True).update(
+            trainer_exited_at=timezone.now()):
+        log_job_event(instance.job_id, f"instance {instance.pk}: its trainer exited (code {exit_code}); the gang's "
+                                       "peers are put to the cloud before the code is blamed")
+        nudges.send_on_commit(nudges.CHECK_ELASTIC_GANG, instance.job_id)
 
 
 # The ends of an instance after which the spare launched on its notice takes its slot.
@@ -550,7 +640,7 @@ def _maybe_succeed(job: Job) -> None:
         return
     completed = set(Instance.objects.filter(job=job, purpose=Purpose.TRAIN, end_reason=EndReason.COMPLETED)
                     .values_list("rank", flat=True))
-    if completed < set(range(job.nodes)):
+    if completed < set(range(current_world_size(job))):
         return
     if not job.post_command:
         transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")

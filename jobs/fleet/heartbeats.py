@@ -157,7 +157,8 @@ class HeartbeatLookup:
     `sql` takes the digest as %(digest)s and names its columns c0, c1, ...;
     `column` maps an instance field to its name there."""
 
-    INSTANCE_FIELDS = frozenset({"id", "job_id", "state", "ended_at", "requested_action", "checkpoint_interval"})
+    INSTANCE_FIELDS = frozenset({"id", "job_id", "state", "ended_at", "requested_action", "checkpoint_interval",
+                                 "gang_generation"})
     JOB_FIELDS = frozenset({"id", "status", "checkpoint_interval_s"})
 
     def __init__(self):

@@ -12,7 +12,6 @@ import base64
 import hashlib
 import hmac
 import logging
-import socket
 from datetime import timedelta
 
 from django.conf import settings
@@ -23,9 +22,9 @@ from django.utils import timezone
 from agents.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
-from jobs.core.services import (after_instance_ended, end_notice_hold, enqueue_terminate, give_up_registering,
-                                judge_failure, mark_lost, nudge_schedule, release_spares, request_action,
-                                training_nodes)
+from jobs.core.services import (after_instance_ended, end_notice_hold, enqueue_terminate, free_local_address,
+                                give_up_registering, judge_failure, mark_lost, nudge_schedule, release_spares,
+                                request_action, training_nodes)
 from jobs.core.signals import launch_held
 from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
 from jobs.fleet import agent_dist
@@ -33,7 +32,7 @@ from jobs.fleet import placement as placements
 from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
                                        render_user_data)
 from jobs.fleet.registry import REGIONAL, provider_for
-from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
+from jobs.models import Instance, InterruptionEvent, Job, PriceQuote, WorldSize
 from jobs.money import budget
 from jobs.people.tokens import BOOTSTRAP_PREFIX, hash_token
 
@@ -136,6 +135,7 @@ def provision(job: Job) -> list[int]:
             return []  # someone else moved the job first
         rendezvous = gang_rendezvous(job, chosen.placement)
         ids = [_new_instance(job, rank, chosen, rendezvous) for rank in range(job.nodes)]
+        WorldSize.objects.create(job=job, world_size=job.nodes, reason=f"{job.nodes} node(s) placed")
         transaction.on_commit(lambda: _enqueue_launches(ids))
     return ids
 
@@ -154,9 +154,7 @@ def gang_rendezvous(job: Job, placement) -> str:
     registers (jobs.core.services.register_instance)."""
     if job.nodes == 1 or placement.provider != "local":
         return ""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    return free_local_address()
 
 
 def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str,
@@ -376,7 +374,12 @@ def _capacity_error(instance: Instance, placement, message: str) -> None:
     with transaction.atomic():
         InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.CAPACITY_ERROR,
                                          source="provider_api", raw=message[:16384])
-        _end_gang(instance.job_id, EndReason.CAPACITY_ERROR, f"capacity error in {placement.zone}: {message}")
+        why = f"capacity error in {placement.zone}: {message}"
+        # An elastic gang starts with the nodes it got, if they are enough (go_on_with_survivors).
+        if instance.job.elastic and end_instance(instance, EndReason.CAPACITY_ERROR, message=why) and \
+                after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR, instance_id=instance.pk):
+            return
+        _end_gang(instance.job_id, EndReason.CAPACITY_ERROR, why)
         job = Job.objects.get(pk=instance.job_id)
         if job.status == JobStatus.PROVISIONING:
             transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RECOVERING,
@@ -489,8 +492,8 @@ def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None
                     storage_released_at=F("ended_at"))
             InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
                                              source="provider_api", checkpoint_saved=False)
-            after_instance_ended(instance.job_id, EndReason.PREEMPTED, instance_id=instance.pk)
-            if instance.standby_for_id is None and not instance.interruptions.filter(
+            went_on = after_instance_ended(instance.job_id, EndReason.PREEMPTED, instance_id=instance.pk)
+            if not went_on and instance.standby_for_id is None and not instance.interruptions.filter(
                     kind=InterruptionKind.NOTICE).exists():
                 # Gone without a notice: no collective save can succeed without it, so the
                 # rest of its gang stops at once (from their newest committed checkpoint).
@@ -568,6 +571,31 @@ def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_i
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
             judge_failure(job, signature, output_tail)
+
+
+def check_elastic_gang(job_id: int) -> None:
+    """A node of an elastic gang said its trainer exited (services.trainer_exited). Peers
+    whose VM the cloud says is gone (or stopped) were preempted: each ends so, and the
+    gang goes on without them (services.go_on_with_survivors). With none gone the exit
+    was the code's: the gang is told to stop, and its nodes' exit reports (the failed
+    one's code and output) are judged as any gang's."""
+    nodes = training_nodes(job_id)
+    if not nodes.filter(trainer_exited_at__isnull=False).exists():
+        return  # regrouped meanwhile
+    gone = False
+    for peer in nodes.exclude(provider_instance_id=""):
+        state = provider_for(peer.provider, peer.region).describe(peer.provider_instance_id).state
+        if state in (CloudState.GONE, CloudState.STOPPED):
+            _end_gone(peer, f"a node of its elastic gang lost its trainer; the cloud says this VM is {state}",
+                      deleted=state == CloudState.GONE)
+            gone = True
+    if gone:
+        nudge_schedule()
+        return
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+            request_action(job_id, Action.STOP)
 
 
 def reap_orphans() -> int:

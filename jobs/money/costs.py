@@ -35,6 +35,7 @@ jobs, instances or metric points, so list pages stay flat.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from collections import defaultdict
@@ -134,16 +135,24 @@ class _Measured:
     seconds_per_step: Decimal | None
 
 
-def _measurements(instance_ids) -> dict[int, _Measured]:
+def _measurements(instance_ids, first_resume: dict[int, int] | None = None) -> dict[int, _Measured]:
     """What each instance's heartbeats say about its restore and its speed. An agent
     heartbeats before its trainer has loaded the checkpoint (reporting step 0, or the
     resume step): that wait is restore time, and the speed is measured only over the
-    heartbeats past the resume step, the steps this instance really ran."""
+    heartbeats past the resume step, the steps this instance really ran. `first_resume`:
+    the resume step of an instance's first run where it is not its resume checkpoint's
+    (a regrouped node of an elastic gang; few, one query each)."""
+    first_resume = first_resume or {}
     training = Q(step__gt=Coalesce(F("instance__resume_checkpoint__step"), 0))
-    rows = (MetricPoint.objects.filter(instance_id__in=instance_ids).values("instance_id")
-            .annotate(waited=Max("time", filter=~training), t0=Min("time", filter=training),
-                      t1=Max("time", filter=training), s0=Min("step", filter=training),
-                      s1=Max("step", filter=training)))
+    rows = list(MetricPoint.objects.filter(instance_id__in=[pk for pk in instance_ids if pk not in first_resume])
+                .values("instance_id").annotate(waited=Max("time", filter=~training), t0=Min("time", filter=training),
+                                                t1=Max("time", filter=training), s0=Min("step", filter=training),
+                                                s1=Max("step", filter=training)))
+    for pk, step in first_resume.items():
+        training = Q(step__gt=step)
+        rows += MetricPoint.objects.filter(instance_id=pk).values("instance_id").annotate(
+            waited=Max("time", filter=~training), t0=Min("time", filter=training), t1=Max("time", filter=training),
+            s0=Min("step", filter=training), s1=Max("step", filter=training))
     measured = {}
     for row in rows:
         rate = None
@@ -203,11 +212,40 @@ def kept_and_recomputed(slot) -> dict[int, tuple[int, int]]:
     return {pk: (kept, redone) for pk, (kept, redone) in result.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A run of a node slot, as kept_and_recomputed reads it: an instance's training in
+    one slot, which an elastic gang's regroup ends and starts anew in another."""
+
+    pk: int | tuple[int, int]
+    job_id: int
+    rank: int
+    resume_step: int
+    resume_from: int | None
+    last_step: int
+    kept_until: int | None = None  # an earlier run: the step its regroup resumed the gang from
+
+
+def _runs(instance: Instance, start: dt.datetime) -> list[tuple[dt.datetime, int, int, _Run]]:
+    """(start, instance, n, run) of each run of the instance, in launch order: its earlier
+    runs (Instance.earlier_runs), each keyed (pk, n), then its run now, keyed by its pk
+    (the key a checkpoint's writer has)."""
+    runs = []
+    for n, ran in enumerate(instance.earlier_runs):
+        runs.append((start, instance.pk, n, _Run((instance.pk, n), instance.job_id, ran["rank"], ran["resume_step"],
+                                                 ran["resume_from"], ran["last_step"], ran["kept_until"])))
+        start = dt.datetime.fromisoformat(ran["until"])
+    return [*runs, (start, instance.pk, len(runs), _Run(instance.pk, instance.job_id, instance.rank,
+                                                        instance.resume_step, instance.resume_from, instance.last_step))]
+
+
 def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
     starts = _billing_starts(instances)
     billed = [i for i in instances if i.pk in starts]
     ids = [i.pk for i in billed]
-    measured, stalls = _measurements(ids), _stalls(ids)
+    # A regrouped node's boot and restore are those of its first run, from its first resume step.
+    first_resume = {i.pk: i.earlier_runs[0]["resume_step"] for i in billed if i.earlier_runs}
+    measured, stalls = _measurements(ids, first_resume), _stalls(ids)
 
     job_rates: dict[int, list[Decimal]] = defaultdict(list)
     for instance in billed:
@@ -215,12 +253,25 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
         if m is not None and m.seconds_per_step is not None:
             job_rates[instance.job_id].append(m.seconds_per_step)
 
-    slots: dict[tuple[int, int], list[Instance]] = defaultdict(list)
-    for instance in sorted(billed, key=lambda i: (starts[i.pk], i.pk)):
-        slots[(instance.job_id, instance.rank)].append(instance)
-    steps = {}
+    slots: dict[tuple[int, int], list] = defaultdict(list)
+    for _, _, _, run in sorted(r for i in billed for r in _runs(i, starts[i.pk])):
+        slots[(run.job_id, run.rank)].append(run)
+    # A run an elastic gang went on without (its node lost, or its slot gone in a regroup)
+    # kept its work only up to the step the gang resumed from, when no later run of its
+    # slot took over from it.
+    dropped = dict(WorldSize.objects.filter(after_instance_id__in=ids).values_list(
+        "after_instance_id", Coalesce("resume_checkpoint__step", 0)))
+    by_run = {}
     for slot in slots.values():
-        steps.update(kept_and_recomputed(slot))
+        last = slot[-1]
+        cap = last.kept_until if isinstance(last.pk, tuple) else dropped.get(last.pk)
+        if cap is not None and cap < last.last_step:
+            slot[-1] = dataclasses.replace(last, last_step=cap)
+        by_run.update(kept_and_recomputed(slot))
+    steps = defaultdict(lambda: (0, 0))
+    for run_key, (kept, redone) in by_run.items():
+        pk = run_key[0] if isinstance(run_key, tuple) else run_key
+        steps[pk] = (steps[pk][0] + kept, steps[pk][1] + redone)
 
     work = {}
     for instance in billed:
@@ -280,7 +331,7 @@ def _instances_of_jobs(job_ids) -> list[Instance]:
                 .annotate(resume_step=F("resume_checkpoint__step"), resume_from=F("resume_checkpoint__instance_id"))
                 .only("id", "job_id", "rank", "provider", "region", "zone", "instance_type", "market",
                       "registered_at", "running_at", "ended_at", "last_step", "requested_at", "end_reason",
-                      "stopped_disk_sku", "storage_released_at"))
+                      "stopped_disk_sku", "storage_released_at", "earlier_runs"))
 
 
 def _prepared(job_ids, now):

@@ -78,6 +78,18 @@
                 scales: {x: {type: "linear", title: {display: true, text: "step"}},
                          y: {title: {display: true, text: "loss"}}}},
     });
+    const worldSize = document.getElementById("world-size-chart");
+    if (worldSize) {
+      charts.worldSize = new Chart(worldSize, {
+        type: "line",
+        data: {datasets: [{label: "nodes", data: [], borderColor: "#1f5fbf", pointRadius: 3, borderWidth: 2,
+                           stepped: "before"}]},
+        options: {animation: false, maintainAspectRatio: false, parsing: false,
+                  plugins: {legend: {display: false}, tooltip: {callbacks: {label: (ctx) => ctx.raw.text}}},
+                  scales: {x: {type: "linear", ...range, ticks: ticks(range)},
+                           y: {title: {display: true, text: "nodes"}, beginAtZero: true, ticks: {precision: 0}}}},
+      });
+    }
     charts.cost = new Chart(document.getElementById("cost-chart"), {
       type: "line",
       data: {datasets: [
@@ -101,6 +113,14 @@
     curve.data = lossCurve(status.loss);
     for (const dataset of marks) dataset.data = lossMarks(status, dataset.kind);
     charts.loss.update("none");
+    if (charts.worldSize) {
+      /* Each size from its moment on, drawn on to the end of the job's time range. */
+      const points = status.world_sizes.map((w) => ({x: ms(w.at), y: w.world_size, text: `${w.world_size}: ${w.reason}`}));
+      if (points.length) points.push({...points[points.length - 1], x: range.max, text: `${points[points.length - 1].y} now`});
+      charts.worldSize.data.datasets[0].data = points;
+      Object.assign(charts.worldSize.options.scales.x, range, {ticks: ticks(range)});
+      charts.worldSize.update("none");
+    }
     charts.cost.data.datasets[0].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.spent}));
     charts.cost.data.datasets[1].data = status.cost_curve.map((p) => ({x: ms(p.at), y: p.on_demand}));
     charts.cost.update("none");

@@ -1,0 +1,110 @@
+"""An elastic 3-node job (nodes 2..3, docs/elastic.md) on the local provider, end to
+end: one node's VM killed outright, the other two train on without a new VM, re-ranked
+into a gang of 2 from the newest checkpoint (resharded by torch.distributed.checkpoint),
+and finish with bitwise the weights of a run that did the same by hand: 3 ranks up to
+that checkpoint, then 2.
+
+Real processes throughout: gunicorn, a Celery worker and beat, three detached local
+"VMs", each running the agent, which runs its rank of `agents.examples.dcp_loop`
+(DistributedDataParallel over gloo, sharded checkpoints)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.fleet.providers.local import LocalConfig, LocalProvider
+from jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
+from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
+from tests.factories import make_job, make_team_with_members
+from tests.history import job_story
+
+STEPS, EVERY, NODES = 120, 10, 3
+TRAIN = [sys.executable, "-m", "agents.examples.dcp_loop", "--wrap", "ddp", "--steps", str(STEPS), "--every",
+         str(EVERY), "--global-batch", "6"]
+
+
+def final_data_digests(uri: Path) -> dict[str, str]:
+    """The digests of the final checkpoint's DCP data files, as its manifest lists them."""
+    manifest = json.loads((uri / f"step-{STEPS:08d}" / "MANIFEST.json").read_text())
+    return {name: entry["digest"] for name, entry in manifest["files"].items() if name.endswith(".distcp")}
+
+
+def run_by_hand(uri: Path, world: int, steps: int) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
+    env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    argv = [*TRAIN, "--uri", str(uri)]
+    argv[argv.index("--steps") + 1] = str(steps)
+    ranks = [subprocess.Popen(argv, cwd=ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE) for rank in range(world)]
+    for proc in ranks:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+
+
+@pytest.fixture
+def elastic_job(child_env, web_server, tmp_path):
+    env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none",
+           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2,
+                   command=[*TRAIN, "--step-delay", "0.05"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
+                   allowed_clouds=["local"], instance_types=["cpu-small"])
+    worker, beat = start_worker_and_beat(env, tmp_path)
+    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
+    try:
+        yield job, vms, worker
+    finally:
+        beat.stop()
+        worker.stop()
+
+
+@pytest.mark.e2e
+def test_a_node_killed_outright_leaves_two_training_on_and_the_job_finishes_exactly(elastic_job, tmp_path):
+    job, vms, worker = elastic_job
+    wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+               and Checkpoint.objects.filter(job=job, step__gt=0).exists(),
+               timeout=180, what="the gang to run and commit a checkpoint", proc=worker, interval=0.2,
+               explain=lambda: job_story(job.pk, vms))
+    first = list(Instance.objects.filter(job=job, state=InstanceState.RUNNING).order_by("rank"))
+    assert [i.rank for i in first] == [0, 1, 2]
+    killed_at = timezone.now()
+    for pid in vms.processes(first[1].provider_instance_id):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=240,
+               what="the job to finish", proc=worker, interval=0.5, explain=lambda: job_story(job.pk, vms))
+    job.refresh_from_db()
+    story = job_story(job.pk, vms)
+    assert job.status == JobStatus.SUCCEEDED, story
+
+    # No VM was launched: the two survivors trained on, re-ranked 0 and 1 of 2.
+    rows = list(Instance.objects.filter(job=job).order_by("pk").select_related("resume_checkpoint"))
+    assert [i.pk for i in rows] == [i.pk for i in first], story
+    assert rows[1].end_reason in (EndReason.PREEMPTED, EndReason.LOST), story
+    assert [(i.rank, i.world_size, i.gang_generation, i.end_reason) for i in (rows[0], rows[2])] == [
+        (0, 2, 1, EndReason.COMPLETED), (1, 2, 1, EndReason.COMPLETED)], story
+    assert (job.preemptions, job.failure_restarts) == (1, 0), story
+    assert list(job.world_sizes.values_list("world_size", flat=True)) == [3, 2]
+    resumed = rows[0].resume_checkpoint
+    assert resumed is not None and rows[2].resume_checkpoint_id == resumed.pk and 0 < resumed.step < STEPS
+    for survivor in (rows[0], rows[2]):
+        log = "\n".join(line for chunk in LogChunk.objects.filter(instance=survivor) for line in chunk.lines)
+        assert "the gang regrouped (generation 1): rank" in log, log[-3000:]
+        # Training again after the kill: steps past the resume step, reported since.
+        assert StepPoint.objects.filter(instance=survivor, step__gt=resumed.step, time__gt=killed_at).exists(), story
+
+    # The same training by hand: 3 ranks up to the checkpoint the survivors resumed from, then 2.
+    reference = tmp_path / "reference"
+    run_by_hand(reference, 3, resumed.step)
+    run_by_hand(reference, 2, STEPS)
+    ours = final_data_digests(Path(job.storage_uri))
+    assert ours and ours == final_data_digests(reference)

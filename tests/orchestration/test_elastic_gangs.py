@@ -1,0 +1,186 @@
+"""Elastic gangs (issue 20 item 2, docs/elastic.md) in the control plane's own code, on
+PostgreSQL and the local provider: a 3-node job that trains on 2..3 nodes. A node lost
+leaves the survivors training on, re-ranked, from the newest checkpoint, in a new
+generation their heartbeats carry; too few left, the gang is relaunched whole as before;
+a node never placed at the start leaves the gang starting with the rest; the job's world
+sizes are its history."""
+
+import datetime as dt
+import uuid
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from agents.protocol import Action
+from jobs.core import services
+from jobs.core.choices import EndReason, InstanceState, JobStatus
+from jobs.fleet import orchestration
+from jobs.models import Instance, Job, WorldSize
+from tests.factories import make_instance, make_job, make_team_with_members
+
+NODES = 3
+
+
+@pytest.fixture
+def elastic(settings, db):
+    """A running 3-node elastic job (nodes_min 2), each node registered on a local VM id
+    the local provider has never heard of (so `describe` says gone), with a committed
+    checkpoint at step 40."""
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], nodes=NODES, nodes_min=2,
+                   status=JobStatus.RUNNING)
+    WorldSize.objects.create(job=job, world_size=NODES, reason="3 node(s) placed")
+    nodes = [make_instance(job, rank=rank, state=InstanceState.RUNNING, registered=True, hostname=f"node-{rank}",
+                           rendezvous_addr="127.0.0.1:29400", last_step=55) for rank in range(NODES)]
+    with transaction.atomic():
+        services.record_checkpoint(nodes[0].instance, checkpoint_id=uuid.uuid4(), step=40, uri="/c/40", bytes=1,
+                                   manifest_digest="d", kind="periodic", committed_at=timezone.now())
+    return job, nodes
+
+
+def gone(instance: Instance) -> None:
+    """What the reconciler (or check_elastic_gang) does when the cloud says a VM is gone."""
+    orchestration._end_gone(instance, "heartbeat deadline passed; the cloud says gone")
+
+
+def rows(job) -> list[tuple]:
+    return list(Instance.objects.filter(job=job, state__in=InstanceState.LIVE).order_by("rank").values_list(
+        "pk", "rank", "world_size", "gang_generation"))
+
+
+def test_a_node_lost_leaves_the_survivors_training_re_ranked_from_the_newest_checkpoint(elastic):
+    job, nodes = elastic
+    survivors = [nodes[0].instance.pk, nodes[2].instance.pk]
+    gone(nodes[1].instance)
+
+    assert rows(job) == [(survivors[0], 0, 2, 1), (survivors[1], 1, 2, 1)]  # rank 2 moved down to the free slot
+    live = list(Instance.objects.filter(pk__in=survivors).select_related("resume_checkpoint"))
+    assert {i.resume_checkpoint.step for i in live} == {40} and {i.last_step for i in live} == {40}
+    assert len({i.rendezvous_addr for i in live}) == 1 and live[0].rendezvous_addr != "127.0.0.1:29400"
+    assert {i.requested_action for i in live} == {""}  # not told to stop: they go on
+    job.refresh_from_db()
+    assert (job.status, job.preemptions) == (JobStatus.RUNNING, 1)
+    assert Instance.objects.filter(job=job).count() == NODES  # no VM launched
+    assert list(job.world_sizes.values_list("world_size", flat=True)) == [3, 2]
+    assert job.events.filter(message__contains="the gang goes on with 2 of 3 nodes, from step 40").exists()
+
+
+def test_the_heartbeat_answer_names_the_new_generation_and_standby_says_where_the_node_trains_now(elastic):
+    job, nodes = elastic
+    gone(nodes[1].instance)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {nodes[2].agent_token}")
+    beat = client.post("/api/agent/v1/heartbeat", {"event_id": str(uuid.uuid4()), "step": 55}, format="json")
+    assert beat.status_code == 200 and beat.json()["gang_generation"] == 1
+    where = client.get("/api/agent/v1/standby").json()
+    survivor = Instance.objects.get(pk=nodes[2].instance.pk)
+    assert where == {"standby": False, "resume_from": "/c/40", "resume_step": 40, "resume_validation": "skipped",
+                     "rank": 1, "world_size": 2, "rendezvous_addr": survivor.rendezvous_addr, "gang_generation": 1}
+
+
+def test_with_fewer_than_nodes_min_left_the_gang_is_relaunched_whole(elastic):
+    job, nodes = elastic
+    gone(nodes[1].instance)
+    gone(Instance.objects.get(pk=nodes[2].instance.pk))  # now rank 1 of the regrouped pair
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.RECOVERING and job.preemptions == 2
+    assert Instance.objects.get(pk=nodes[0].instance.pk).requested_action == Action.STOP
+    assert job.events.filter(message__contains="fewer than the 2 the job trains on at least").exists()
+
+
+def test_a_gang_that_is_not_elastic_is_relaunched_whole_as_before(elastic):
+    job, nodes = elastic
+    Job.objects.filter(pk=job.pk).update(nodes_min=None)
+    gone(nodes[1].instance)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RECOVERING
+    assert rows(job)[0][1:] == (0, NODES, 0)
+
+
+def test_a_trainer_exit_is_checked_once_per_generation_and_only_for_an_elastic_gang(elastic,
+                                                                                   django_capture_on_commit_callbacks):
+    job, nodes = elastic
+    Instance.objects.filter(pk=nodes[1].instance.pk).update(provider_instance_id="local-901-0000bbbb")  # never ran
+    survivor = nodes[0].instance
+    with django_capture_on_commit_callbacks() as sent, transaction.atomic():
+        services.trainer_exited(survivor, exit_code=1, generation=0)
+        services.trainer_exited(survivor, exit_code=1, generation=0)  # a resent heartbeat
+    assert len(sent) == 1 and Instance.objects.get(pk=survivor.pk).trainer_exited_at is not None
+
+    orchestration.check_elastic_gang(job.pk)  # what the nudge runs: rank 1's VM is gone to the local provider
+    assert Instance.objects.get(pk=nodes[1].instance.pk).end_reason == EndReason.PREEMPTED
+    assert rows(job) == [(survivor.pk, 0, 2, 1), (nodes[2].instance.pk, 1, 2, 1)]
+    assert not Instance.objects.filter(job=job, trainer_exited_at__isnull=False).exists()
+
+    # A word about the old generation, from a node that has not yet seen the regroup, is none.
+    late = Instance.objects.get(pk=nodes[2].instance.pk)
+    with django_capture_on_commit_callbacks() as stale, transaction.atomic():
+        services.trainer_exited(late, exit_code=1, generation=0)
+    assert stale == [] and Instance.objects.get(pk=late.pk).trainer_exited_at is None
+
+    Job.objects.filter(pk=job.pk).update(nodes_min=None)  # nor is one from a gang that is not elastic
+    with django_capture_on_commit_callbacks() as ignored, transaction.atomic():
+        services.trainer_exited(late, exit_code=1, generation=1)
+    assert ignored == [] and Instance.objects.get(pk=late.pk).trainer_exited_at is None
+
+
+def test_a_heartbeat_saying_the_trainer_exited_marks_the_node_waiting(elastic):
+    job, nodes = elastic
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {nodes[1].agent_token}")
+    beat = client.post("/api/agent/v1/heartbeat", {"event_id": str(uuid.uuid4()), "step": 55, "trainer_exit_code": -6,
+                                                   "gang_generation": 0}, format="json")
+    assert beat.status_code == 200, beat.content
+    assert Instance.objects.get(pk=nodes[1].instance.pk).trainer_exited_at is not None
+    assert job.events.filter(message__contains="its trainer exited (code -6)").exists()
+    bad = client.post("/api/agent/v1/heartbeat", {"event_id": str(uuid.uuid4()), "step": 55,
+                                                  "trainer_exit_code": "x"}, format="json")
+    assert bad.status_code == 400 and list(bad.json()["errors"]) == ["trainer_exit_code"]
+
+
+def test_a_trainer_exit_with_every_peer_still_there_is_the_codes_and_stops_the_gang(elastic):
+    job, nodes = elastic  # no node has a VM id: nothing the cloud could call gone
+    services.trainer_exited(nodes[0].instance, exit_code=1, generation=0)
+    orchestration.check_elastic_gang(job.pk)
+    assert set(Instance.objects.filter(job=job).values_list("requested_action", flat=True)) == {Action.STOP}
+    assert rows(job) == [(n.instance.pk, n.instance.rank, NODES, 0) for n in nodes]
+
+
+def test_a_node_never_placed_in_time_leaves_the_gang_starting_with_the_rest(elastic):
+    job, nodes = elastic
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.PROVISIONING)
+    late = nodes[2].instance
+    Instance.objects.filter(pk=late.pk).update(state=InstanceState.REQUESTED, agent_token_hash=None,
+                                               requested_at=timezone.now() - dt.timedelta(hours=1))
+    assert orchestration.retry_stuck_provisioning() == 1
+
+    job.refresh_from_db()
+    assert Instance.objects.get(pk=late.pk).end_reason == EndReason.CAPACITY_ERROR
+    assert rows(job) == [(nodes[0].instance.pk, 0, 2, 1), (nodes[1].instance.pk, 1, 2, 1)]
+    assert (job.status, job.preemptions) == (JobStatus.RUNNING, 0)  # refused capacity is no preemption
+
+
+def test_a_regrouped_gang_succeeds_when_its_nodes_complete(elastic):
+    job, nodes = elastic
+    gone(nodes[1].instance)
+    for pk in (nodes[0].instance.pk, nodes[2].instance.pk):
+        services.record_exit(Instance.objects.select_related("job").get(pk=pk), reason="completed", exit_code=0,
+                             final_step=1000, output_tail="", last_exception="", artifact_uri="", artifact_digest="")
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+
+
+def test_a_min_above_max_is_refused_naming_the_field(elastic):
+    job, _ = elastic
+    client = APIClient()
+    client.force_authenticate(job.owner)
+    answer = client.post("/api/v1/jobs/", {"team": job.team.name, "name": "x", "command": ["python", "t.py"],
+                                           "nodes": 2, "nodes_min": 3}, format="json")
+    assert answer.status_code == 400 and list(answer.json()["errors"]) == ["nodes_min"], answer.json()
+    assert "above nodes 2" in answer.json()["errors"]["nodes_min"][0]
+    detail = client.get(f"/api/v1/jobs/{job.pk}/").json()
+    assert [w["world_size"] for w in detail["world_sizes"]] == [3] and detail["nodes_min"] == 2
