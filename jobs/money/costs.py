@@ -51,7 +51,7 @@ from django.utils import timezone
 
 from jobs.core.choices import EndReason, InstanceState, InterruptionKind
 from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint,
-                         PriceQuote)
+                         PriceQuote, WorldSize)
 from jobs.money import ledger
 
 MONTH_RE = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
