@@ -28,7 +28,9 @@ way it was before the replacement launched on the notice.
 Row `elastic`: `--trials` times, a 3-node job (`agents.examples.dcp_loop`, DDP over gloo,
 sharded checkpoints) runs with a checkpoint, and one node's VM is killed outright
 (SIGKILL to all its processes); timed from the kill to the first step a node reports
-past the step it resumed from. Elastic (nodes 2..3): the two survivors regroup and go
+past the last step made before the kill (both arms redo the steps since their checkpoint
+alike; a node's steps are recorded once, so a survivor's first step after it restarts is
+not seen before that). Elastic (nodes 2..3): the two survivors regroup and go
 on (docs/elastic.md); the baseline, in the same run, is the same job with nodes 3 only,
 relaunched whole on 3 new VMs. --check: p95 elastic / p95 whole relaunch <= 0.5.
 """
@@ -179,14 +181,14 @@ def _team():
 
 def _kill_one_node(var_dir: Path, team, owner, *, elastic: bool, time_limit_s: float) -> float:
     """Seconds from killing rank 1's VM of a fresh 3-node job (once it runs with a
-    checkpoint) to the first step reported past a resume step since. The job is
-    cancelled afterwards and its VMs gone before the next trial."""
-    from django.db.models import F
+    checkpoint) to the first step reported past the last one before the kill. The job
+    is cancelled afterwards and its VMs gone before the next trial."""
+    from django.db.models import Max
     from django.utils import timezone
 
     from jobs.core.choices import InstanceState, JobStatus
     from jobs.core.services import cancel_job
-    from jobs.models import Checkpoint, Instance, Job, StepPoint
+    from jobs.models import Checkpoint, Instance, Job, StepPoint, WorldSize
 
     job = Job.objects.create(
         team=team, owner=owner, name=f"{'elastic' if elastic else 'whole'}-gang", nodes=NODES,
@@ -203,12 +205,17 @@ def _kill_one_node(var_dir: Path, team, owner, *, elastic: bool, time_limit_s: f
             pass
 
     def training_again():
-        # The first step after the resume step, since the kill: an old trainer had made it
-        # before the kill, and makes no step after it (its collectives break).
-        points = StepPoint.objects.filter(job=job, time__gt=killed_at, instance__resume_checkpoint__isnull=False,
-                                          step=F("instance__resume_checkpoint__step") + 1)
-        if elastic:  # the survivors, regrouped (a whole relaunch would be a failed trial)
-            points = points.filter(instance__in=first, instance__gang_generation__gt=0)
+        # The first step past where training was before the kill, as the trainers report each
+        # step (a node's steps are recorded once): both arms resume from a checkpoint at or
+        # before it and redo the steps since alike.
+        if elastic:  # the survivors, once regrouped (a whole relaunch would be a failed trial)
+            regrouped = WorldSize.objects.filter(job=job, world_size=NODES - 1).values_list("at", flat=True).first()
+            if regrouped is None:
+                return None
+            points = StepPoint.objects.filter(job=job, instance__in=first, time__gt=regrouped)
+        else:
+            reached = StepPoint.objects.filter(job=job, instance__in=first).aggregate(step=Max("step"))["step"] or 0
+            points = StepPoint.objects.filter(job=job, time__gt=killed_at, step__gt=reached).exclude(instance__in=first)
         return points.order_by("time").values_list("time", flat=True).first()
 
     _wait(training_again, time_limit_s, f"job {job.pk} to train again after the kill")

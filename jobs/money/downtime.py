@@ -13,6 +13,11 @@ The parts follow the path a recovery takes, each ending at a mark:
   replacement had registered before it (the trainer validates a pending one first);
 - restore: until the replacement reported its first step past the resume step.
 
+An elastic gang that went on without a lost node (docs/elastic.md) requested and
+booted nothing: its capacity and boot parts are zero, and its restore runs from the
+regroup to the first step a survivor reported since (its steps redone from the checkpoint
+included: a node's steps are recorded once).
+
 A mark earlier than the one before it (a replacement requested while the old VM still
 saves) is clamped to it, so that part is zero: only time on the path to the resumed
 training counts, and the parts always add up to the downtime. While an interruption
@@ -28,7 +33,7 @@ from django.db.models import Min, Q
 
 from agents.protocol import CheckpointKind, Purpose
 from jobs.core.choices import InterruptionKind
-from jobs.models import Checkpoint, Instance, MetricPoint
+from jobs.models import Checkpoint, Instance, MetricPoint, StepPoint, WorldSize
 
 PARTS = ("save", "capacity", "boot", "validation", "restore")
 # Marks a recovery must pass; a missing one means the recovery is still in that part.
@@ -131,6 +136,10 @@ def timelines(job_id: int) -> list[Timeline]:
             if old.ended_at is not None:
                 saves = saves.filter(committed_at__lte=old.ended_at)
             saved = saves.order_by("committed_at").values_list("committed_at", flat=True).first()
+        regroup = WorldSize.objects.filter(after_instance=old).select_related("resume_checkpoint").first()
+        if regroup is not None:
+            found.append(_went_on_without(old, at, regroup))
+            continue
         after = Instance.objects.filter(job_id=job_id, rank=old.rank, purpose=Purpose.TRAIN, pk__gt=old.pk).order_by("pk")
         first = after.first()
         trained = _first_training(after)
@@ -143,6 +152,22 @@ def timelines(job_id: int) -> list[Timeline]:
                        if replacement and replacement.resume_checkpoint else None),
             resumed=trained[1] if trained else None, replacement_id=replacement.pk if replacement else None))
     return found
+
+
+def _went_on_without(old: Instance, interrupted: dt.datetime, regroup: WorldSize) -> Timeline:
+    """An elastic gang went on without the node on the VMs it had (services.regroup):
+    nothing was requested or booted (those marks are the regroup's moment), and it
+    resumed at the first step a node's trainer reported since (StepPoint; a node's steps
+    are kept once, so that is its first step past where it was before: the steps redone
+    from the checkpoint count as restore); a trainer that reports no steps, at the first
+    heartbeat past the resume step."""
+    resume_step = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
+    after = {"job_id": old.job_id, "time__gt": regroup.at}
+    resumed = (StepPoint.objects.filter(**after).aggregate(at=Min("time"))["at"]
+               or MetricPoint.objects.filter(**after, step__gt=resume_step).exclude(instance=old).aggregate(
+                   at=Min("time"))["at"])
+    return Timeline(instance_id=old.pk, kind=_end_kind(old), interrupted=interrupted, requested=regroup.at,
+                    registered=regroup.at, resumed=resumed)
 
 
 def _first_training(instances) -> tuple[Instance, dt.datetime] | None:

@@ -184,3 +184,38 @@ def test_a_min_above_max_is_refused_naming_the_field(elastic):
     assert "above nodes 2" in answer.json()["errors"]["nodes_min"][0]
     detail = client.get(f"/api/v1/jobs/{job.pk}/").json()
     assert [w["world_size"] for w in detail["world_sizes"]] == [3] and detail["nodes_min"] == 2
+
+
+def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db, settings):
+    """3 nodes to step 130 with a checkpoint at 100; rank 1 lost; ranks 0 and 2 (now 1)
+    go on from 100 to 300. Kept: rank 0 and the old rank 2 each 100 + 200, the lost node
+    the 100 the gang went on from (not its 30 past it). Redone: 30 on each survivor. The
+    downtime: nothing requested or booted; restore until a survivor's first step since."""
+    from datetime import timedelta
+
+    from jobs.models import StepPoint
+    from jobs.money import costs, downtime
+    from tests.costs.history import T, heartbeats, launched, seed_prices
+
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    seed_prices()
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2, status=JobStatus.RUNNING)
+    nodes = [launched(job, at=T(3, 1, 2), last_step=130, rank=rank) for rank in range(NODES)]
+    heartbeats(nodes[1], [(timezone.now() - timedelta(seconds=10), 130)])
+    with transaction.atomic():
+        ckpt, _ = services.record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
+                                             manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
+    gone(nodes[1])
+    regrouped = job.world_sizes.get(world_size=2)
+    StepPoint.objects.create(job=job, instance=nodes[2], step=131, time=regrouped.at + timedelta(seconds=3))
+    Instance.objects.filter(pk__in=[nodes[0].pk, nodes[2].pk]).update(
+        last_step=300, state=InstanceState.ENDED, end_reason=EndReason.COMPLETED, ended_at=T(3, 1, 5))
+
+    work = costs.job_cost(job, T(3, 2)).work
+    assert {pk: (w.steps_kept, w.recomputed_steps) for pk, w in work.items()} == {
+        nodes[0].pk: (300, 30), nodes[1].pk: (100, 0), nodes[2].pk: (300, 30)}
+
+    _, (lost,) = downtime.job_downtime(job.pk, timezone.now())
+    assert lost.instance_id == nodes[1].pk and lost.replacement_id is None and lost.resumed is not None
+    assert lost.parts["boot"] == 0 and 2.9 <= lost.parts["restore"] <= 3.1 and lost.parts["capacity"] >= 9
