@@ -11,15 +11,22 @@ import sys
 
 import pytest
 
+from agents.metadata_server import MetadataServer
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.fleet import orchestration
 from jobs.models import Instance, InstanceEvent
 from tests.agent.live import AgentProcess
-from tests.agent.test_agent_actions import imds  # noqa: F401  (a fixture)
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def imds():
+    server = MetadataServer("aws").start()
+    yield server
+    server.stop()
 
 # Writes the gang it was started in, one JSON line a start, then trains (sleeps) on.
 SAYS_ITS_GANG = ("import json, os, sys, time; f = open(sys.argv[1], 'a'); "
@@ -41,7 +48,7 @@ def agent_for(setup, child_env, tmp_path, web_server, imds):
                         provider="aws", metadata_url=imds.url).start()
 
 
-def test_a_regroup_restarts_the_trainer_in_the_new_gang(team_setup, child_env, web_server, tmp_path, imds):  # noqa: F811
+def test_a_regroup_restarts_the_trainer_in_the_new_gang(team_setup, child_env, web_server, tmp_path, imds):
     starts = tmp_path / "starts.jsonl"
     job, rank0, rank1 = elastic_pair(team_setup, tmp_path, [sys.executable, "-c", SAYS_ITS_GANG, str(starts)])
     agent = agent_for(rank0, child_env, tmp_path, web_server, imds)
@@ -62,7 +69,7 @@ def test_a_regroup_restarts_the_trainer_in_the_new_gang(team_setup, child_env, w
 
 
 def test_a_failing_trainer_waits_for_the_word_and_with_its_peers_there_ends_failed_with_its_code(
-        team_setup, child_env, web_server, tmp_path, imds):  # noqa: F811
+        team_setup, child_env, web_server, tmp_path, imds):
     job, rank0, rank1 = elastic_pair(team_setup, tmp_path, [sys.executable, "-c", "raise SystemExit(3)"])
     agent = agent_for(rank0, child_env, tmp_path, web_server, imds)
     try:

@@ -1,7 +1,10 @@
 """A job run on the whole stack to its end: the Celery worker and beat of tests.conftest
 started for it, waited on until the job is terminal, stopped whatever happens."""
 
+import contextlib
+
 from jobs.core.choices import JobStatus
+from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from jobs.models import Job
 from tests.conftest import start_worker_and_beat, wait_until
 from tests.history import job_story
@@ -22,3 +25,15 @@ def run_to_the_end(job: Job, env: dict, tmp_path, *, timeout: float = 800, meanw
         worker.stop()
     job.refresh_from_db()
     return job
+
+
+@contextlib.contextmanager
+def local_gang_stack(job: Job, env: dict, tmp_path):
+    """A Celery worker and beat started for a job on local VMs: yields (job, the VMs'
+    provider, the worker); stops beat, then the worker, whatever happens."""
+    worker, beat = start_worker_and_beat(env, tmp_path)
+    try:
+        yield job, LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms"))), worker
+    finally:
+        beat.stop()
+        worker.stop()

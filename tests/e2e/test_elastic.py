@@ -19,9 +19,9 @@ import pytest
 from django.utils import timezone
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
-from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
+from tests.conftest import ROOT, free_port, wait_until
+from tests.e2e.stack import local_gang_stack
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -56,13 +56,8 @@ def elastic_job(child_env, web_server, tmp_path):
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2,
                    command=[*TRAIN, "--step-delay", "0.05"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
                    allowed_clouds=["local"], instance_types=["cpu-small"])
-    worker, beat = start_worker_and_beat(env, tmp_path)
-    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
-    try:
-        yield job, vms, worker
-    finally:
-        beat.stop()
-        worker.stop()
+    with local_gang_stack(job, env, tmp_path) as running:
+        yield running
 
 
 @pytest.mark.e2e

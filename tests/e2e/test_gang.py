@@ -25,10 +25,10 @@ import pytest
 import requests
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
 from jobs.money.downtime import job_downtime
-from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
+from tests.conftest import ROOT, free_port, wait_until
+from tests.e2e.stack import local_gang_stack
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -68,13 +68,8 @@ def gang_job(child_env, web_server, tmp_path):
                    checkpoint_uri=str(tmp_path / "ckpt"), allowed_clouds=["local"], instance_types=["cpu-small"],
                    validation_model_factory="agents.examples.tiny:make_model",
                    validation_batch_factory="agents.examples.tiny:validation_batch")
-    worker, beat = start_worker_and_beat(env, tmp_path)
-    vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
-    try:
-        yield job, vms, worker
-    finally:
-        beat.stop()
-        worker.stop()
+    with local_gang_stack(job, env, tmp_path) as running:
+        yield running
 
 
 def first_gang_running_with_a_checkpoint(job: Job, vms, worker) -> list[Instance]:

@@ -219,3 +219,19 @@ def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db
     _, (lost,) = downtime.job_downtime(job.pk, timezone.now())
     assert lost.instance_id == nodes[1].pk and lost.replacement_id is None and lost.resumed is not None
     assert lost.parts["boot"] == 0 and 2.9 <= lost.parts["restore"] <= 3.1 and lost.parts["capacity"] >= 9
+
+
+def test_the_job_page_plots_the_world_size_and_says_the_gang_is_elastic(elastic):
+    from django.test import Client
+
+    job, nodes = elastic
+    gone(nodes[1].instance)
+    browser = Client()
+    browser.force_login(job.owner)
+    page = browser.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="world-size-chart"' in page and "an elastic gang of 2 to 3" in page
+    sizes = browser.get(f"/jobs/{job.pk}/status.json").json()["world_sizes"]
+    assert [(s["world_size"], s["reason"]) for s in sizes] == [
+        (3, "3 node(s) placed"), (2, f"instance {nodes[1].instance.pk} preempted: the gang goes on with 2 of 3 nodes")]
+    single = make_job(job.team, job.owner, status=JobStatus.RUNNING)
+    assert 'id="world-size-chart"' not in browser.get(f"/jobs/{single.pk}/").content.decode()
