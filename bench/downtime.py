@@ -51,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.relaunch import embedded_env, p95, unused_port  # noqa: E402  (after the path insert)
+from bench.relaunch import age, embedded_env, p95, unused_port  # noqa: E402  (after the path insert)
 
 TARGET_RATIO = 0.35
 TARGET_ELASTIC = 0.5
@@ -225,6 +225,10 @@ def _kill_one_node(var_dir: Path, team, owner, *, elastic: bool, time_limit_s: f
     cancel_job(job, by=owner)
     _wait(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL and not Instance.objects.filter(
         job=job, state__in=InstanceState.LIVE).exists(), time_limit_s, f"job {job.pk} to stop")
+    # The bench killed that VM, not the cloud: it must not steer the next trials' placement
+    # (the policy counts confirmed preemptions against a zone, and backs off after bursts).
+    job.instances.filter(preemption_confirmed=True).update(preemption_confirmed=False)
+    age(job.instances.values_list("pk", flat=True))
     return seconds
 
 

@@ -143,3 +143,35 @@ def test_a_job_from_the_form_to_a_preemption_on_its_timeline(dashboard, tmp_path
 
         assert not errors, f"script errors on the page: {errors}"
         assert not outside, f"the page asked for something beyond the control plane: {outside}"
+
+
+def test_an_elastic_gangs_world_size_falls_on_its_chart_without_a_reload(dashboard, tmp_path):
+    """A 3-node elastic job drawn at 3; a node lost, the chart steps down to 2 in place."""
+    from playwright.sync_api import expect
+
+    from jobs.core.choices import InstanceState
+    from jobs.fleet import orchestration
+    from jobs.models import Instance, WorldSize
+    from tests.conftest import wait_until
+    from tests.factories import make_job
+
+    server, setup = dashboard
+    member = setup.people[Role.MEMBER]
+    job = make_job(setup.team, member.user, name="elastic", nodes=3, nodes_min=2, status=JobStatus.RUNNING)
+    WorldSize.objects.create(job=job, world_size=3, reason="3 node(s) placed")
+    nodes = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(3)]
+    sizes = "respawnCharts.worldSize.data.datasets[0].data.map(p => p.y)"
+    with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, tmp_path / "screenshots"):
+        page.goto("/login/")
+        page.get_by_label("Username").fill(member.user.username)
+        page.get_by_label("Password").fill(PASSWORD)
+        page.get_by_role("button", name="Log in").click()
+        page.goto(f"/jobs/{job.pk}/")
+        expect(page.get_by_role("heading", name="World size")).to_be_visible()
+        drawn = f"window.respawnCharts && respawnCharts.worldSize ? {sizes} : null"
+        wait_until(lambda: page.evaluate(drawn) == [3, 3], timeout=LIVE_S / 1000, what="3 nodes from placing to now")
+        page.evaluate("window.__sameDocument = true")
+        orchestration._end_gone(Instance.objects.get(pk=nodes[1].pk), "the cloud says gone")
+        wait_until(lambda: page.evaluate(drawn) == [3, 2, 2], timeout=LIVE_S / 1000, what="the chart to step down to 2")
+        assert page.evaluate("window.__sameDocument") is True
+        assert errors == [] and outside == []
