@@ -444,10 +444,10 @@ def go_on_with_survivors(job: Job, end_reason: str, instance_id: int | None) -> 
         log_job_event(job.pk, f"{what}: {len(survivors)} node(s) left, fewer than the {job.nodes_min} the job "
                               "trains on at least; the gang is relaunched whole")
         return False
-    counted = {"preemptions": F("preemptions") + 1} if end_reason in (EndReason.PREEMPTED, EndReason.LOST) else {}
-    if counted:
-        Job.objects.filter(pk=job.pk).update(**counted)
     regroup(job, survivors, f"{what}: the gang goes on with {len(survivors)} of {job.nodes} nodes", after=instance_id)
+    if end_reason in (EndReason.PREEMPTED, EndReason.LOST):
+        # The job's row last, after the instances': the order a heartbeat locks them in.
+        Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
     return True
 
 
@@ -457,7 +457,9 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
     checkpointer), and a new generation, which their heartbeat answers carry: each agent
     then restarts its trainer (agents.agent.lifecycle). A node not yet registered learns
     it all from its register answer. Ranks only move down, so taking the rows in rank
-    order keeps one live instance per slot at every statement. Each node's run until now
+    order keeps one live instance per slot at every statement, and the job's row is
+    written only after them (a survivor's heartbeat locks its instance, then the job:
+    the other order deadlocks with it). Each node's run until now
     is kept in its earlier_runs, for the money (the work each run kept); `after`: the
     instance whose loss caused it."""
     resume = usable_checkpoint(job)
