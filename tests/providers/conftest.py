@@ -12,7 +12,8 @@ from tests.providers.helpers import MotoRecorder
 
 
 @pytest.fixture(scope="session")
-def moto_url():
+def moto_url(tmp_path_factory):
+    from moto import moto_api
     from moto import settings as moto_settings
     from moto.server import ThreadedMotoServer
 
@@ -23,6 +24,10 @@ def moto_url():
         # test may have imported it already: set the values it reads at call time.
         patch.setattr(moto_settings, "EC2_ENABLE_INSTANCE_TYPE_VALIDATION", True)
         patch.setattr(moto_settings, "ENABLE_AMI_VALIDATION", True)
+        # The recorder writes to ./moto_recording unless told otherwise, so every xdist
+        # worker's server shared one file and one worker's reset emptied another's
+        # recording mid-test. It too reads its variable at import: give this server its own.
+        patch.setattr(moto_api.recorder, "_location", str(tmp_path_factory.mktemp("moto") / "recording"))
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()
