@@ -5,9 +5,11 @@ themselves (that is `jobs.core.transitions`)."""
 from __future__ import annotations
 
 import logging
+import random
 import socket
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -426,10 +428,25 @@ def current_world_size(job: Job) -> int:
 
 def free_local_address() -> str:
     """A rendezvous address for a gang of local "VMs", which share this machine: a port
-    free here now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+    free here now, below the kernel's ephemeral range. A port from that range (bind to
+    0) can be taken by any outgoing connection (a heartbeat, a query) in the seconds
+    before rank 0's trainer binds it, and the gang's trainers then fail on EADDRINUSE."""
+    ephemeral_low = _lowest_ephemeral_port()
+    for port in random.sample(range(max(1024, ephemeral_low - 16384), ephemeral_low), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return f"127.0.0.1:{port}"
+    raise OSError("no free port below the ephemeral range for a local gang's rendezvous")
+
+
+def _lowest_ephemeral_port() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; other systems' ranges start higher
 
 
 def go_on_with_survivors(job: Job, end_reason: str, instance_id: int | None) -> bool:

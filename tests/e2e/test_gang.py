@@ -91,11 +91,12 @@ def run_to_the_end(job: Job, vms, worker) -> Job:
     return job
 
 
-def gangs(job: Job) -> list[list[Instance]]:
-    """The job's instances, gang by gang (each provisioned as NODES consecutive rows)."""
+def two_gangs(job: Job, vms) -> list[list[Instance]]:
+    """The job's instances, gang by gang (each provisioned as NODES consecutive rows):
+    the one interrupted and the one that finished."""
     rows = list(Instance.objects.filter(job=job).order_by("pk"))
-    assert len(rows) % NODES == 0, [(i.pk, i.rank) for i in rows]
-    return [rows[i:i + NODES] for i in range(0, len(rows), NODES)]
+    assert len(rows) == 2 * NODES, job_story(job.pk, vms)
+    return [rows[:NODES], rows[NODES:]]
 
 
 @pytest.mark.e2e
@@ -114,7 +115,7 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     assert InterruptionEvent.objects.get(instance=first[1], kind="notice").checkpoint_saved  # within its deadline
 
     job = run_to_the_end(job, vms, worker)
-    interrupted, relaunched = gangs(job)
+    interrupted, relaunched = two_gangs(job, vms)
     assert job.preemptions == 1, job_story(job.pk, vms)
     assert [i.end_reason for i in interrupted] == [EndReason.FENCED, EndReason.PREEMPTED], job_story(job.pk, vms)
     assert [i.end_reason for i in relaunched] == [EndReason.COMPLETED] * NODES
@@ -151,7 +152,7 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
     last_commit = Checkpoint.objects.filter(job=job).order_by("-step").first()
 
     job = run_to_the_end(job, vms, worker)
-    interrupted, relaunched = gangs(job)
+    interrupted, relaunched = two_gangs(job, vms)
     assert interrupted[1].end_reason in (EndReason.PREEMPTED, EndReason.LOST)
     assert job.preemptions == 1 and job.failure_restarts == 0
     assert not Checkpoint.objects.filter(job=job, kind="notice").exists()  # no collective save with a dead rank

@@ -7,6 +7,7 @@ hands over whole or not at all."""
 
 import datetime as dt
 import uuid
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -68,6 +69,9 @@ def test_a_notice_to_one_node_launches_a_spare_for_every_node_in_one_placement_a
     assert len({(s.zone, s.instance_type) for s in spares}) == 1 and spares[0].zone != "local-a"
     # A rendezvous of their own: the new gang never meets the old one.
     assert spares[0].rendezvous_addr and spares[0].rendezvous_addr == spares[1].rendezvous_addr != "127.0.0.1:29400"
+    # Below the ephemeral range: no heartbeat's connection can take the port before rank 0 binds it.
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert int(spares[0].rendezvous_addr.rsplit(":", 1)[1]) < ephemeral_low
     # The noticed node trains on while they boot; its peer, told nothing, trains on too.
     assert actions(nodes) == ["", Action.HOLD]
     assert job.events.filter(message__contains=f"spare instances {spares[0].pk}, {spares[1].pk} launching").exists()
