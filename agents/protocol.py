@@ -195,8 +195,9 @@ class JobSpec:
     run_id: str = ""
     # OCI image the trainer runs in (agents/agent/container.py); empty: the VM's own Python.
     container_image: str = ""
-    # A spare launched on another VM's notice (docs/spares.md): prepare, then poll `standby`
-    # and start the trainer only once promoted, from the checkpoint that answer names.
+    # A spare launched on another VM's notice (docs/spares.md), or a joiner launched to grow an
+    # elastic gang back (docs/elastic.md): prepare, then poll `standby` and start the trainer
+    # only once promoted, where and from the checkpoint that answer names.
     standby: bool = False
     # On a notice whose window leaves more than notice_budget_s, train on a few seconds for the
     # control plane's word: `hold` (a spare is launching) keeps training until checkpoint_and_stop
@@ -237,7 +238,7 @@ class HeartbeatAnswer:
 
 @dataclass(kw_only=True)
 class StandbyAnswer:
-    standby: bool = False  # still waiting for the instance it stands by for to end
+    standby: bool = False  # still waiting: for the instance it stands by for to end, or for its gang to grow
     resume_from: str | None = None  # once promoted: as JobSpec's
     resume_step: int | None = None
     resume_validation: str = ""

@@ -328,6 +328,9 @@ RESPAWN = {
     "LAUNCH_RESEND_S": env_float("RESPAWN_LAUNCH_RESEND_S", 60.0),
     # An instance that has not registered this long after its launch request is replaced.
     "PROVISION_TIMEOUT_S": env_float("RESPAWN_PROVISION_TIMEOUT_S", 900.0),
+    # An elastic gang below its full size tries to grow back this long after it shrank, and
+    # again this long after each try that capacity refused (docs/elastic.md).
+    "GROW_RETRY_S": env_float("RESPAWN_GROW_RETRY_S", 300.0),
     "MAX_LOG_LINES_PER_BATCH": int(os.environ.get("RESPAWN_MAX_LOG_LINES", 1000)),
     # The price refreshers (jobs/money/refreshers/config.py: RefreshConfig's fields).
     "PRICE_REFRESH": {

@@ -334,11 +334,15 @@ class Instance(models.Model):
         help_text="A spare launched on this instance's notice (docs/spares.md): it boots and prepares but holds no "
                   "node slot and trains nothing until that instance has ended; then it is promoted (this is "
                   "cleared). Kept on a spare that ended before that.")
+    joining = models.BooleanField(
+        default=False, help_text="A joiner (docs/elastic.md): launched to grow an elastic gang back to its full size; "
+                                 "it boots and prepares but trains nothing until the gang, at its next checkpoint, "
+                                 "regroups with it (this is then cleared). Kept on a joiner that ended before.")
     standby_ready_at = models.DateTimeField(
         null=True, blank=True,
-        help_text="When this spare, booted and prepared, first asked whether it may train. The instances spares "
-                  "stand by for are told to save and stop once every spare of the job is ready: a gang hands "
-                  "over whole.")
+        help_text="When this spare or joiner, booted and prepared, first asked whether it may train. The instances "
+                  "spares stand by for are told to save and stop once every spare of the job is ready: a gang hands "
+                  "over whole; an elastic gang is asked to checkpoint once every joiner is.")
     # A spot VM the cloud stops rather than deletes on eviction (Azure, eviction policy
     # Deallocate) keeps its disk, billed until the VM is deleted.
     stopped_disk_sku = models.CharField(

@@ -116,6 +116,7 @@ def reconcile() -> int:
             handled += 1
     handled += orchestration.retry_stuck_provisioning()
     orchestration.release_stale_spares()
+    orchestration.grow_elastic_gangs()
     orchestration.release_stopped_disks()
     orchestration.resend_lost_launches()
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():

@@ -558,13 +558,16 @@ class Agent:
                                 give_up=(self.config.register_timeout_s, f"rank {job.rank} got no rendezvous address within {self.config.register_timeout_s}s: rank 0 did not register"))
 
     def _await_promotion(self) -> protocol.ExitReport | None:
-        """A spare (docs/spares.md), booted and prepared during another VM's notice: ask
-        `standby` every STANDBY_POLL_S until that VM has ended and this one is promoted, then take
-        the checkpoint the answer names. No limit here: the control plane releases a
-        spare it will not need (the `stop` this loop ends on)."""
+        """A spare (docs/spares.md), booted and prepared during another VM's notice, or a
+        joiner of an elastic gang (docs/elastic.md): ask `standby` every STANDBY_POLL_S until
+        this one is promoted (that VM has ended, or the gang regrouped with it), then take the
+        checkpoint, and a joiner its rank, world size and rendezvous, that the answer names.
+        No limit here: the control plane releases one it will not need (the `stop` this loop
+        ends on)."""
         job = self.job
         assert job is not None
-        self._agent_line("spare: prepared; waiting for the noticed VM's checkpoint before training")
+        self._agent_line("standing by: prepared; training once promoted (a spare: after the noticed VM's checkpoint; "
+                         "a joiner: when its gang regroups with it at a checkpoint)")
 
         def promoted(answer: dict) -> bool:
             if answer.get("standby") is not False:
@@ -573,6 +576,11 @@ class Agent:
             job.resume_from = answer.get("resume_from") if isinstance(answer.get("resume_from"), str) else None
             job.resume_step = resume_step if isinstance(resume_step, int) else None
             job.resume_validation = str(answer.get("resume_validation") or "")
+            generation, rank, world, addr = (answer.get(k) for k in ("gang_generation", "rank", "world_size", "rendezvous_addr"))
+            if job.elastic and isinstance(generation, int) and isinstance(rank, int) and isinstance(world, int) \
+                    and 0 <= rank < world and isinstance(addr, str):
+                job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = rank, world, addr, generation
+                self.regroup_wanted = False  # this is the regroup its heartbeat may have announced
             job.standby = False
             self.status.start_step = job.resume_step or 0
             return True
@@ -594,7 +602,7 @@ class Agent:
         def regrouped(answer: dict) -> bool:
             nonlocal gave_up
             generation, rank, world, addr = (answer.get(k) for k in ("gang_generation", "rank", "world_size", "rendezvous_addr"))
-            if isinstance(generation, int) and generation != job.gang_generation:
+            if isinstance(generation, int) and generation > job.gang_generation:
                 if isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world and isinstance(addr, str):
                     job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = rank, world, addr, generation
                     resume_step = answer.get("resume_step")
@@ -818,9 +826,10 @@ class Agent:
         heartbeat = finite_or_none(answer.get("heartbeat_interval_s"))
         if heartbeat is not None and heartbeat > 0:
             self.heartbeat_interval_s = heartbeat
+        # Generations only grow: the answer to a heartbeat sent before a regroup may still name the older one.
         generation = answer.get("gang_generation")
         if self.job is not None and self.job.elastic and isinstance(generation, int) and \
-                generation != self.job.gang_generation and not self.regroup_wanted:
+                generation > self.job.gang_generation and not self.regroup_wanted:
             self.regroup_wanted = True
             if self.trainer is not None and not self.preparing and self.trainer.poll() is None:
                 # Its gang lost a node (its collectives are broken or soon will be) or regroups:
@@ -833,7 +842,10 @@ class Agent:
         elif self.hold_until is not None and action == protocol.Action.HOLD and self.hold_until != self.hold_limit:
             self.hold_until = self.hold_limit
             self._agent_line("a spare is launching: training on until it is ready")
-        elif action == protocol.Action.CHECKPOINT and self._checkpoint_wanted(heartbeat_sent_at):
+        elif action == protocol.Action.CHECKPOINT and self._checkpoint_wanted(heartbeat_sent_at) \
+                and os.path.exists(self.paths.status):
+            # Only a trainer that has reported (its status file) has the library's SIGUSR1 handler:
+            # one still importing would die of it. The answer is repeated until a commit.
             self.checkpoint_requested = True
             self._signal_trainer(protocol.SIGNAL_CHECKPOINT_NOW)
         elif action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP) and not (self.stopped_by_control_plane or self.notice):

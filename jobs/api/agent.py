@@ -461,9 +461,12 @@ class StandbyView(AgentView):
     stands by for lives, then, promoted, the checkpoint to resume from, fixed at the
     promotion (services.promote_spares). Asking says the spare is ready: once every spare
     of the job is (a gang's every node has one), the instances they stand by for, training
-    on through the notice, are told to save and stop (idempotent, as a GET must be). Any
-    other instance reads `standby` false and its own resume checkpoint, with where it
-    trains now: a node of an elastic gang asks here after a regroup (services.regroup)."""
+    on through the notice, are told to save and stop (idempotent, as a GET must be). A
+    joiner (docs/elastic.md) polls the same way: `standby` until its gang regroups with it,
+    then its rank, world size, rendezvous and resume; its asking says it is ready
+    (services.joiner_ready). Any other instance reads `standby` false and its own resume
+    checkpoint, with where it trains now: a node of an elastic gang asks here after a
+    regroup (services.regroup)."""
 
     @extend_schema(responses=inline_serializer("StandbyAnswer", {
         "standby": serializers.BooleanField(), "resume_from": serializers.CharField(allow_null=True),
@@ -474,9 +477,11 @@ class StandbyView(AgentView):
         instance = Instance.objects.select_related("resume_checkpoint").get(pk=self.instance.pk)
         if instance.standby_for_id is not None:
             services.spare_ready(instance)
+        elif instance.joining:
+            services.joiner_ready(instance)
         resume = instance.resume_checkpoint
         return Response(protocol.to_dict(protocol.StandbyAnswer(
-            standby=instance.standby_for_id is not None, resume_from=resume.uri if resume else None,
+            standby=instance.standby_for_id is not None or instance.joining, resume_from=resume.uri if resume else None,
             resume_step=resume.step if resume else None, resume_validation=resume.validation if resume else "",
             rank=instance.rank, world_size=instance.world_size, rendezvous_addr=instance.rendezvous_addr,
             gang_generation=instance.gang_generation)))
@@ -625,7 +630,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         source_git_commit=job.source_git_commit,
         run_id=trackers.run_id(job),
         container_image=job.container_image,
-        standby=instance.standby_for_id is not None,
+        standby=instance.standby_for_id is not None or instance.joining,
         notice_hold=not post,  # a training VM's notice launches spares (services.record_notice)
         spare_on_rebalance=job.spare_on_rebalance and job.nodes == 1 and not post,
     )

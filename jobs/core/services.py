@@ -21,7 +21,7 @@ from jobs.core import nudges, secret_env
 from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.core.signals import checkpoint_invalid
-from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
+from jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize, failure_message
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,10 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
     """The agent is up: the instance runs, and its resume checkpoint is fixed now. Its
     checkpoint interval is the fleet's to set (jobs.fleet.placement.refresh_interval)."""
     now = timezone.now()
-    # A spare's checkpoint is fixed when it is promoted (promote_spare), not before the notice save.
-    resume = usable_checkpoint(instance.job) if instance.standby_for_id is None else None
+    # A spare's checkpoint is fixed when it is promoted (promote_spare), not before the notice
+    # save; a joiner's when its gang regroups with it.
+    standing_by = instance.standby_for_id is not None or instance.joining
+    resume = None if standing_by else usable_checkpoint(instance.job)
     if instance.state == InstanceState.REQUESTED:
         transition_instance(instance.pk, InstanceState.REQUESTED, InstanceState.BOOTING, message="agent registered")
     transition_instance(
@@ -123,7 +125,7 @@ def register_instance(instance: Instance, *, hostname: str, agent_version: str, 
         heartbeat_deadline=now + heartbeat_timeout(),
         resume_checkpoint=resume,
         # where its trainer starts, until it reports (a spare's heartbeats must not move the job's step back)
-        last_step=resume.step if resume else (instance.job.last_step if instance.standby_for_id else 0),
+        last_step=resume.step if resume else (instance.job.last_step if standing_by else 0),
         # The VM's id as the cloud gave it at launch wins over the agent's word (it decides
         # which VM the control plane asks about and terminates); the agent's is taken only
         # when it registered before its launch was recorded.
@@ -218,7 +220,9 @@ def record_notice(instance: Instance, *, source: str, notice_time, deadline, raw
     if instance.state == InstanceState.RUNNING:
         transition_instance(instance.pk, InstanceState.RUNNING, InstanceState.PREEMPTING, message=f"notice from {source}")
     log_job_event(instance.job_id, f"preemption notice for instance {instance.pk} ({source})")
-    if instance.purpose == Purpose.TRAIN and instance.job.status == JobStatus.RUNNING:
+    if instance.joining:
+        pass  # it trains nothing yet: its end leaves the gang as it is (_after_joiner_ended)
+    elif instance.purpose == Purpose.TRAIN and instance.job.status == JobStatus.RUNNING:
         # Its replacement boots during the notice, a gang's every node's; the gang trains on
         # meanwhile and saves together once they are ready, or at once when none is coming.
         nudges.send_on_commit(nudges.LAUNCH_SPARE, instance.pk)
@@ -295,6 +299,9 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
         transaction.on_commit(lambda: _hand_over_to_spares(instance.pk))
     if instance.requested_action == Action.CHECKPOINT:
         Instance.objects.filter(pk=instance.pk, requested_action=Action.CHECKPOINT).update(requested_action="")
+    if live_joiners(job.pk).exists():
+        # After this transaction too: the regroup writes the nodes' rows before the job's.
+        transaction.on_commit(lambda: grow_with_joiners(job.pk))
     return checkpoint, True
 
 
@@ -379,9 +386,14 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
     once the second decision sees the first. Returns whether an elastic gang went on
     without the instance (go_on_with_survivors)."""
     job = Job.objects.get(pk=job_id)
+    if instance_id is not None and Instance.objects.filter(pk=instance_id, joining=True).exists():
+        _after_joiner_ended(job, instance_id, end_reason)
+        return False
     if instance_id is not None and Instance.objects.filter(pk=instance_id, standby_for__isnull=False).exists():
         _after_spare_ended(job, instance_id, end_reason)
         return False
+    # Joiners grow the gang that launched them; a node of it ended first (lost, done, failed...).
+    release_joiners(job_id, f"instance {instance_id} ended {end_reason} before the gang took them in")
     spares = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False)
     if spares.filter(standby_for__state=InstanceState.ENDED).exists():
         if end_reason in SPARE_TAKES_OVER and job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
@@ -416,9 +428,15 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
 
 
 def training_nodes(job_id: int):
-    """The job's live training instances that hold a node slot (not spares, not a post step)."""
+    """The job's live training instances that hold a node slot (not spares, not joiners,
+    not a post step)."""
     return Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=True,
-                                   purpose=Purpose.TRAIN)
+                                   joining=False, purpose=Purpose.TRAIN)
+
+
+def live_joiners(job_id: int):
+    """The job's live joiners: launched to grow its elastic gang back (docs/elastic.md)."""
+    return Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, joining=True)
 
 
 def current_world_size(job: Job) -> int:
@@ -493,13 +511,56 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
                "last_step": node.last_step, "kept_until": resume.step if resume else 0, "until": now.isoformat()}
         Instance.objects.filter(pk=node.pk).update(
             rank=rank, world_size=len(nodes), rendezvous_addr=addr, gang_generation=generation,
-            trainer_exited_at=None, resume_checkpoint=resume, last_step=resume.step if resume else 0,
-            earlier_runs=[*node.earlier_runs, ran] if node.registered_at else [])
+            trainer_exited_at=None, resume_checkpoint=resume, last_step=resume.step if resume else 0, joining=False,
+            earlier_runs=[*node.earlier_runs, ran] if node.registered_at and not node.joining else [])
+    # A checkpoint asked of a trainer that now restarts is void (a joiner's readiness asks one).
+    Instance.objects.filter(pk__in=[node.pk for node in nodes], requested_action=Action.CHECKPOINT).update(
+        requested_action="")
     WorldSize.objects.create(job=job, at=now, world_size=len(nodes), reason=why, after_instance_id=after,
                              resume_checkpoint=resume)
     log_job_event(job.pk, f"{why}, from " + (f"step {resume.step}" if resume else "the start")
                   + f" (elastic gang, generation {generation})")
     _running_once_all_registered(Job.objects.get(pk=job.pk))
+
+
+def joiner_ready(joiner: Instance) -> None:
+    """A joiner, booted and prepared, asked whether it may train. Once every joiner of the
+    job is ready, the gang is asked for a checkpoint (of rank 0: a request to any rank
+    saves the same step on all), at whose commit it grows (grow_with_joiners). The joiners
+    are locked first, so two asking at once see each other's mark."""
+    with transaction.atomic():
+        joiners = list(live_joiners(joiner.job_id).select_for_update().order_by("pk"))
+        if not Instance.objects.filter(pk=joiner.pk, standby_ready_at__isnull=True).update(
+                standby_ready_at=timezone.now()):
+            return  # asked before: the checkpoint, if due, was asked for then
+        if any(other.standby_ready_at is None for other in joiners if other.pk != joiner.pk):
+            return
+        asked = training_nodes(joiner.job_id).filter(rank=0, requested_action="").update(
+            requested_action=Action.CHECKPOINT, requested_action_at=timezone.now())
+    log_job_event(joiner.job_id, f"joiner instance{'s' if len(joiners) > 1 else ''} "
+                                 f"{', '.join(str(j.pk) for j in joiners)} ready: the gang "
+                                 + ("is asked for a checkpoint and grows when it commits" if asked else
+                                    "grows at its next checkpoint"))
+
+
+def grow_with_joiners(job_id: int) -> bool:
+    """A checkpoint of the job committed: if every joiner of it is ready, the gang regroups
+    with them from that checkpoint, at its full size (docs/elastic.md). Nothing while a
+    node's trainer has exited (a regroup or a stop is being decided) or spares stand by (a
+    notice hands the gang over first). Whether it grew."""
+    with transaction.atomic():
+        lock_job_endings(job_id)  # no node ends, and no other regroup happens, meanwhile
+        joiners = list(live_joiners(job_id).select_for_update().order_by("pk"))
+        if not joiners or any(j.state != InstanceState.RUNNING or j.standby_ready_at is None for j in joiners):
+            return False
+        job = Job.objects.get(pk=job_id)
+        nodes = list(training_nodes(job_id).select_related("resume_checkpoint").order_by("rank"))
+        spares = Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False)
+        if job.status != JobStatus.RUNNING or not nodes or any(n.trainer_exited_at for n in nodes) or spares.exists():
+            return False
+        regroup(job, nodes + joiners, f"capacity is back: the gang grows from {len(nodes)} to "
+                                      f"{len(nodes) + len(joiners)} of {job.nodes} nodes")
+        return True
 
 
 def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:
@@ -622,6 +683,33 @@ def release_spares(job_id: int, why: str) -> int:
             if spare.provider_instance_id:
                 enqueue_terminate(spare.pk)
     return released
+
+
+def release_joiners(job_id: int, why: str) -> int:
+    """End the job's joiners, which the gang will not take in (fenced), and terminate their
+    VMs: a gang grows whole or not at all, and only the gang that launched them. Returns how
+    many ended."""
+    released = 0
+    for joiner in live_joiners(job_id):
+        if end_instance(joiner, EndReason.FENCED, message=f"joiner released: {why}"[:500]):
+            released += 1
+            if joiner.provider_instance_id:
+                enqueue_terminate(joiner.pk)
+    if released:
+        log_job_event(job_id, f"{released} joiner(s) released: {why}")
+    return released
+
+
+def _after_joiner_ended(job: Job, joiner_id: int, end_reason: str) -> None:
+    """A joiner ended before its gang took it in (no capacity, never registered, lost,
+    preempted, released): the gang trains on at its size, without the rest of the joiners,
+    and tries to grow again GROW_RETRY_S later (jobs.fleet.orchestration.grow_elastic_gangs)."""
+    if end_reason != EndReason.FENCED:
+        log_job_event(job.pk, f"joiner instance {joiner_id} ended {end_reason}; the gang trains on at its size and "
+                              f"tries to grow again in {settings.RESPAWN['GROW_RETRY_S']:.0f}s")
+    release_joiners(job.pk, f"joiner instance {joiner_id} of the same growth ended {end_reason}")
+    if job.status == JobStatus.CANCELLING:
+        finish_cancelling(job.pk)
 
 
 def _after_spare_ended(job: Job, spare_id: int, end_reason: str) -> None:

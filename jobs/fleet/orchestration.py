@@ -22,11 +22,11 @@ from django.utils import timezone
 from agents.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
-from jobs.core.services import (after_instance_ended, end_notice_hold, enqueue_terminate, free_local_address,
-                                give_up_registering, judge_failure, mark_lost, nudge_schedule, release_spares,
-                                request_action, training_nodes)
+from jobs.core.services import (after_instance_ended, current_world_size, end_notice_hold, enqueue_terminate,
+                                free_local_address, give_up_registering, judge_failure, mark_lost, nudge_schedule,
+                                release_spares, request_action, training_nodes)
 from jobs.core.signals import launch_held
-from jobs.core.transitions import end_instance, log_job_event, transition_instance, transition_job
+from jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
 from jobs.fleet import agent_dist
 from jobs.fleet import placement as placements
 from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
@@ -158,12 +158,13 @@ def gang_rendezvous(job: Job, placement) -> str:
 
 
 def _new_instance(job: Job, rank: int, chosen: placements.PricedPlacement, rendezvous: str,
-                  purpose: str = Purpose.TRAIN, standby_for: Instance | None = None) -> int:
+                  purpose: str = Purpose.TRAIN, standby_for: Instance | None = None, joining: bool = False,
+                  generation: int = 0) -> int:
     p = chosen.placement
     instance = Instance(job=job, rank=rank, world_size=job.nodes if purpose == Purpose.TRAIN else 1,
                         provider=p.provider, region=p.region, zone=p.zone, instance_type=p.instance_type,
                         market=p.market, price_per_hour_at_launch=chosen.usd_per_hour, rendezvous_addr=rendezvous,
-                        purpose=purpose, standby_for=standby_for)
+                        purpose=purpose, standby_for=standby_for, joining=joining, gang_generation=generation)
     instance.bootstrap_token_hash = hash_token(bootstrap_token_for(instance))
     instance.save()
     return instance.pk
@@ -230,17 +231,81 @@ def _hold_for_spare(old: Instance) -> None:
 
 def _spare_placement(job: Job, old: Instance, count: int) -> str | placements.PricedPlacement:
     """Where `count` spares go, or why none is launched."""
-    wanted = job.accelerator_count * count
-    team_limit, deployment_limit = job.team.max_concurrent_gpus, settings.RESPAWN["MAX_CONCURRENT_GPUS"]
-    if team_limit is not None and gpus_in_use(job.team_id) + wanted > team_limit:
-        return f"the team GPU limit ({team_limit}) has no room for it beside the noticed VM"
-    if deployment_limit is not None and gpus_in_use() + wanted > deployment_limit:
-        return f"the deployment GPU limit ({deployment_limit}) has no room for it beside the noticed VM"
+    no_room = _no_gpu_room(job, count, "beside the noticed VM")
+    if no_room:
+        return no_room
     choice = placements.choose(job, leaving=old)
     if choice.chosen is None:
         return choice.reason
     over_budget = budget.hold_reason(job.team, budget.job_remaining_cost(choice.chosen.usd_per_hour, job, count))
     return over_budget or choice.chosen
+
+
+def _no_gpu_room(job: Job, count: int, beside: str) -> str:
+    """Why `count` more VMs of the job do not fit the GPU limits now, or ""."""
+    wanted = job.accelerator_count * count
+    team_limit, deployment_limit = job.team.max_concurrent_gpus, settings.RESPAWN["MAX_CONCURRENT_GPUS"]
+    if team_limit is not None and gpus_in_use(job.team_id) + wanted > team_limit:
+        return f"the team GPU limit ({team_limit}) has no room for it {beside}"
+    if deployment_limit is not None and gpus_in_use() + wanted > deployment_limit:
+        return f"the deployment GPU limit ({deployment_limit}) has no room for it {beside}"
+    return ""
+
+
+def grow_elastic_gangs() -> int:
+    """Elastic gangs below their full size try to grow back (docs/elastic.md): GROW_RETRY_S
+    after they shrank or after their last try, joiners for the missing nodes are launched
+    where the gang trains (its nodes talk to each other every step), within the GPU limits
+    and the budget. Each boots and prepares, then stands by; once all are ready the gang is
+    asked for a checkpoint and regroups with them at its commit (services.grow_with_joiners).
+    No capacity for one (or one lost) ends them all, and the gang trains on at its size.
+    Returns how many joiners were launched."""
+    now = timezone.now()
+    retry = timedelta(seconds=settings.RESPAWN["GROW_RETRY_S"])
+    launched = []
+    elastic = Job.objects.filter(status=JobStatus.RUNNING, nodes_min__lt=F("nodes")).order_by("pk")
+    for job_id in elastic.values_list("pk", flat=True)[: settings.RESPAWN["SCHEDULE_BATCH"]]:
+        with transaction.atomic():
+            lock_job_endings(job_id)  # no node ends meanwhile: joiners are for the gang as it is
+            job = Job.objects.select_related("team").get(pk=job_id)
+            nodes = list(training_nodes(job.pk).order_by("rank"))
+            missing = job.nodes - len(nodes)
+            changed = max(filter(None, [job.world_sizes.order_by("-at").values_list("at", flat=True).first(),
+                                        job.instances.filter(joining=True).order_by("-requested_at")
+                                        .values_list("requested_at", flat=True).first()]), default=None)
+            if job.status != JobStatus.RUNNING or missing <= 0 or not nodes or changed is None or now - changed < retry:
+                continue
+            if len(nodes) != current_world_size(job) or \
+                    any(node.state != InstanceState.RUNNING or node.trainer_exited_at for node in nodes) or \
+                    Instance.objects.filter(job=job, state__in=InstanceState.LIVE).exclude(
+                        pk__in=[node.pk for node in nodes]).exists():
+                continue  # a node ended, regrouping, handing over to spares, or growing already
+            where = _grow_placement(job, nodes[0], missing, now)
+            if isinstance(where, str):
+                log.info("job %s stays at %s of %s nodes for now: %s", job.pk, len(nodes), job.nodes, where)
+                continue
+            ids = [_new_instance(job, rank, where, nodes[0].rendezvous_addr, joining=True,
+                                 generation=nodes[0].gang_generation) for rank in range(len(nodes), job.nodes)]
+            p = where.placement
+            log_job_event(job.pk, f"joiner instance{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} launching "
+                                  f"on {p.provider} {p.zone} {p.instance_type} ({p.market}, ${where.usd_per_hour}/h) "
+                                  f"to grow the gang from {len(nodes)} to {job.nodes} nodes")
+            transaction.on_commit(lambda ids=ids: _enqueue_launches(ids))
+            launched += ids
+    return len(launched)
+
+
+def _grow_placement(job: Job, rank0: Instance, count: int, now) -> str | placements.PricedPlacement:
+    """Where `count` joiners go: beside the gang's rank 0, at today's price; or why none."""
+    no_room = _no_gpu_room(job, count, "beside the gang")
+    if no_room:
+        return no_room
+    here = Placement(provider=rank0.provider, region=rank0.region, zone=rank0.zone,
+                     instance_type=rank0.instance_type, market=rank0.market)
+    priced = next((p for p in placements.priced_placements(job, rank0.market, now) if p.placement == here), None)
+    if priced is None:
+        return f"{rank0.provider} {rank0.zone} {rank0.instance_type} ({rank0.market}) has no price now"
+    return budget.hold_reason(job.team, budget.job_remaining_cost(priced.usd_per_hour, job, count)) or priced
 
 
 def release_stale_spares() -> int:
@@ -375,6 +440,10 @@ def _capacity_error(instance: Instance, placement, message: str) -> None:
         InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.CAPACITY_ERROR,
                                          source="provider_api", raw=message[:16384])
         why = f"capacity error in {placement.zone}: {message}"
+        if instance.joining:  # the gang trains on at its size (services._after_joiner_ended)
+            if end_instance(instance, EndReason.CAPACITY_ERROR, message=why):
+                after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR, instance_id=instance.pk)
+            return
         # An elastic gang starts with the nodes it got, if they are enough (go_on_with_survivors).
         if instance.job.elastic and end_instance(instance, EndReason.CAPACITY_ERROR, message=why) and \
                 after_instance_ended(instance.job_id, EndReason.CAPACITY_ERROR, instance_id=instance.pk):

@@ -226,6 +226,20 @@ class _Run:
     kept_until: int | None = None  # an earlier run: the step its regroup resumed the gang from
 
 
+def _lineages(slot: list[_Run], caps: dict) -> list[list[_Run]]:
+    """The slot's runs cut after a run the gang went on without (it has a cap) where the
+    next resumed past its last step: that one did not go on from its work (the slot stood
+    empty between them). A relaunch's resume past its predecessor's last heartbeat is no
+    cut: the checkpoint it resumed from is that run's."""
+    lineages: list[list[_Run]] = []
+    for run in slot:
+        before = lineages[-1][-1] if lineages else None
+        if before is None or caps[before.pk] is not None and run.resume_step > before.last_step:
+            lineages.append([])
+        lineages[-1].append(run)
+    return lineages
+
+
 def _runs(instance: Instance, start: dt.datetime) -> list[tuple[dt.datetime, int, int, _Run]]:
     """(start, instance, n, run) of each run of the instance, in launch order: its earlier
     runs (Instance.earlier_runs), each keyed (pk, n), then its run now, keyed by its pk
@@ -258,16 +272,20 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
         slots[(run.job_id, run.rank)].append(run)
     # A run an elastic gang went on without (its node lost, or its slot gone in a regroup)
     # kept its work only up to the step the gang resumed from, when no later run of its
-    # slot took over from it.
+    # slot took over from it: the slot's last run, or one whose successor there (a joiner
+    # that grew the gang back) resumed past its last step. Each such run ends a lineage.
     dropped = dict(WorldSize.objects.filter(after_instance_id__in=ids).values_list(
         "after_instance_id", Coalesce("resume_checkpoint__step", 0)))
+    caps = {run.pk: run.kept_until if isinstance(run.pk, tuple) else dropped.get(run.pk)
+            for slot in slots.values() for run in slot}
     by_run = {}
     for slot in slots.values():
-        last = slot[-1]
-        cap = last.kept_until if isinstance(last.pk, tuple) else dropped.get(last.pk)
-        if cap is not None and cap < last.last_step:
-            slot[-1] = dataclasses.replace(last, last_step=cap)
-        by_run.update(kept_and_recomputed(slot))
+        for lineage in _lineages(slot, caps):
+            last = lineage[-1]
+            cap = caps[last.pk]
+            if cap is not None and cap < last.last_step:
+                lineage[-1] = dataclasses.replace(last, last_step=cap)
+            by_run.update(kept_and_recomputed(lineage))
     steps = defaultdict(lambda: (0, 0))
     for run_key, (kept, redone) in by_run.items():
         pk = run_key[0] if isinstance(run_key, tuple) else run_key

@@ -115,14 +115,15 @@ def total_s(downtimes: list[Downtime], now: dt.datetime) -> float:
 
 def timelines(job_id: int) -> list[Timeline]:
     """Each interrupted training VM of the job, with the moments of its recovery: the
-    first VM requested for its node slot after it, and the first of those that trained."""
+    first VM requested for its node slot after it, and the first of those that trained. A
+    spare or joiner lost before it trained interrupted nothing."""
     interrupted = (Instance.objects.filter(job_id=job_id, purpose=Purpose.TRAIN, interruptions__kind__in=INTERRUPTING)
                    .annotate(noticed=Min("interruptions__notice_time",
                                          filter=Q(interruptions__kind=InterruptionKind.NOTICE)),
                              notice_received=Min("interruptions__received_at",
                                                  filter=Q(interruptions__kind=InterruptionKind.NOTICE)),
                              first_event=Min("interruptions__received_at"))
-                   .filter(standby_for__isnull=True).order_by("pk").distinct())
+                   .filter(standby_for__isnull=True, joining=False).order_by("pk").distinct())
     found = []
     for old in interrupted:
         noticed = old.noticed or old.notice_received
@@ -140,7 +141,8 @@ def timelines(job_id: int) -> list[Timeline]:
         if regroup is not None:
             found.append(_went_on_without(old, at, regroup))
             continue
-        after = Instance.objects.filter(job_id=job_id, rank=old.rank, purpose=Purpose.TRAIN, pk__gt=old.pk).order_by("pk")
+        after = Instance.objects.filter(job_id=job_id, rank=old.rank, purpose=Purpose.TRAIN, joining=False,
+                                        pk__gt=old.pk).order_by("pk")
         first = after.first()
         trained = _first_training(after)
         replacement = trained[0] if trained else (first if first and first.registered_at else None)

@@ -68,6 +68,22 @@ def test_checkpoint_request_and_new_interval_reach_the_trainer(team_setup, child
         agent.stop(9)
 
 
+def test_a_checkpoint_asked_before_the_trainer_has_started_waits_for_it_instead_of_killing_it(
+        team_setup, child_env, web_server, tmp_path, imds):
+    # SIGUSR1 kills a trainer that has not yet installed the library's handler (importing
+    # torch): an elastic gang's joiner asks for a checkpoint seconds after a regroup restarts it.
+    job, setup = make_running_job(team_setup, tmp_path, checkpoint_interval_s=3600)
+    services.request_action(job.pk, Action.CHECKPOINT)  # there at the trainer's first heartbeat
+    agent = start_agent(child_env, tmp_path, web_server, imds, setup)
+    try:
+        wait_until(lambda: Checkpoint.objects.filter(instance=setup.instance).exists(), timeout=60,
+                   what="the requested checkpoint", proc=agent)
+        assert Instance.objects.get(pk=setup.instance.pk).state == InstanceState.RUNNING
+    finally:
+        agent.stop(9)
+    assert "exit code -10" not in agent.output()  # SIGUSR1 had killed it
+
+
 def test_cancel_stops_the_trainer_and_the_instance_ends_cancelled(team_setup, child_env, web_server, tmp_path, imds):
     job, setup = make_running_job(team_setup, tmp_path)
     agent = start_agent(child_env, tmp_path, web_server, imds, setup)

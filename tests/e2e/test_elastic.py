@@ -1,8 +1,9 @@
 """An elastic 3-node job (nodes 2..3, docs/elastic.md) on the local provider, end to
 end: one node's VM killed outright, the other two train on without a new VM, re-ranked
-into a gang of 2 from the newest checkpoint (resharded by torch.distributed.checkpoint),
-and finish with bitwise the weights of a run that did the same by hand: 3 ranks up to
-that checkpoint, then 2.
+into a gang of 2 from the newest checkpoint (resharded by torch.distributed.checkpoint);
+capacity being there, a joiner boots, the gang checkpoints and grows back to 3 with it;
+the job finishes with bitwise the weights of a run that did the same by hand: 3 ranks up
+to the first resume checkpoint, 2 up to the second, then 3.
 
 Real processes throughout: gunicorn, a Celery worker and beat, three detached local
 "VMs", each running the agent, which runs its rank of `agents.examples.dcp_loop`
@@ -51,17 +52,17 @@ def run_by_hand(uri: Path, world: int, steps: int) -> None:
 @pytest.fixture
 def elastic_job(child_env, web_server, tmp_path):
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5", "RESPAWN_GROW_RETRY_S": "2"}
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2,
-                   command=[*TRAIN, "--step-delay", "0.05"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
+                   command=[*TRAIN, "--step-delay", "0.12"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
                    allowed_clouds=["local"], instance_types=["cpu-small"])
     with local_gang_stack(job, env, tmp_path) as running:
         yield running
 
 
 @pytest.mark.e2e
-def test_a_node_killed_outright_leaves_two_training_on_and_the_job_finishes_exactly(elastic_job, tmp_path):
+def test_a_node_killed_outright_leaves_two_training_on_they_grow_back_to_three_and_finish_exactly(elastic_job, tmp_path):
     job, vms, worker = elastic_job
     wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
                and Checkpoint.objects.filter(job=job, step__gt=0).exists(),
@@ -81,25 +82,34 @@ def test_a_node_killed_outright_leaves_two_training_on_and_the_job_finishes_exac
     story = job_story(job.pk, vms)
     assert job.status == JobStatus.SUCCEEDED, story
 
-    # No VM was launched: the two survivors trained on, re-ranked 0 and 1 of 2.
+    # The two survivors trained on, re-ranked 0 and 1 of 2, without a new VM; then one joiner
+    # (rank 2) was launched, and at the checkpoint asked for once it was ready the three
+    # regrouped. One preemption; growing is none.
     rows = list(Instance.objects.filter(job=job).order_by("pk").select_related("resume_checkpoint"))
-    assert [i.pk for i in rows] == [i.pk for i in first], story
+    assert [i.pk for i in rows[:NODES]] == [i.pk for i in first] and len(rows) == NODES + 1, story
+    survivors, joiner = (rows[0], rows[2]), rows[3]
     assert rows[1].end_reason in (EndReason.PREEMPTED, EndReason.LOST), story
-    assert [(i.rank, i.world_size, i.gang_generation, i.end_reason) for i in (rows[0], rows[2])] == [
-        (0, 2, 1, EndReason.COMPLETED), (1, 2, 1, EndReason.COMPLETED)], story
+    assert [(i.rank, i.world_size, i.gang_generation, i.end_reason) for i in (*survivors, joiner)] == [
+        (0, 3, 2, EndReason.COMPLETED), (1, 3, 2, EndReason.COMPLETED), (2, 3, 2, EndReason.COMPLETED)], story
     assert (job.preemptions, job.failure_restarts) == (1, 0), story
-    assert list(job.world_sizes.values_list("world_size", flat=True)) == [3, 2]
-    resumed = rows[0].resume_checkpoint
-    assert resumed is not None and rows[2].resume_checkpoint_id == resumed.pk and 0 < resumed.step < STEPS
-    for survivor in (rows[0], rows[2]):
+    sizes = list(job.world_sizes.order_by("at", "id").select_related("resume_checkpoint"))
+    assert [w.world_size for w in sizes] == [3, 2, 3], story
+    shrunk_at, grown_at = sizes[1].resume_checkpoint, sizes[2].resume_checkpoint
+    assert shrunk_at is not None and grown_at is not None and 0 < shrunk_at.step < grown_at.step < STEPS, story
+    assert {i.resume_checkpoint_id for i in (*survivors, joiner)} == {grown_at.pk}, story
+    assert [run["kept_until"] for run in survivors[0].earlier_runs] == [shrunk_at.step, grown_at.step]
+    for survivor in survivors:
         log = "\n".join(line for chunk in LogChunk.objects.filter(instance=survivor) for line in chunk.lines)
-        assert "the gang regrouped (generation 1): rank" in log, log[-3000:]
+        assert "the gang regrouped (generation 1): rank" in log and "the gang regrouped (generation 2): rank" in log
         # Training again after the kill: steps past the resume step, reported since.
-        assert StepPoint.objects.filter(instance=survivor, step__gt=resumed.step, time__gt=killed_at).exists(), story
+        assert StepPoint.objects.filter(instance=survivor, step__gt=shrunk_at.step, time__gt=killed_at).exists(), story
+    assert StepPoint.objects.filter(instance=joiner, step__gt=grown_at.step).exists(), story
 
-    # The same training by hand: 3 ranks up to the checkpoint the survivors resumed from, then 2.
+    # The same training by hand: 3 ranks up to the checkpoint the survivors resumed from,
+    # 2 up to the one the grown gang resumed from, then 3.
     reference = tmp_path / "reference"
-    run_by_hand(reference, 3, resumed.step)
-    run_by_hand(reference, 2, STEPS)
+    run_by_hand(reference, 3, shrunk_at.step)
+    run_by_hand(reference, 2, grown_at.step)
+    run_by_hand(reference, 3, STEPS)
     ours = final_data_digests(Path(job.storage_uri))
     assert ours and ours == final_data_digests(reference)
