@@ -647,8 +647,9 @@ def check_elastic_gang(job_id: int) -> None:
     whose VM the cloud says is gone (or stopped) were preempted: each ends so, and the
     gang goes on without them (services.go_on_with_survivors). With none gone the exit
     was the code's: the gang is told to stop, and its nodes' exit reports (the failed
-    one's code and output) are judged as any gang's."""
-    nodes = training_nodes(job_id)
+    one's code and output) are judged as any gang's; the job's events say so when the
+    gang had shrunk and its trainers failed before a step in the new shape."""
+    nodes = training_nodes(job_id).select_related("resume_checkpoint")
     if not nodes.filter(trainer_exited_at__isnull=False).exists():
         return  # regrouped meanwhile
     gone = False
@@ -664,6 +665,13 @@ def check_elastic_gang(job_id: int) -> None:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+            size = current_world_size(job)
+            if size < job.nodes and not any(
+                    node.last_step > (node.resume_checkpoint.step if node.resume_checkpoint else 0) for node in nodes):
+                log_job_event(job_id, f"the gang's trainers failed before a step at its regrouped size of {size} "
+                                      f"nodes: a trainer that cannot resume on {size} (a global batch {size} does not "
+                                      f"divide, say) needs a nodes_min it can; judged as the code's failure, and a "
+                                      f"restart relaunches all {job.nodes} nodes")
             request_action(job_id, Action.STOP)
 
 

@@ -148,6 +148,21 @@ def test_a_trainer_exit_with_every_peer_still_there_is_the_codes_and_stops_the_g
     orchestration.check_elastic_gang(job.pk)
     assert set(Instance.objects.filter(job=job).values_list("requested_action", flat=True)) == {Action.STOP}
     assert rows(job) == [(n.instance.pk, n.instance.rank, NODES, 0) for n in nodes]
+    assert not job.events.filter(message__contains="failed before a step").exists()  # at its full size
+
+
+def test_a_regrouped_gang_whose_trainers_fail_before_a_step_is_told_why_on_its_events(elastic):
+    # A trainer that cannot resume on the smaller size (a global batch 2 does not divide)
+    # fails at its start on every node, their VMs all there.
+    job, nodes = elastic
+    gone(nodes[1].instance)
+    survivor = Instance.objects.get(pk=nodes[0].instance.pk)
+    services.trainer_exited(survivor, exit_code=1, generation=1)
+    orchestration.check_elastic_gang(job.pk)
+    assert set(Instance.objects.filter(job=job, state__in=InstanceState.LIVE).values_list(
+        "requested_action", flat=True)) == {Action.STOP}
+    assert job.events.filter(message__contains="failed before a step at its regrouped size of 2 nodes").exists()
+    assert job.events.filter(message__contains="a restart relaunches all 3 nodes").exists()
 
 
 def test_a_node_never_placed_in_time_leaves_the_gang_starting_with_the_rest(elastic):
