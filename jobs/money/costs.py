@@ -223,18 +223,18 @@ class _Run:
     resume_step: int
     resume_from: int | None
     last_step: int
-    kept_until: int | None = None  # an earlier run: the step its regroup resumed the gang from
+    kept_until: int | None = None  # a run the gang went on without: the step the gang resumed from
 
 
-def _lineages(slot: list[_Run], caps: dict) -> list[list[_Run]]:
-    """The slot's runs cut after a run the gang went on without (it has a cap) where the
-    next resumed past its last step: that one did not go on from its work (the slot stood
-    empty between them). A relaunch's resume past its predecessor's last heartbeat is no
-    cut: the checkpoint it resumed from is that run's."""
+def _lineages(slot: list[_Run]) -> list[list[_Run]]:
+    """The slot's runs cut after a run the gang went on without (its kept_until set) where
+    the next resumed past it: that one did not go on from its work (the slot stood empty
+    between them). A relaunch's resume past its predecessor's last heartbeat is no cut:
+    the checkpoint it resumed from is that run's."""
     lineages: list[list[_Run]] = []
     for run in slot:
         before = lineages[-1][-1] if lineages else None
-        if before is None or caps[before.pk] is not None and run.resume_step > before.last_step:
+        if before is None or before.kept_until is not None and run.resume_step > before.last_step:
             lineages.append([])
         lineages[-1].append(run)
     return lineages
@@ -271,20 +271,22 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
     for _, _, _, run in sorted(r for i in billed for r in _runs(i, starts[i.pk])):
         slots[(run.job_id, run.rank)].append(run)
     # A run an elastic gang went on without (its node lost, or its slot gone in a regroup)
-    # kept its work only up to the step the gang resumed from, when no later run of its
-    # slot took over from it: the slot's last run, or one whose successor there (a joiner
-    # that grew the gang back) resumed past its last step. Each such run ends a lineage.
+    # kept its work up to the step the gang resumed from (its kept_until), which it made:
+    # the gang's checkpoint proves it, however far its last heartbeat lagged behind. Where
+    # no later run of its slot went on from it (the slot's last run, or one a joiner's run
+    # resumed past), its steps past that step are lost or redone, not kept.
     dropped = dict(WorldSize.objects.filter(after_instance_id__in=ids).values_list(
         "after_instance_id", Coalesce("resume_checkpoint__step", 0)))
-    caps = {run.pk: run.kept_until if isinstance(run.pk, tuple) else dropped.get(run.pk)
-            for slot in slots.values() for run in slot}
     by_run = {}
     for slot in slots.values():
-        for lineage in _lineages(slot, caps):
+        for n, run in enumerate(slot):
+            cap = run.kept_until if isinstance(run.pk, tuple) else dropped.get(run.pk)
+            if cap is not None:
+                slot[n] = dataclasses.replace(run, last_step=max(run.last_step, cap), kept_until=cap)
+        for lineage in _lineages(slot):
             last = lineage[-1]
-            cap = caps[last.pk]
-            if cap is not None and cap < last.last_step:
-                lineage[-1] = dataclasses.replace(last, last_step=cap)
+            if last.kept_until is not None and last.kept_until < last.last_step:
+                lineage[-1] = dataclasses.replace(last, last_step=max(last.kept_until, last.resume_step))
             by_run.update(kept_and_recomputed(lineage))
     steps = defaultdict(lambda: (0, 0))
     for run_key, (kept, redone) in by_run.items():

@@ -8,7 +8,6 @@ import sys
 import pytest
 from django.test import Client
 
-from agents.metadata_server import MetadataServer
 from agents.protocol import Action
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState, JobStatus
@@ -18,13 +17,6 @@ from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def imds():
-    server = MetadataServer("aws").start()
-    yield server
-    server.stop()
 
 
 def start_agent(child_env, tmp_path, web_server, imds, setup):

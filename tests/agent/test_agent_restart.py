@@ -7,7 +7,6 @@ for good, without a trainer."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from agents.metadata_server import MetadataServer
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.fleet import orchestration
 from jobs.models import Instance, InstanceEvent
@@ -21,12 +20,6 @@ from tests.factories import make_instance, make_job
 
 pytestmark = pytest.mark.e2e
 
-
-@pytest.fixture
-def imds():
-    server = MetadataServer("aws").start()
-    yield server
-    server.stop()
 
 # Writes the gang it was started in, one JSON line a start, then trains (sleeps) on.
 SAYS_ITS_GANG = ("import json, os, sys, time; f = open(sys.argv[1], 'a'); "

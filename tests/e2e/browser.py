@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
+PASSWORD = "correct horse battery"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
@@ -49,3 +50,20 @@ def evidence_on_failure(page, directory: Path):
             page.screenshot(path=str(directory / "failure.png"), full_page=True)
             (directory / "failure.html").write_text(page.content())
         raise
+
+
+def with_password(user) -> None:
+    """Give `user` PASSWORD, hashed with one of the server's own hashers: the test process
+    hashes with MD5 for speed, which the server does not know."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
+    user.save(update_fields=["password"])
+
+
+def log_in(page, user) -> None:
+    """Log `user` (given PASSWORD by with_password) in through the login form."""
+    page.goto("/login/")
+    page.get_by_label("Username").fill(user.username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()

@@ -11,7 +11,6 @@ from decimal import Decimal
 
 import pytest
 import requests
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from agents import protocol
 from jobs.core.choices import JobStatus, Role
@@ -19,11 +18,10 @@ from jobs.core.transitions import transition_job
 from jobs.models import Job
 from jobs.money.seed_prices import seed_price_book
 from jobs.money.text import savings_text, usd
-from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
+from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_instance, make_team_with_members
 
 pytestmark = pytest.mark.e2e
-PASSWORD = "correct horse battery"
 LIVE_S = 20_000  # ms a live update may take: two polls plus a slow CI machine
 
 
@@ -36,11 +34,7 @@ def dashboard(web_server, monkeypatch):
     assert missing is None, missing
     seed_price_book()
     setup = make_team_with_members("e2e")
-    # The test process hashes with MD5 for speed; the server only knows its real
-    # hashers, so the password it checks is stored with one of those.
-    user = setup.people[Role.MEMBER].user
-    user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
-    user.save(update_fields=["password"])
+    with_password(setup.people[Role.MEMBER].user)
     return web_server, setup
 
 
@@ -71,10 +65,7 @@ def test_a_job_from_the_form_to_a_preemption_on_its_timeline(dashboard, tmp_path
     server, setup = dashboard
     member = setup.people[Role.MEMBER]
     with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, tmp_path / "screenshots"):
-        page.goto("/login/")
-        page.get_by_label("Username").fill(member.user.username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, member.user)
         expect(page.get_by_role("heading", name="Jobs of e2e")).to_be_visible()
 
         page.get_by_role("link", name="Team overview").click()
@@ -162,10 +153,7 @@ def test_an_elastic_gangs_world_size_falls_on_its_chart_without_a_reload(dashboa
     nodes = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(3)]
     sizes = "respawnCharts.worldSize.data.datasets[0].data.map(p => p.y)"
     with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, tmp_path / "screenshots"):
-        page.goto("/login/")
-        page.get_by_label("Username").fill(member.user.username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, member.user)
         page.goto(f"/jobs/{job.pk}/")
         expect(page.get_by_role("heading", name="World size")).to_be_visible()
         drawn = f"window.respawnCharts && respawnCharts.worldSize ? {sizes} : null"

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
+from jobs.money import costs
 from tests.conftest import ROOT, free_port, wait_until
 from tests.e2e.stack import local_gang_stack
 from tests.factories import make_job, make_team_with_members
@@ -104,6 +105,11 @@ def test_a_node_killed_outright_leaves_two_training_on_they_grow_back_to_three_a
         # Training again after the kill: steps past the resume step, reported since.
         assert StepPoint.objects.filter(instance=survivor, step__gt=shrunk_at.step, time__gt=killed_at).exists(), story
     assert StepPoint.objects.filter(instance=joiner, step__gt=grown_at.step).exists(), story
+    # The savings baseline counts the work done: 3 nodes to the first resume step, 2 to the
+    # second, 3 to the end; each survivor all of it, the lost node and the joiner their part.
+    kept = {pk: w.steps_kept for pk, w in costs.job_cost(job).work.items()}
+    assert kept == {rows[0].pk: STEPS, rows[1].pk: shrunk_at.step, rows[2].pk: STEPS,
+                    joiner.pk: STEPS - grown_at.step}, story
 
     # The same training by hand: 3 ranks up to the checkpoint the survivors resumed from,
     # 2 up to the one the grown gang resumed from, then 3.

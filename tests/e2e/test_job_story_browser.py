@@ -17,8 +17,8 @@ import requests
 from agents import protocol
 from jobs.core.choices import JobStatus, Role
 from jobs.models import Checkpoint, Job
-from tests.e2e.browser import browser_page, evidence_on_failure
-from tests.e2e.test_dashboard_browser import LIVE_S, PASSWORD, Agent, dashboard, now_iso  # noqa: F401 (a fixture)
+from tests.e2e.browser import browser_page, evidence_on_failure, log_in
+from tests.e2e.test_dashboard_browser import LIVE_S, Agent, dashboard, now_iso  # noqa: F401 (a fixture)
 from tests.factories import make_instance, make_job
 
 pytestmark = pytest.mark.e2e
@@ -41,10 +41,7 @@ def signed_in(live):
 
     server, setup, shots = live
     with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, shots):
-        page.goto("/login/")
-        page.get_by_label("Username").fill(setup.people[Role.MEMBER].user.username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, setup.people[Role.MEMBER].user)
         expect(page.get_by_role("heading", name=re.compile("^Jobs"))).to_be_visible()
         yield page
         assert not errors and not outside, (errors, outside)

@@ -84,7 +84,7 @@ def test_a_notice_boots_the_spare_before_the_old_vm_dies_and_it_resumes_from_the
         text = log_text(spare)
         # A spare registered while its noticed VM lived waits, prepared; one that booted slower
         # than the VM's hold (a loaded machine) was promoted before it registered, and just resumes.
-        waited = text.index("spare: prepared; waiting") if spare.registered_at < old.ended_at else 0
+        waited = text.index("standing by: prepared; training once promoted") if spare.registered_at < old.ended_at else 0
         assert text.index(f"resumed from step {spare.resume_checkpoint.step}", waited) >= waited, text[-3000:]
         assert "training on while a spare boots" in log_text(old)
         # Every event names the spare's overlap with what it cost.

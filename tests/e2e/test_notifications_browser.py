@@ -5,7 +5,6 @@ and sees it delivered in the log, then a job's failure arrives signed and is log
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import transaction
 
 from jobs.core import secret_env
@@ -14,12 +13,11 @@ from jobs.core.choices import NotificationKind as Kind
 from jobs.core.transitions import transition_job
 from jobs.models import Subscription
 from tests.conftest import WebServer, celery_worker, share_secrets_key, wait_until
-from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
+from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_job, make_team_with_members
 from tests.notify.receiver import Receiver
 
 pytestmark = pytest.mark.e2e
-PASSWORD = "correct horse battery"
 LIVE_S = 20_000
 
 
@@ -45,13 +43,9 @@ def test_an_admin_subscribes_sends_a_test_and_reads_the_delivery_log(stack, tmp_
     web, worker, receiver = stack
     setup = make_team_with_members("e2e")
     admin = setup.people[Role.ADMIN].user
-    admin.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
-    admin.save(update_fields=["password"])
+    with_password(admin)
     with browser_page(web.url) as (page, errors, outside), evidence_on_failure(page, tmp_path / "screenshots"):
-        page.goto("/login/")
-        page.get_by_label("Username").fill(admin.username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, admin)
         page.get_by_role("link", name="Team overview").click()
         page.get_by_role("link", name="Notifications").click()
         expect(page.get_by_role("heading", name="e2e: notifications")).to_be_visible()

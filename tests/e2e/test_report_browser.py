@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 import requests
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
 from tests.costs import recorded
 from tests.costs.history import make_history
-from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
+from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_team_with_members
 
 pytestmark = pytest.mark.e2e
-PASSWORD = "correct horse battery"
 
 
 @pytest.fixture
@@ -24,8 +22,7 @@ def world(web_server, monkeypatch):
     assert missing is None, missing
     setup = make_team_with_members("report")
     viewer = setup.people["viewer"]
-    viewer.user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
-    viewer.user.save(update_fields=["password"])
+    with_password(viewer.user)
     hand, *_ = make_history(setup.team, setup.people["member"].user)
     run, _ = recorded.load(setup.team, setup.people["member"].user, recorded.read())
     return web_server, setup, [hand, run]
@@ -36,10 +33,7 @@ def test_the_report_page_draws_the_cumulative_savings_and_lists_each_job(world, 
     viewer = setup.people["viewer"]
     api = {"Authorization": f"Bearer {viewer.token}"}
     with browser_page(server.url) as (page, errors, outside), evidence_on_failure(page, tmp_path / "evidence"):
-        page.goto("/login/")
-        page.get_by_label("Username").fill(viewer.user.username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, viewer.user)
         page.goto(f"/teams/{setup.team.pk}/")
         page.get_by_role("link", name="Savings report").click()
         page.get_by_label("From").fill("2026-01")

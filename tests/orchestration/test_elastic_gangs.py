@@ -201,11 +201,15 @@ def test_a_min_above_max_is_refused_naming_the_field(elastic):
     assert [w["world_size"] for w in detail["world_sizes"]] == [3] and detail["nodes_min"] == 2
 
 
-def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db, settings):
+@pytest.mark.parametrize("lost_heard_at, redone_in_its_slot", [(130, 30), (90, 0)])
+def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db, settings, lost_heard_at,
+                                                                             redone_in_its_slot):
     """3 nodes to step 130 with a checkpoint at 100; rank 1 lost; ranks 0 and 2 (now 1)
     go on from 100 to 300. Kept: rank 0 and the old rank 2 each 100 + 200, the lost node
-    the 100 the gang went on from (not its 30 past it). Redone: 30 on each survivor. The
-    downtime: nothing requested or booted; restore until a survivor's first step since."""
+    the 100 the gang went on from (not its 30 past it), also when its last heartbeat said
+    step 90 (the gang's checkpoint proves it made 100). Redone: 30 on rank 0; the old rank
+    2's in its new slot, past the lost node's last step there. The downtime: nothing
+    requested or booted; restore until a survivor's first step since."""
     from datetime import timedelta
 
     from jobs.models import StepPoint
@@ -216,7 +220,8 @@ def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db
     seed_prices()
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2, status=JobStatus.RUNNING)
-    nodes = [launched(job, at=T(3, 1, 2), last_step=130, rank=rank) for rank in range(NODES)]
+    nodes = [launched(job, at=T(3, 1, 2), last_step=130 if rank != 1 else lost_heard_at, rank=rank)
+             for rank in range(NODES)]
     heartbeats(nodes[1], [(timezone.now() - timedelta(seconds=10), 130)])
     with transaction.atomic():
         ckpt, _ = services.record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
@@ -229,7 +234,7 @@ def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db
 
     work = costs.job_cost(job, T(3, 2)).work
     assert {pk: (w.steps_kept, w.recomputed_steps) for pk, w in work.items()} == {
-        nodes[0].pk: (300, 30), nodes[1].pk: (100, 0), nodes[2].pk: (300, 30)}
+        nodes[0].pk: (300, 30), nodes[1].pk: (100, 0), nodes[2].pk: (300, redone_in_its_slot)}
 
     _, (lost,) = downtime.job_downtime(job.pk, timezone.now())
     assert lost.instance_id == nodes[1].pk and lost.replacement_id is None and lost.resumed is not None

@@ -9,15 +9,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import Client
 
 from jobs.core.choices import Role
 from jobs.money.seed_prices import seed_price_book
-from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure
+from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_job
-
-PASSWORD = "correct horse battery"
 
 
 def policy_of(response) -> dict[str, list[str]]:
@@ -59,10 +56,9 @@ def test_the_api_docs_page_runs_only_our_own_static_files():
 @pytest.fixture
 def staff_admin(team_setup):
     person = team_setup.people[Role.ADMIN]
-    # The server checks passwords with its real hashers, not the tests' fast one.
-    person.user.password = PBKDF2PasswordHasher().encode(PASSWORD, PBKDF2PasswordHasher().salt(), iterations=1000)
+    with_password(person.user)
     person.user.is_staff = person.user.is_superuser = True
-    person.user.save(update_fields=["password", "is_staff", "is_superuser"])
+    person.user.save(update_fields=["is_staff", "is_superuser"])
     return person
 
 
@@ -80,10 +76,7 @@ def test_dashboard_admin_and_api_docs_work_in_a_browser_under_the_policy(team_se
         violations = []
         page.on("console", lambda message: violations.append(f"{page.url}: {message.text}")
                 if "Content Security Policy" in message.text else None)
-        page.goto("/login/")
-        page.get_by_label("Username").fill(staff_admin.user.username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Log in").click()
+        log_in(page, staff_admin.user)
         expect(page.get_by_role("heading", name=f"Jobs of {team_setup.team.name}")).to_be_visible()
 
         page.goto(f"/jobs/{job.pk}/")
