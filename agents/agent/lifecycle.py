@@ -129,6 +129,23 @@ def check_job_spec(job: protocol.JobSpec) -> None:
         raise ValueError(f"job.validation must be an object, got {job.validation!r}")
 
 
+def _gang_in(answer: dict) -> tuple[int, int, str, int] | None:
+    """(rank, world size, rendezvous, generation) that a `standby` answer names, if usable."""
+    rank, world, addr, generation = (answer.get(k) for k in ("rank", "world_size", "rendezvous_addr", "gang_generation"))
+    if isinstance(generation, int) and isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world \
+            and isinstance(addr, str):
+        return rank, world, addr, generation
+    return None
+
+
+def _take_resume(job: protocol.JobSpec, answer: dict) -> None:
+    """The checkpoint a `standby` answer names, as where the trainer resumes."""
+    resume_step = answer.get("resume_step")
+    job.resume_from = answer.get("resume_from") if isinstance(answer.get("resume_from"), str) else None
+    job.resume_step = resume_step if isinstance(resume_step, int) else None
+    job.resume_validation = str(answer.get("resume_validation") or "")
+
+
 class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
@@ -572,14 +589,10 @@ class Agent:
         def promoted(answer: dict) -> bool:
             if answer.get("standby") is not False:
                 return False
-            resume_step = answer.get("resume_step")
-            job.resume_from = answer.get("resume_from") if isinstance(answer.get("resume_from"), str) else None
-            job.resume_step = resume_step if isinstance(resume_step, int) else None
-            job.resume_validation = str(answer.get("resume_validation") or "")
-            generation, rank, world, addr = (answer.get(k) for k in ("gang_generation", "rank", "world_size", "rendezvous_addr"))
-            if job.elastic and isinstance(generation, int) and isinstance(rank, int) and isinstance(world, int) \
-                    and 0 <= rank < world and isinstance(addr, str):
-                job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = rank, world, addr, generation
+            _take_resume(job, answer)
+            gang = _gang_in(answer) if job.elastic else None
+            if gang is not None:
+                job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = gang
                 self.regroup_wanted = False  # this is the regroup its heartbeat may have announced
             job.standby = False
             self.status.start_step = job.resume_step or 0
@@ -601,14 +614,12 @@ class Agent:
 
         def regrouped(answer: dict) -> bool:
             nonlocal gave_up
-            generation, rank, world, addr = (answer.get(k) for k in ("gang_generation", "rank", "world_size", "rendezvous_addr"))
+            generation = answer.get("gang_generation")
             if isinstance(generation, int) and generation > job.gang_generation:
-                if isinstance(rank, int) and isinstance(world, int) and 0 <= rank < world and isinstance(addr, str):
-                    job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = rank, world, addr, generation
-                    resume_step = answer.get("resume_step")
-                    job.resume_from = answer.get("resume_from") if isinstance(answer.get("resume_from"), str) else None
-                    job.resume_step = resume_step if isinstance(resume_step, int) else None
-                    job.resume_validation = str(answer.get("resume_validation") or "")
+                gang = _gang_in(answer)
+                if gang is not None:
+                    job.rank, job.world_size, job.rendezvous_addr, job.gang_generation = gang
+                    _take_resume(job, answer)
                     return True
                 log.warning("standby answer with an unusable gang, ignored: %r", answer)
             gave_up = time.monotonic() >= give_up_at

@@ -669,8 +669,8 @@ def check_elastic_gang(job_id: int) -> None:
             if size < job.nodes and not any(
                     node.last_step > (node.resume_checkpoint.step if node.resume_checkpoint else 0) for node in nodes):
                 log_job_event(job_id, f"the gang's trainers failed before a step at its regrouped size of {size} "
-                                      f"nodes: a trainer that cannot resume on {size} (a global batch {size} does not "
-                                      f"divide, say) needs a nodes_min it can; judged as the code's failure, and a "
+                                      f"nodes: a trainer that cannot resume on {size} (a global batch not divisible by {size}, "
+                                      f"say) needs a nodes_min it can; judged as the code's failure, and a "
                                       f"restart relaunches all {job.nodes} nodes")
             request_action(job_id, Action.STOP)
 

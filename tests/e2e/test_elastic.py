@@ -53,10 +53,10 @@ def run_by_hand(uri: Path, world: int, steps: int) -> None:
 @pytest.fixture
 def elastic_job(child_env, web_server, tmp_path):
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5", "RESPAWN_GROW_RETRY_S": "1"}
+           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5", "RESPAWN_GROW_RETRY_S": "0"}
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2,
-                   command=[*TRAIN, "--step-delay", "0.08"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
+                   command=[*TRAIN, "--step-delay", "0.1"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
                    allowed_clouds=["local"], instance_types=["cpu-small"])
     with local_gang_stack(job, env, tmp_path) as running:
         yield running
