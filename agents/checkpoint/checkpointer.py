@@ -408,7 +408,7 @@ class Checkpointer:
         if kind == protocol.CheckpointKind.PERIODIC:
             owned, live = self._overlap_plan(tensors)
         else:  # a notice or final save, written before save() returns
-            owned, live = frozenset(), self._written_in_place(skeleton, tensors)
+            owned, live = frozenset(), self._written_in_place(tensors)
         later, device = self._buffers.copy_in(tensors, owned if overlap else frozenset(), live)
         meta = {
             "format": layout.FORMAT, "framework": self.framework, "step": step, "kind": kind, "world_size": self.coord.world_size,
@@ -446,20 +446,22 @@ class Checkpointer:
                 budget -= nbytes
         return frozenset(owned), frozenset(live)
 
-    def _written_in_place(self, skeleton: dict, tensors: list[torch.Tensor]) -> frozenset[int]:
+    @staticmethod
+    def _written_in_place(tensors: list[torch.Tensor]) -> frozenset[int]:
         """A notice or final save is written before save() returns, training paused, so
-        its CPU tensors need no copy: each contiguous one is written from the state
-        itself (a 1 GiB state's copy took 0.37 s of a notice's window on 2 cores). The
-        model's weights stay copied when a reference loss is computed from the buffers."""
-        weights = {ref["__tensor__"] for ref in skeleton["model"].values()
-                   if isinstance(ref, dict) and "__tensor__" in ref} if self._reference is not None else set()
-        return frozenset(i for i, t in enumerate(tensors)
-                         if not t.is_cuda and t.is_contiguous() and t.numel() and i not in weights)
+        its CPU tensors need no copy: each contiguous one is written, and read by the
+        reference loss, from the state itself. A 1 GiB state's copy took 0.37 s of a
+        notice's window on 2 cores, and its weights' copy (for the reference loss) up to
+        1.1 s once the page cache had filled the memory the buffers had to take back."""
+        return frozenset(i for i, t in enumerate(tensors) if not t.is_cuda and t.is_contiguous() and t.numel())
 
-    def _snapshot_weights(self, meta: dict) -> dict[str, torch.Tensor]:
-        """The model's weights as views into the snapshot buffers (never live ones)."""
-        return {name: self._buffers.views[ref["__tensor__"]]
-                for name, ref in meta["skeleton"]["model"].items() if isinstance(ref, dict) and "__tensor__" in ref}
+    def _saved_weights(self, meta: dict, tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The model's weights as saved: their copies in the snapshot buffers, or the
+        state's own tensors where the save writes them in place (training waits for it)."""
+        views = self._buffers.views
+        indices = {name: ref["__tensor__"] for name, ref in meta["skeleton"]["model"].items()
+                   if isinstance(ref, dict) and "__tensor__" in ref}
+        return {name: tensors[i] if views[i] is None else views[i] for name, i in indices.items()}
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
@@ -520,7 +522,7 @@ class Checkpointer:
             self._buffers.copy_some(job.tensors, job.deferred)
             if job.device is not None:
                 job.device.wait()
-            reference = self._start_reference_loss(job)  # it reads the copied weights
+            reference = self._start_reference_loss(job)  # it reads the weights as saved
 
         def release_live():
             job.tensors = None
@@ -540,10 +542,12 @@ class Checkpointer:
         if self._reference is None:
             return None
 
+        tensors = job.tensors  # released once written; the weights' own are read until the loss is known
+
         def compute():
             if job.pace.low_priority:
                 persist.lower_priority()  # a periodic save's forward pass yields to training too
-            self._reference.record(job.meta, lambda: self._snapshot_weights(job.meta))
+            self._reference.record(job.meta, lambda: self._saved_weights(job.meta, tensors))
 
         thread = threading.Thread(target=compute, name=f"ckpt-reference-{job.step}", daemon=True)
         thread.start()

@@ -42,6 +42,20 @@ def test_an_intact_checkpoint_validates(root, state, data):
     assert verdict.valid and verdict.loss == pytest.approx(verdict.reference_loss, abs=1e-6)
 
 
+def test_a_notice_save_computes_its_reference_loss_from_the_weights_it_writes_in_place(tmp_path, data):
+    state = tiny.build()
+    periodic = Checkpointer(state, config(str(tmp_path / "periodic")))
+    train(state, data, periodic, 0, 5)
+    periodic.close()
+    notice = Checkpointer(state, config(str(tmp_path / "notice")))
+    assert notice.save(5, kind="notice").committed
+    assert notice.host_buffer_bytes == 0  # nothing copied, the weights included
+    saved = {kind: json.loads(Path(tmp_path, kind, layout.step_dir(5), layout.STATE).read_text()) for kind in ("periodic", "notice")}
+    assert saved["notice"]["reference_loss"] == saved["periodic"]["reference_loss"]
+    verdict = validate(str(tmp_path / "notice" / layout.step_dir(5)))
+    assert verdict.valid and verdict.loss == pytest.approx(verdict.reference_loss, abs=1e-6)
+
+
 def tamper_and_reseal(root: str, step: int) -> None:
     """Change the first weight matrix inside the data file and recompute the manifest
     digests, as a buggy writer or a bad actor would; only validation can catch it."""
