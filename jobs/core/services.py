@@ -671,33 +671,35 @@ def spare_ready(spare: Instance) -> None:
         end_notice_hold(spare.standby_for_id, spare_ready=True)
 
 
+def _fence(instances, message: str) -> list[Instance]:
+    """End each of `instances`, whose VM the job will not need (fenced), and terminate
+    the VM; returns those this call ended."""
+    ended = [instance for instance in instances if end_instance(instance, EndReason.FENCED, message=message[:500])]
+    for instance in ended:
+        if instance.provider_instance_id:
+            enqueue_terminate(instance.pk)
+    return ended
+
+
 def release_spares(job_id: int, why: str) -> int:
-    """End the job's spares, which will not be needed (fenced), and terminate their VMs. A
-    gang's go together: a gang hands over whole or not at all. Returns how many ended."""
-    released = 0
-    for spare in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False):
-        if end_instance(spare, EndReason.FENCED, message=f"spare released: {why}"[:500]):
-            released += 1
-            log_job_event(job_id, f"spare instance {spare.pk} released ({why}); "
-                                  f"{overlap_words(spare, spare.ended_at or timezone.now())}")
-            if spare.provider_instance_id:
-                enqueue_terminate(spare.pk)
-    return released
+    """End the job's spares, which will not be needed, and terminate their VMs. A gang's
+    go together: a gang hands over whole or not at all. Returns how many ended."""
+    spares = _fence(Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE, standby_for__isnull=False),
+                    f"spare released: {why}")
+    for spare in spares:
+        log_job_event(job_id, f"spare instance {spare.pk} released ({why}); "
+                              f"{overlap_words(spare, spare.ended_at or timezone.now())}")
+    return len(spares)
 
 
 def release_joiners(job_id: int, why: str) -> int:
-    """End the job's joiners, which the gang will not take in (fenced), and terminate their
-    VMs: a gang grows whole or not at all, and only the gang that launched them. Returns how
+    """End the job's joiners, which the gang will not take in, and terminate their VMs: a
+    gang grows whole or not at all, and only the gang that launched them. Returns how
     many ended."""
-    released = 0
-    for joiner in live_joiners(job_id):
-        if end_instance(joiner, EndReason.FENCED, message=f"joiner released: {why}"[:500]):
-            released += 1
-            if joiner.provider_instance_id:
-                enqueue_terminate(joiner.pk)
-    if released:
-        log_job_event(job_id, f"{released} joiner(s) released: {why}")
-    return released
+    joiners = _fence(live_joiners(job_id), f"joiner released: {why}")
+    if joiners:
+        log_job_event(job_id, f"{len(joiners)} joiner(s) released: {why}")
+    return len(joiners)
 
 
 def _after_joiner_ended(job: Job, joiner_id: int, end_reason: str) -> None:

@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Sum
+from django.db.models import F, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from agents.protocol import Action, Purpose
@@ -263,8 +263,10 @@ def grow_elastic_gangs() -> int:
     now = timezone.now()
     retry = timedelta(seconds=settings.RESPAWN["GROW_RETRY_S"])
     launched = []
-    elastic = Job.objects.filter(status=JobStatus.RUNNING, nodes_min__lt=F("nodes")).order_by("pk")
-    for job_id in elastic.values_list("pk", flat=True)[: settings.RESPAWN["SCHEDULE_BATCH"]]:
+    newest_size = WorldSize.objects.filter(job=OuterRef("pk")).order_by("-at", "-id").values("world_size")[:1]
+    shrunk = Job.objects.filter(status=JobStatus.RUNNING, nodes_min__lt=F("nodes")).annotate(
+        trains_on=Subquery(newest_size)).filter(trains_on__lt=F("nodes")).order_by("pk")
+    for job_id in shrunk.values_list("pk", flat=True)[: settings.RESPAWN["SCHEDULE_BATCH"]]:
         with transaction.atomic():
             lock_job_endings(job_id)  # no node ends meanwhile: joiners are for the gang as it is
             job = Job.objects.select_related("team").get(pk=job_id)
