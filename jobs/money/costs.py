@@ -228,13 +228,14 @@ class _Run:
 
 def _lineages(slot: list[_Run]) -> list[list[_Run]]:
     """The slot's runs cut after a run the gang went on without (its kept_until set) where
-    the next resumed past it: that one did not go on from its work (the slot stood empty
-    between them). A relaunch's resume past its predecessor's last heartbeat is no cut:
-    the checkpoint it resumed from is that run's."""
+    the next resumed past that run's kept_until: the gang's work from there on was other
+    runs', whatever step this one's heartbeats had reached (the slot stood empty between
+    them). A relaunch's resume past its predecessor's last heartbeat is no cut: the
+    checkpoint it resumed from is that run's."""
     lineages: list[list[_Run]] = []
     for run in slot:
         before = lineages[-1][-1] if lineages else None
-        if before is None or before.kept_until is not None and run.resume_step > before.last_step:
+        if before is None or before.kept_until is not None and run.resume_step > before.kept_until:
             lineages.append([])
         lineages[-1].append(run)
     return lineages

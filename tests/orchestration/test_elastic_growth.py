@@ -142,12 +142,16 @@ def test_a_joiner_never_holds_up_the_job_finishing_or_counts_as_a_node(shrunk):
     assert Instance.objects.get(pk=joiner.pk).end_reason == EndReason.FENCED
 
 
-def test_the_money_counts_the_joiners_run_from_the_growth_checkpoint_and_the_survivors_redone_steps(db, settings):
-    """3 nodes to step 130 (checkpoint 100); rank 1 lost; ranks 0 and 2 (now 1) go on from
-    100 to 200 (checkpoint 180); a joiner makes 3 again from 180; all end at 300. Kept,
-    node by node: the survivors 100 + 80 + 120, the lost node 100, the joiner 120: 820
-    node-steps, the work the three phases did (3×100 + 2×80 + 3×120). Redone: each
-    survivor's 30 past 100 and 20 past 180; the joiner none."""
+@pytest.mark.parametrize("before_loss", [130, 180])
+def test_the_money_counts_the_joiners_run_from_the_growth_checkpoint_and_the_survivors_redone_steps(
+        db, settings, before_loss):
+    """3 nodes to step `before_loss` (checkpoint 100); rank 1 lost; ranks 0 and 2 (now 1) go
+    on from 100 to 200 (checkpoint 180); a joiner makes 3 again from 180; all end at 300.
+    Kept, node by node: the survivors 100 + 80 + 120, the lost node 100, the joiner 120:
+    820 node-steps, the work the three phases did (3×100 + 2×80 + 3×120). Redone: each
+    survivor's steps past 100 and 20 past 180; the joiner none. At 180 the joiner resumes
+    at the very step rank 2's first run had reached, which it still did not go on from
+    (a real e2e run counted 3 steps twice that way)."""
     from jobs.money import costs
     from tests.costs.history import T, launched, seed_prices
 
@@ -155,7 +159,7 @@ def test_the_money_counts_the_joiners_run_from_the_growth_checkpoint_and_the_sur
     seed_prices()
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=3, nodes_min=2, status=JobStatus.RUNNING)
-    nodes = [launched(job, at=T(3, 1, 2), last_step=130, rank=rank) for rank in range(3)]
+    nodes = [launched(job, at=T(3, 1, 2), last_step=before_loss, rank=rank) for rank in range(3)]
     with transaction.atomic():
         services.record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
                                    manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
@@ -171,4 +175,5 @@ def test_the_money_counts_the_joiners_run_from_the_growth_checkpoint_and_the_sur
 
     work = costs.job_cost(job, T(3, 2)).work
     assert {pk: (w.steps_kept, w.recomputed_steps) for pk, w in work.items()} == {
-        nodes[0].pk: (300, 50), nodes[1].pk: (100, 0), nodes[2].pk: (300, 50), joiner.pk: (120, 0)}
+        nodes[0].pk: (300, before_loss - 100 + 20), nodes[1].pk: (100, 0), nodes[2].pk: (300, before_loss - 100 + 20),
+        joiner.pk: (120, 0)}
