@@ -369,6 +369,10 @@ ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, on
 ENV_VALIDATIONS_FILE = "RESPAWN_VALIDATIONS_FILE"
 ENV_CONTROL_FILE = "RESPAWN_CONTROL_FILE"  # agent -> trainer: JSON {checkpoint_interval_s}, replaced atomically
 ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline}, written before the stop signal
+# trainer -> agent: a directory where each training process that handles the agent's signals (the
+# library does it: agents/checkpoint/signals.py) puts a file named by its pid. The agent's signals go
+# to those processes alone, never to their process group, whose DataLoader workers would die of them.
+ENV_SIGNAL_TARGETS_DIR = "RESPAWN_SIGNAL_TARGETS_DIR"
 ENV_VALIDATION_MODEL_FACTORY = "RESPAWN_MODEL_FACTORY"
 ENV_VALIDATION_BATCH_FACTORY = "RESPAWN_BATCH_FACTORY"
 ENV_VALIDATION_EVAL_FN = "RESPAWN_EVAL_FN"

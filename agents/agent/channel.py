@@ -28,6 +28,7 @@ VALIDATIONS_NAME = "validations.jsonl"
 CONTROL_NAME = "control.json"
 NOTICE_NAME = "notice.json"
 METRICS_NAME = "metrics.jsonl"
+SIGNAL_TARGETS_NAME = "signal-targets"  # a directory: one file per training process (agents/checkpoint/signals.py)
 CHECKPOINT_EVENTS = uuid.UUID("6f1d0b6e-5a55-4c1e-9a43-0c5e3c1f2b7d")  # namespace of checkpoint reports' event_ids
 
 
@@ -39,13 +40,14 @@ class ChannelPaths:
     control: str
     notice: str
     metrics: str
+    signal_targets: str
 
     @classmethod
     def in_dir(cls, directory: str) -> "ChannelPaths":
         os.makedirs(directory, mode=0o700, exist_ok=True)
         d = Path(directory)
         return cls(str(d / STATUS_NAME), str(d / CHECKPOINTS_NAME), str(d / VALIDATIONS_NAME), str(d / CONTROL_NAME),
-                   str(d / NOTICE_NAME), str(d / METRICS_NAME))
+                   str(d / NOTICE_NAME), str(d / METRICS_NAME), str(d / SIGNAL_TARGETS_NAME))
 
     def env(self) -> dict[str, str]:
         return {
@@ -55,6 +57,7 @@ class ChannelPaths:
             protocol.ENV_CONTROL_FILE: self.control,
             protocol.ENV_NOTICE_FILE: self.notice,
             protocol.ENV_METRICS_FILE: self.metrics,
+            protocol.ENV_SIGNAL_TARGETS_DIR: self.signal_targets,
         }
 
 

@@ -78,6 +78,9 @@ LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.lo
 AGENT_LINE_PREFIX = "[respawn-agent]"
 MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
+# Once its notice save has committed, what the trainer still does (its teardown: loader workers
+# joined, process groups destroyed) is worth nothing to the job and can take seconds of the window.
+EXIT_AFTER_NOTICE_COMMIT_S = 2.0
 RESUME_VERDICTS = {  # the control plane's word on the resume checkpoint, as the log says it
     protocol.ValidationResult.VALID: "validated",
     protocol.ValidationResult.SKIPPED: "not validated: the job names no validation factories",
@@ -497,10 +500,12 @@ class Agent:
             self._collect_checkpoints()
             code = self.trainer.poll()
             if code is not None:
+                self.trainer.kill()  # what it left behind: loader workers, ranks in sessions of their own
                 return code
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at:
-                self._agent_line("the trainer did not stop in time; killing it")
+                self._agent_line(f"the trainer did not exit within {EXIT_AFTER_NOTICE_COMMIT_S:.0f}s of its notice commit; "
+                                 "ending it" if self.notice_commit is not None else "the trainer did not stop in time; killing it")
                 self.trainer.kill()
                 continue
             if self.hold_until is not None and now >= self.hold_until:
@@ -808,6 +813,8 @@ class Agent:
 
     def _on_notice_commit(self, report: protocol.CheckpointReport) -> None:
         self.notice_commit = report
+        if report.kind == protocol.CheckpointKind.NOTICE:  # a final one is followed by its validation and export
+            self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + EXIT_AFTER_NOTICE_COMMIT_S)
         if self.notice is not None and self.notice.acknowledge is not None:
             try:
                 self.notice.acknowledge()

@@ -1,21 +1,32 @@
 """The trainer as a child process: its environment, its process group, its death.
 
-The trainer runs in a process group of its own (so a stop reaches the whole
-tree it started) and with PR_SET_PDEATHSIG = SIGKILL, so it dies when the agent
-dies, even of SIGKILL. The kernel sends that signal when the *thread* that forked
-the child exits, so `start()` must be called from the agent's main thread.
+The agent's signals (notice, stop, checkpoint now) go to the training processes
+alone: those the checkpoint library registered in the signal-targets directory
+(the script's main process; under torchrun, each rank), else the command's own
+process. Never to the process group: DataLoader workers and other helpers would die
+of SIGTERM before the save could run (docs/signals.md).
+
+The trainer runs in a process group of its own and with PR_SET_PDEATHSIG = SIGKILL,
+so it dies when the agent dies, even of SIGKILL. The kernel sends that signal when
+the *thread* that forked the child exits, so `start()` must be called from the
+agent's main thread. `kill()` ends the whole tree: the trainer's group and the groups
+of the processes under it (torchrun starts each rank in a session of its own).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from agents import protocol, trackers
+from agents.checkpoint.signals import start_ticks
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +98,14 @@ class TrainerProcess:
         self.env = env
         self.cwd = cwd or None
         self.log_path = log_path
+        self.targets_dir = env.get(protocol.ENV_SIGNAL_TARGETS_DIR)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         """Spawn the trainer; OSError (missing command, bad cwd) propagates for a `setup` exit."""
+        if self.targets_dir:  # an earlier trainer's registrations name processes gone
+            shutil.rmtree(self.targets_dir, ignore_errors=True)
+            os.makedirs(self.targets_dir, mode=0o700)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
                 self.command,
@@ -113,21 +128,34 @@ class TrainerProcess:
         return self.proc.poll() if self.proc else None
 
     def signal(self, signum: int) -> None:
-        """Send `signum` to the trainer's whole process group (quietly, if it is gone)."""
+        """Send `signum` to each training process (quietly, if it is gone): those
+        registered under the trainer, else the trainer's own process."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        try:
-            os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        for pid in self.training_processes() or [self.proc.pid]:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def training_processes(self) -> list[int]:
+        """The live processes under the trainer that registered to take the agent's
+        signals; a registration whose pid now names another process is ignored."""
+        if self.proc is None or not self.targets_dir:
+            return []
+        tree = set(descendants(self.proc.pid)) | {self.proc.pid}
+        return [pid for pid in registered(self.targets_dir) if pid in tree]
 
     def kill(self) -> None:
+        """SIGKILL the trainer and everything under it, then reap it."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        pids = {self.proc.pid, *descendants(self.proc.pid), *(registered(self.targets_dir) if self.targets_dir else ())}
+        for group in {self.proc.pid, *(pgid(pid) for pid in pids)} - {None, os.getpgid(0)}:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait()
 
     def wait(self, timeout_s: float) -> int | None:
@@ -137,3 +165,44 @@ class TrainerProcess:
         while (code := self.proc.poll()) is None and time.monotonic() < end:
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
         return code
+
+
+def registered(directory: str) -> list[int]:
+    """The pids the library registered in `directory` (agents/checkpoint/signals.py) whose
+    process still runs: its start time matches the one it wrote."""
+    found = []
+    for path in Path(directory).glob("[0-9]*"):
+        try:
+            entry = json.loads(path.read_text())
+            pid = int(entry["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if entry.get("start_ticks") is not None and start_ticks(pid) == entry["start_ticks"]:
+            found.append(pid)
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """Every process under `root`, from /proc (one read of each process's stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

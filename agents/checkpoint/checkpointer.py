@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -48,10 +47,10 @@ import torch
 from agents import protocol, trainer
 from agents.envvars import env_float
 
-from . import channel, layout, manifest, persist
+from . import channel, layout, manifest, persist, signals
 from .codec import flatten
 from .distributed import Coordinator
-from .errors import CheckpointError, ConfigError, IncompatibleCheckpointError
+from .errors import CheckpointError, ConfigError, IncompatibleCheckpointError, NoticeSaveMissed
 from .reader import CheckpointRef, LoadedCheckpoint, committed, load
 from .resume import Resumed, choose
 from .rotation import remove_torn, rotate
@@ -240,14 +239,11 @@ class Checkpointer:
         self._now_seen = False
         self.should_stop = False
         self.last_outcome: SaveOutcome | None = None
-        self._previous_handlers: dict = {}
         self._overlap = config.overlap_snapshot and state.optimizer is not None
         self._step_hook = None
         if self._overlap and hook_optimizer:
             self._step_hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
-        if config.handle_signals and threading.current_thread() is threading.main_thread():
-            for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
-                self._previous_handlers[sig] = signal.signal(sig, handler)
+        self._restore_signals = signals.install(self._on_stop, self._on_checkpoint_now) if config.handle_signals else (lambda: None)
 
     # --- signals and run-time settings -------------------------------------------------
     def _on_stop(self, signum, frame) -> None:
@@ -328,7 +324,12 @@ class Checkpointer:
                 trainer.report(step, force=True, stopped=True)
             self._stop_seen = False
             self.should_stop = self.should_stop or stop
-            return self._save_now(step, kind or protocol.CheckpointKind.NOTICE, self._deadline(deadline, kind))
+            outcome = self._save_now(step, kind or protocol.CheckpointKind.NOTICE, self._deadline(deadline, kind))
+            if kind is None and not outcome.committed:
+                # A stop's save that did not commit is a missed notice: the loop must not end
+                # as if it had stopped cleanly (docs/signals.md).
+                raise NoticeSaveMissed(outcome.message)
+            return outcome
         wanted = kind == protocol.CheckpointKind.PERIODIC or table is not None and (any(row[_NOW] for row in table) or table[0][_DUE])
         if wanted and not busy and step != self._last_saved_step:
             self._now_seen = False
@@ -651,9 +652,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            for sig, handler in self._previous_handlers.items():
-                signal.signal(sig, handler)
-            self._previous_handlers.clear()
+            self._restore_signals()
             if self._step_hook is not None:
                 self._step_hook.remove()
                 self._step_hook = None

@@ -33,5 +33,10 @@ class EvalError(CheckpointError):
     a non-finite number. The check failed, not the checkpoint: its verdict is `error`."""
 
 
+class NoticeSaveMissed(CheckpointError):
+    """The save a stop asked for (the agent's notice) did not commit: the process must not
+    exit as if it had stopped cleanly, and the job resumes from the previous checkpoint."""
+
+
 class ConfigError(ValueError):
     """A configuration field has a value the library cannot work with."""

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import json
-import signal
 import sys
 import threading
 import time
@@ -62,7 +61,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from agents import protocol, trainer
 
-from . import channel, layout, manifest
+from . import channel, layout, manifest, signals
 from .dcp_storage import StorageReader, StorageWriter
 from .checkpointer import DEFAULT_INTERVAL_S, CheckpointConfig, SaveOutcome
 from .distributed import Coordinator, pg_timeout_s
@@ -212,10 +211,7 @@ class ShardedCheckpointer:
         # the training thread: a group of their own keeps the two from interleaving.
         self._save_group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=pg_timeout_s()))
                             if self.coord.distributed else None)
-        self._previous_handlers: dict = {}
-        if config.handle_signals and threading.current_thread() is threading.main_thread():
-            for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
-                self._previous_handlers[sig] = signal.signal(sig, handler)
+        self._restore_signals = signals.install(self._on_stop, self._on_checkpoint_now) if config.handle_signals else (lambda: None)
 
     def _gather_objects(self, obj) -> list:
         if self.world_size == 1:
@@ -475,9 +471,7 @@ class ShardedCheckpointer:
         """Commit the periodic save in flight (every rank together) and restore the signal handlers."""
         if self._inflight is not None:
             self._settle()
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers.clear()
+        self._restore_signals()
 
     def finish(self, step: int) -> SaveOutcome:
         outcome = self.save(step, kind=protocol.CheckpointKind.FINAL)

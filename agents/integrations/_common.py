@@ -11,8 +11,8 @@ import sys
 from collections.abc import Callable
 
 from agents import trainer
-from agents.checkpoint.checkpointer import CheckpointConfig, record_verdict
-from agents.checkpoint.errors import ConfigError
+from agents.checkpoint.checkpointer import CheckpointConfig, SaveOutcome, record_verdict
+from agents.checkpoint.errors import ConfigError, NoticeSaveMissed
 from agents.checkpoint.reader import CheckpointRef, LoadedCheckpoint, load
 from agents.checkpoint.resume import Resumed, choose
 from agents.checkpoint.rotation import remove_torn
@@ -62,9 +62,13 @@ def choose_checkpoint(config: CheckpointConfig, framework: str,
     return chosen
 
 
-def report_stop(step: int) -> None:
-    """Tell the agent that the trainer's coming exit 0 is a stop on request, not the end
-    of training (agents/agent/lifecycle.py reads `stopped` from the status file)."""
-    trainer.report(step, force=True, stopped=True)
-    print(f"respawn: stopped at step {step} after a notice save; exiting so the job resumes elsewhere",
+def report_stop(outcome: SaveOutcome | None) -> None:
+    """After a stop's save: tell the agent that the trainer's coming exit 0 is a stop on
+    request, not the end of training (agents/agent/lifecycle.py reads `stopped` from the
+    status file). Only a committed save is a stop: without one (`outcome` None: nothing
+    could be saved) NoticeSaveMissed says why, and the process exits non-zero."""
+    if outcome is None or not outcome.committed:
+        raise NoticeSaveMissed(outcome.message if outcome is not None else "no notice save could be made at this point")
+    trainer.report(outcome.step, force=True, stopped=True)
+    print(f"respawn: stopped at step {outcome.step} after a notice save; exiting so the job resumes elsewhere",
           file=sys.stderr, flush=True)

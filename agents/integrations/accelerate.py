@@ -53,7 +53,6 @@ import io
 import mmap
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -65,7 +64,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from agents import protocol
-from agents.checkpoint import channel, layout, manifest, persist
+from agents.checkpoint import channel, layout, manifest, persist, signals
 from agents.checkpoint.checkpointer import (DEFAULT_INTERVAL_S, CheckpointConfig, SaveOutcome, export_final,
                                             notice_deadline)
 from agents.checkpoint.errors import CheckpointError, ConfigError, IncompatibleCheckpointError
@@ -102,9 +101,7 @@ class SpotSafeState:
         self.last_outcome: SaveOutcome | None = None
         self._stop_seen = self._now_seen = False
         self._last_step, self._committed_step, self._last_at = 0, -1, time.monotonic()
-        if self.config.handle_signals and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_stop)
-            signal.signal(signal.SIGUSR1, self._on_checkpoint_now)
+        self._restore_signals = signals.install(self._on_stop, self._on_checkpoint_now) if self.config.handle_signals else (lambda: None)
 
     def _on_stop(self, signum, frame) -> None:
         self._stop_seen = True  # only a flag: the save happens at the next step()
@@ -140,8 +137,7 @@ class SpotSafeState:
             self._interval_s = new_interval
         if self._stop_seen and not self.should_stop:
             self.should_stop = True
-            self.save(step, protocol.CheckpointKind.NOTICE)
-            report_stop(step)
+            report_stop(self.save(step, protocol.CheckpointKind.NOTICE))
         elif self._due(step):
             self._now_seen = False
             self.save(step, protocol.CheckpointKind.PERIODIC)

@@ -145,7 +145,7 @@ class RespawnCallback(TrainerCallback):
         if self.ckpt.should_stop and not self.stopped:
             self.stopped = True
             control.should_training_stop = True
-            report_stop(state.global_step)
+            report_stop(self.ckpt.last_outcome)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.stopped:

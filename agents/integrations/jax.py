@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -50,8 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from agents import protocol
-from agents.checkpoint import channel, layout, manifest
-from agents.checkpoint.checkpointer import CheckpointConfig, notice_deadline, record_verdict
+from agents.checkpoint import channel, layout, manifest, signals
+from agents.checkpoint.checkpointer import CheckpointConfig, SaveOutcome, notice_deadline, record_verdict
 from agents.checkpoint.errors import (CheckpointError, ConfigError, CorruptCheckpointError, EvalError, FactoryError,
                                       IncompatibleCheckpointError)
 from agents.checkpoint.reader import CheckpointRef, LoadedCheckpoint, list_checkpoints, ref_from_uri
@@ -103,10 +102,7 @@ class SpotSafe:
         self._stop_seen = self._now_seen = False
         self.should_stop = False
         self.last_uri: str | None = None
-        self._previous_handlers = {}
-        if self.config.handle_signals and threading.current_thread() is threading.main_thread():
-            for sig, handler in ((signal.SIGTERM, self._on_stop), (signal.SIGUSR1, self._on_checkpoint_now)):
-                self._previous_handlers[sig] = signal.signal(sig, handler)
+        self._restore_signals = signals.install(self._on_stop, self._on_checkpoint_now) if self.config.handle_signals else (lambda: None)
 
     def _on_stop(self, signum, frame) -> None:
         self._stop_seen = True  # only a flag: Orbax's writer thread keeps writing, the save happens at the next step
@@ -294,14 +290,16 @@ class SpotSafe:
             self.wait()
         finally:
             self._orbax.close()
-            for sig, handler in self._previous_handlers.items():
-                signal.signal(sig, handler)
-            self._previous_handlers.clear()
+            self._restore_signals()
 
     def stop(self, step: int) -> None:
-        """After a notice save: tell the agent this exit 0 is a stop, and exit."""
+        """After a notice save: tell the agent this exit 0 is a stop, and exit (NoticeSaveMissed
+        when the save of `step` did not commit)."""
         self.close()
-        report_stop(step)
+        committed = step == self._last_committed_step
+        report_stop(SaveOutcome(step, protocol.CheckpointKind.NOTICE, committed, self.last_uri or "",
+                                "" if committed else f"notice save of step {step} was not committed (its cause is above); "
+                                "the previous checkpoint is intact"))
         sys.exit(0)
 
     def finish(self, step: int, state, extra: dict | None = None) -> None:

@@ -157,7 +157,7 @@ class SpotSafe(Callback):
         if self.ckpt.should_stop and not self.stopped:
             self.stopped = True
             trainer.should_stop = True  # without Lightning's SIGTERM (a stop by other means) too
-            report_stop(trainer.global_step)
+            report_stop(self.ckpt.last_outcome)
 
     def on_exception(self, trainer, pl_module, exception):
         if self.ckpt is None:
@@ -165,13 +165,17 @@ class SpotSafe(Callback):
         if isinstance(exception, SIGTERMException) and not self.stopped:
             # The signal came after this step's on_train_batch_end: the state is still the
             # step boundary's (when the optimizer stepped), so the notice save is made here.
+            self.stopped = True
+            outcome = None
             if self._at_boundary:
                 self.ckpt.save(trainer.global_step)
+                outcome = self.ckpt.last_outcome
             else:
                 print("respawn lightning: the notice came mid gradient accumulation; the previous checkpoint stands",
                       file=sys.stderr, flush=True)
-            self.stopped = True
-            report_stop(trainer.global_step)
+            self.ckpt.close()
+            report_stop(outcome)
+            return
         self.ckpt.close()
 
     def on_train_end(self, trainer, pl_module):

@@ -12,6 +12,7 @@ commits nothing and says so; preflight proves the example resumes.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -177,10 +178,14 @@ def test_a_notice_save_past_its_deadline_commits_nothing_and_says_so(uninterrupt
                                        "deadline": (now - timedelta(seconds=1)).isoformat()}))
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
-    stopped_at = json.loads((channel / "status.json").read_text())["step"]
+    # A missed notice is no clean stop: the exit is not 0, its cause is the last line, and the
+    # status file never says `stopped` (the agent reports the notice as missed).
+    assert proc.returncode != 0, out
+    assert json.loads((channel / "status.json").read_text()).get("stopped") is not True
+    stopped_at = int(re.search(r"notice save of step (\d+) not committed", out).group(1))
     assert (f"notice save of step {stopped_at} not committed: PersistCancelled: save_state took" in out
             and "ended past the notice deadline" in out), out
+    assert "NoticeSaveMissed" in out.strip().splitlines()[-1], out
     assert all(r["kind"] == "periodic" for r in reports(channel))
     assert not (uri / layout.step_dir(stopped_at)).exists()
     previous = newest_committed(uri)
