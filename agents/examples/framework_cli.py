@@ -13,4 +13,6 @@ def parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--every-steps", type=int, default=None)
     parser.add_argument("--n-embd", type=int, default=16, help="model width (a larger state makes saves longer)")
     parser.add_argument("--step-delay", type=float, default=0.0, help="sleep per step, to make a short run last")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--persistent-workers", action="store_true", help="keep the loader's workers across epochs")
     return parser

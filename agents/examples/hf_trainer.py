@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     training_args = TrainingArguments(
         output_dir=args.output_dir or os.path.join(args.uri, "..", "hf-output"), max_steps=args.steps,
         per_device_train_batch_size=8, learning_rate=1e-3, lr_scheduler_type="linear", warmup_steps=5,
-        logging_steps=5, save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True)
+        logging_steps=5, save_strategy="no", report_to="none", use_cpu=True, seed=0, disable_tqdm=True,
+        dataloader_num_workers=args.workers, dataloader_persistent_workers=args.persistent_workers and args.workers > 0)
     trainer = Trainer(model=make_model(args.n_embd), args=training_args, train_dataset=Tokens(),
                       callbacks=[Slow(args.step_delay)] if args.step_delay else None)
     spot_safe(trainer, CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps))  # the one line

@@ -40,10 +40,10 @@ class LitLM(L.LightningModule):
 
 def main(argv: list[str] | None = None) -> int:
     parser = framework_cli.parser(__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # bitwise reproducibility does not survive a change of thread count
-    loader = ResumableLoader(tiny_lm.tokens(96, seed=1), batch_size=8, seed=0, shuffle=True, num_workers=args.workers)
+    loader = ResumableLoader(tiny_lm.tokens(96, seed=1), batch_size=8, seed=0, shuffle=True, num_workers=args.workers,
+                             persistent_workers=args.persistent_workers and args.workers > 0)
     trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=args.uri)
     spot_safe(trainer, CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps))  # the one line

@@ -7,6 +7,10 @@ checkpoint, draws the same batches in the same order as an uninterrupted run wou
 (each step's sample ids go to --order, one line per step), takes the same dropout
 masks, and ends with bitwise the same weights (--weights).
 
+Under `torchrun --nproc-per-node N` it trains as a DDP gang over gloo (every rank reads the
+same batches; each rank checkpoints its own files, rank 0 commits), the process tree of a
+real multi-process job: torchrun, its ranks, each rank's loader workers.
+
 `--dataset iterable` streams from an IterableDataset that shards itself by worker and
 gives its position (state_dict); `--loader plain` shows the trap this replaces: a plain
 `DataLoader(batch_sampler=ResumableSampler)` whose iterator is made after `load_latest()`
@@ -16,15 +20,19 @@ draws from torch's global RNG, so a resumed run's dropout differs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, ResumableLoader, ResumableSampler, TrainState
+from agents import trainer
+from agents.checkpoint import (CheckpointConfig, Checkpointer, ResumableLoader, ResumableSampler, TrainState,
+                               init_process_group, leave_process_group)
 
 FEATURES, CLASSES, SIZE, BATCH = 8, 3, 96, 8
 
@@ -84,7 +92,7 @@ def batches(loader):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uri", required=True)
+    parser.add_argument("--uri", default=os.environ.get("RESPAWN_CHECKPOINT_URI", ""))
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every-steps", type=int, default=10)
     parser.add_argument("--order", required=True, help="file: one line per step, 'step: sample ids'")
@@ -92,10 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", choices=("map", "iterable"), default="map")
     parser.add_argument("--loader", choices=("resumable", "plain"), default="resumable")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--persistent-workers", action="store_true", help="keep the loader's workers across epochs")
     parser.add_argument("--step-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    gang = int(os.environ.get("WORLD_SIZE", "1")) > 1  # started by torchrun
+    if gang:
+        init_process_group("gloo")
+    rank = int(os.environ.get("RANK", "0"))
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     if args.loader == "plain":
@@ -103,18 +116,20 @@ def main(argv: list[str] | None = None) -> int:
         state = TrainState(model, optimizer, sampler=sampler)
     else:
         dataset = Samples() if args.dataset == "map" else Stream()
-        loader = ResumableLoader(dataset, BATCH, seed=1, shuffle=args.dataset == "map", num_workers=args.workers)
+        loader = ResumableLoader(dataset, BATCH, seed=1, shuffle=args.dataset == "map", num_workers=args.workers,
+                                 persistent_workers=args.persistent_workers and args.workers > 0)
         state = TrainState(model, optimizer, loader=loader)
-    ckpt = Checkpointer(state, CheckpointConfig(uri=args.uri, every_steps=args.every_steps, num_files=1))
+    ckpt = Checkpointer(state, CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, num_files=1))
+    forward = DistributedDataParallel(model) if gang else model
     resumed = ckpt.load_latest()
     print(resumed, flush=True)
     if args.loader == "plain":  # the trap: its iterator, made now, draws from the global RNG restored just before
         loader = DataLoader(Samples(), batch_sampler=sampler, num_workers=0)
     stream = batches(loader)
-    with open(args.order, "a") as order:
+    with open(args.order if rank == 0 else os.devnull, "a") as order:
         for step in range(resumed.step, args.steps):
             x, y, ids = next(stream)
-            loss = F.cross_entropy(model(x), y)
+            loss = F.cross_entropy(forward(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -122,11 +137,17 @@ def main(argv: list[str] | None = None) -> int:
             order.flush()
             if args.step_delay:
                 time.sleep(args.step_delay)
+            if rank == 0:  # ranks on one VM share its status file
+                trainer.report(step + 1, loss.item())
             ckpt.save(step + 1)
             if ckpt.should_stop:
                 break
     ckpt.close()
-    if args.weights and not ckpt.should_stop:
+    if gang:
+        leave_process_group()
+    if ckpt.should_stop:
+        return 0
+    if args.weights and rank == 0:
         torch.save(model.state_dict(), args.weights)
     print(f"done at step {args.steps}", file=sys.stderr)
     return 0
