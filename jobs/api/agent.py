@@ -626,6 +626,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         artifact_uri=job.artifact_uri if post else "",
         artifact_digest=job.artifact_digest if post else "",
         source_sha256=job.source_archive.sha256 if job.source_archive_id else "",
+        source_max_unpacked_bytes=sources.max_bytes() if job.source_archive_id else None,
         source_git_url=job.source_git_url,
         source_git_commit=job.source_git_commit,
         run_id=trackers.run_id(job),
