@@ -164,8 +164,9 @@ def send(delivery: Delivery) -> int | None:
     sub = delivery.subscription
     if sub.channel == Channel.EMAIL:
         n = delivery.notification
+        subject = " ".join(n.title.split())  # one line: a name's line break must not start a header
         try:
-            send_mail(n.title, n.text, settings.DEFAULT_FROM_EMAIL, [sub.email], fail_silently=False)
+            send_mail(subject, n.text, settings.DEFAULT_FROM_EMAIL, [sub.email], fail_silently=False)
         except (smtplib.SMTPException, OSError) as exc:
             raise Retryable(f"email not sent: {exc}"[:ERROR_CHARS]) from None
         return None
