@@ -189,6 +189,9 @@ class JobSpec:
     # The job's code, put into working_dir before prepare and training (agents/agent/source.py):
     # the archive `GET source` serves, checked against this hex SHA-256, or a git commit.
     source_sha256: str = ""
+    # The limit the control plane checked the archive against at upload (agents/sourcetree.py):
+    # the VM unpacks under the same one. None (an older control plane): headers bounded only.
+    source_max_unpacked_bytes: int | None = None
     source_git_url: str = ""
     source_git_commit: str = ""
     # The job's experiment-tracker run id, the same for every VM of the job (agents/trackers.py).

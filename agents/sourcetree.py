@@ -6,10 +6,17 @@ unpacking it here, and the agent unpacks it on the VM, after checking the digest
 job spec pins, with the same `unpack`: what the server accepted is what a VM can
 unpack. Only regular files, directories and symbolic links that stay inside the tree
 are unpacked; anything else (an absolute path, a `..`, a link out, a device, a hard
-link) refuses the whole archive, naming the member."""
+link) refuses the whole archive, naming the member.
+
+Bytes are bounded before `tarfile` parses them, since it reads a pax or GNU long-name
+header whole, and copies pax records into every later member: each header's announced
+size, the pax records a member carries, and the length of the decompressed stream (a
+small multiple of the unpacked limit) are checked as tarfile goes, so a hostile archive
+costs a few times its limit in memory and time, never its compression ratio."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import posixpath
@@ -27,6 +34,14 @@ MEDIA_TYPE = "application/gzip"
 MAX_NAME_CHARS = 1024
 MAX_MEMBERS = 200_000
 CHUNK_BYTES = 1 << 20
+# A pax or GNU long-name header, read whole by tarfile: room for a name of MAX_NAME_CHARS
+# and a few more records, never megabytes.
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PAX_RECORDS = 64  # per member, global ones included
+# The decompressed stream may be this many times the unpacked limit, plus the slack, long:
+# room for every member's header and padding; beyond it, only headers could be spending it.
+STREAM_FACTOR = 4
+STREAM_SLACK_BYTES = 1 << 20
 
 
 class BadArchive(ValueError):
@@ -54,17 +69,78 @@ def unpack(archive: str | os.PathLike, dest: str | os.PathLike, *, max_unpacked_
     BadArchive. `max_unpacked_bytes` bounds the files' total size (the control plane's
     limit at upload; the agent unpacks only bytes whose digest that check pinned)."""
     dest = Path(dest)
+    cap = None if max_unpacked_bytes is None else STREAM_FACTOR * max_unpacked_bytes + STREAM_SLACK_BYTES
     try:
-        with tarfile.open(archive, mode="r:gz") as tar:
+        with open(archive, "rb") as raw, gzip.GzipFile(fileobj=raw) as stream, \
+                tarfile.open(fileobj=_Capped(stream, cap), mode="r:", tarinfo=_BoundedTarInfo) as tar:
             members, contents = _checked_members(tar, max_unpacked_bytes)
             dest.mkdir(mode=0o755)
             tar.extractall(dest, members=members, filter="data")
     except tarfile.FilterError as exc:  # tarfile's own refusal of a member (a link out, say)
         raise BadArchive(str(exc)) from exc
-    except (tarfile.TarError, EOFError, zlib.error, UnicodeError) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, UnicodeError, gzip.BadGzipFile) as exc:
         raise BadArchive(f"not a gzip'd tar archive: {exc}") from exc
     _links_stay_inside(dest)
     return contents
+
+
+class _Capped:
+    """The decompressed stream as tarfile reads and seeks it, refused once past `cap` bytes."""
+
+    def __init__(self, stream: gzip.GzipFile, cap: int | None):
+        self.stream, self.cap = stream, cap
+
+    def read(self, size: int = -1) -> bytes:
+        if self.cap is not None:
+            room = self.cap + 1 - self.stream.tell()  # one byte past the cap says there is more
+            size = room if size is None or size < 0 else min(size, room)
+        data = self.stream.read(size)
+        self._within()
+        return data
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if self.cap is not None and whence == os.SEEK_SET and offset > self.cap:
+            self._refuse()
+        self.stream.seek(offset, whence)
+        self._within()
+        return self.stream.tell()
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def _within(self) -> None:
+        if self.cap is not None and self.stream.tell() > self.cap:
+            self._refuse()
+
+    def _refuse(self):
+        raise BadArchive(f"it decompresses to more than {self.cap} bytes ({STREAM_FACTOR} times the limit, and "
+                         f"{STREAM_SLACK_BYTES} for headers)")
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's own header parsing, refusing a header before tarfile reads what it announces:
+    an extended header over MAX_HEADER_BYTES, a sparse file's maps (read block by block
+    without end), a member with more than MAX_PAX_RECORDS pax records."""
+
+    def _proc_member(self, tarfile_):
+        if self.type in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                         tarfile.SOLARIS_XHDTYPE) and self.size > MAX_HEADER_BYTES:
+            raise BadArchive(f"a header of {self.size} bytes (pax or GNU long name); at most {MAX_HEADER_BYTES} "
+                             "are read")
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _sparse(self)
+        member = super()._proc_member(tarfile_)
+        if len(member.pax_headers) > MAX_PAX_RECORDS:
+            raise BadArchive(f"{member.name[:200]!r}: {len(member.pax_headers)} pax records; at most "
+                             f"{MAX_PAX_RECORDS} are read")
+        return member
+
+    def _proc_gnusparse_10(self, next, pax_headers, tarfile_):  # a pax-format sparse file's map
+        raise _sparse(next)
+
+
+def _sparse(member: tarfile.TarInfo) -> BadArchive:
+    return BadArchive(f"{member.name[:200]!r}: a sparse file; only files, directories and symbolic links are unpacked")
 
 
 def _checked_members(tar: tarfile.TarFile, max_unpacked_bytes: int | None) -> tuple[list[tarfile.TarInfo], Contents]:

@@ -57,11 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
     common.add_argument("--url", help="control plane URL (default: RESPAWN_URL, then the saved login)")
+    common.add_argument("--insecure-http", action="store_true",
+                        help="allow a plain http:// URL to a host other than this machine (sends the token in clear)")
     # Under `tokens` and `notify`, the same flags after the action; SUPPRESS keeps the
     # level above's value when they are not repeated there.
     nested = argparse.ArgumentParser(add_help=False)
     nested.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
     nested.add_argument("--url", default=argparse.SUPPRESS, help="control plane URL")
+    nested.add_argument("--insecure-http", action="store_true", default=argparse.SUPPRESS,
+                        help="allow plain http:// off this machine")
 
     parser = argparse.ArgumentParser(prog="respawn", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

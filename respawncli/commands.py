@@ -35,13 +35,13 @@ TOKEN_COLUMNS = [
 
 
 def api(args) -> Api:
-    return Api.signed_in(load_credentials(args.url))
+    return Api.signed_in(load_credentials(args.url, insecure_http=args.insecure_http))
 
 
 # --- login ---
 
 def login(args) -> int:
-    url = server_url(args.url)
+    url = server_url(args.url, insecure_http=args.insecure_http)
     if not url:
         raise CliError("which control plane? pass --url URL or set RESPAWN_URL", EXIT_BAD_INPUT)
     username = args.username or input("Username: ")

@@ -2,16 +2,24 @@
 
 RESPAWN_URL / RESPAWN_TOKEN win over the credentials file that `respawn login`
 writes (~/.config/respawn/credentials, or under $XDG_CONFIG_HOME): a JSON object
-{"url": ..., "token": ...}, readable by its owner only (0600)."""
+{"url": ..., "token": ...}, readable by its owner only (0600).
+
+A plain http:// URL is taken only for loopback (127.0.0.0/8, ::1, localhost) unless
+`--insecure-http` or RESPAWN_INSECURE_HTTP=1 says so: the token, and the password at
+login, would cross the network in clear."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from respawncli.errors import EXIT_AUTH, CliError
+from respawncli.errors import EXIT_AUTH, EXIT_BAD_INPUT, CliError
+
+INSECURE_HTTP_ENV = "RESPAWN_INSECURE_HTTP"
 
 
 @dataclass(frozen=True)
@@ -36,13 +44,27 @@ def _saved() -> dict:
     return saved if isinstance(saved, dict) else {}
 
 
-def server_url(flag: str | None = None) -> str | None:
+def server_url(flag: str | None = None, *, insecure_http: bool = False) -> str | None:
     url = flag or os.environ.get("RESPAWN_URL") or _saved().get("url")
+    if url and urlsplit(url).scheme.lower() == "http" and not _loopback(urlsplit(url).hostname):
+        if not (insecure_http or os.environ.get(INSECURE_HTTP_ENV) == "1"):
+            raise CliError(f"refusing {url}: plain http:// would send your token (and password) in clear text to "
+                           "a host that is not this machine; use https://, or pass --insecure-http (or set "
+                           f"{INSECURE_HTTP_ENV}=1) if the network on the way is yours", EXIT_BAD_INPUT)
     return url.rstrip("/") if url else None
 
 
-def load_credentials(url_flag: str | None = None) -> Credentials:
-    url = server_url(url_flag)
+def _loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
+
+
+def load_credentials(url_flag: str | None = None, *, insecure_http: bool = False) -> Credentials:
+    url = server_url(url_flag, insecure_http=insecure_http)
     token = os.environ.get("RESPAWN_TOKEN") or _saved().get("token")
     if not url or not token:
         raise CliError("not logged in: run `respawn login --url URL`, or set RESPAWN_URL and RESPAWN_TOKEN",

@@ -21,9 +21,14 @@ MACHINE_IMAGE_SHAPES = {
     "azure": (re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+"),
               "an image URN like Canonical:ubuntu-24_04-lts:server:latest"),
 }
-# A container image reference: [registry[:port]/]path[:tag][@sha256:digest], lower-case path.
-CONTAINER_IMAGE = re.compile(r"([a-zA-Z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._/-][a-z0-9]+)*(:[\w][\w.-]{0,127})?"
-                             r"(@sha256:[0-9a-f]{64})?")
+# A container image reference, in the grammar of distribution/reference (what podman and
+# docker parse): [domain[:port]/]path[:tag][@sha256:digest]. Every part begins with a letter
+# or digit, so a reference never begins with '-' and no runtime can read it as an option.
+_DOMAIN_PART = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+CONTAINER_IMAGE = re.compile(rf"(?:(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?/)?"
+                             rf"{_PATH_PART}(?:/{_PATH_PART})*(?::\w[\w.-]{{0,127}})?(?:@sha256:[0-9a-f]{{64}})?",
+                             re.ASCII)
 
 
 def nul_problem(texts: Iterable[str]) -> str | None:

@@ -100,7 +100,7 @@ def run_argv(*, runtime: str, image: str, name: str, command: list[str], env: di
     argv += ["--env", f"PYTHONPATH={LIB_MOUNT}" + (f":{job_pythonpath}" if job_pythonpath else "")]
     if cwd:
         argv += ["--workdir", cwd]
-    return [*argv, image, *command]
+    return [*argv, "--", image, *command]  # `--`: the image is never read as an option
 
 
 class ContainerTrainer(TrainerProcess):
@@ -147,4 +147,4 @@ def runtime_failure(code: int | None, output_tail: str) -> str | None:
 
 def pull_argv(runtime: str, image: str) -> list[str]:
     """Fetch the image unless the VM already has it (a prebuilt machine image, a restart)."""
-    return ["sh", "-c", f'"$0" image inspect "$1" >/dev/null 2>&1 || exec "$0" pull "$1"', runtime, image]
+    return ["sh", "-c", '"$0" image inspect -- "$1" >/dev/null 2>&1 || exec "$0" pull -- "$1"', runtime, image]

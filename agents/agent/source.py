@@ -62,7 +62,7 @@ def put_in_place(job: protocol.JobSpec, client: ControlPlaneClient, work_dir: st
                 archive = os.path.join(work_dir, ARCHIVE)
                 try:
                     _fetch(client, job.source_sha256, archive, give_up_s=give_up_s, backoff=backoff)
-                    unpack(archive, tree)
+                    unpack(archive, tree, max_unpacked_bytes=job.source_max_unpacked_bytes)
                 except BadArchive as exc:
                     raise SourceFailed(f"the source archive sha256:{job.source_sha256} cannot be unpacked: {exc}") from None
                 finally:

@@ -418,7 +418,8 @@ class LogsView(AgentView):
 
 class MetricsView(AgentView):
     """Every step the trainer reported, for the job's loss curve (StepPoint). A live
-    instance's only: like the heartbeat, a fenced VM's figures are not its job's."""
+    instance's only: like the heartbeat, a fenced VM's figures are not its job's. A batch
+    with a step beyond the job's total_steps is refused whole, as such a checkpoint is."""
 
     body_serializer = MetricsBatchSerializer
 
@@ -426,6 +427,8 @@ class MetricsView(AgentView):
     def post(self, request):
         data = self.validated(request)
         instance = self.instance
+        if beyond := checkpoint_trust.beyond_total(max(point["step"] for point in data["points"]), instance.job):
+            raise exceptions.ValidationError({"points": [f"step {beyond}"]})
         points = [StepPoint(job_id=instance.job_id, instance=instance, **point) for point in data["points"]]
         applied = apply_once(instance, data["event_id"], "metrics",
                              lambda: StepPoint.objects.bulk_create(points, ignore_conflicts=True))
@@ -626,6 +629,7 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         artifact_uri=job.artifact_uri if post else "",
         artifact_digest=job.artifact_digest if post else "",
         source_sha256=job.source_archive.sha256 if job.source_archive_id else "",
+        source_max_unpacked_bytes=sources.max_bytes() if job.source_archive_id else None,
         source_git_url=job.source_git_url,
         source_git_commit=job.source_git_commit,
         run_id=trackers.run_id(job),

@@ -11,6 +11,8 @@ state lies and how far it got, and is judged as one.
   between two heartbeats, and late after an outage of the control plane (the pace
   term grows with the time since the last heartbeat); a step beyond that is no
   checkpoint its trainer can have made.
+
+A metrics batch's steps are held to the first bound, `total_steps`, too (`beyond_total`).
 """
 
 from __future__ import annotations
@@ -53,11 +55,17 @@ def most_steps_ahead(instance: Instance, now=None) -> int:
     return ahead
 
 
+def beyond_total(step: int, job: Job) -> str | None:
+    """Why `step` is no step of `job`'s (a checkpoint's, or a metrics point's), or None."""
+    if job.total_steps is not None and step > job.total_steps:
+        return f"{step} is beyond the job's total_steps ({job.total_steps})"
+    return None
+
+
 def step_problem(step: int, instance: Instance) -> str | None:
     """Why `step` cannot be a checkpoint of `instance`, or None."""
-    total = instance.job.total_steps
-    if total is not None and step > total:
-        return f"{step} is beyond the job's total_steps ({total})"
+    if beyond := beyond_total(step, instance.job):
+        return beyond
     ahead = most_steps_ahead(instance)
     if step > instance.last_step + ahead:
         return (f"{step} is more than {ahead} steps ahead of the step this instance last reported "

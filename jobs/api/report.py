@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from dataclasses import dataclass
 
 from django.http import Http404
@@ -27,6 +28,10 @@ from jobs.money.curve import cost_curve
 from jobs.money.report import INTERRUPTION_KINDS, ReportError, SavingsReport, savings_report
 
 FORMATS = ("json", "csv")
+# How a cell a spreadsheet would run as a formula starts (OWASP, CSV injection); such a
+# cell is written with a leading ' so it shows as text. A plain number is left alone.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
 
 
 def _job_row(row, cost_data: dict) -> dict:
@@ -85,8 +90,14 @@ def csv_text(table: Table) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=table.columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(table.rows)
+    writer.writerows({column: _cell(value) for column, value in row.items()} for row in table.rows)
     return out.getvalue()
+
+
+def _cell(value):
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS) and not NUMBER.fullmatch(value):
+        return "'" + value
+    return value
 
 
 class CSVRenderer(BaseRenderer):

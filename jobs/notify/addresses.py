@@ -3,14 +3,17 @@
 A webhook is a request our servers make to an address a person typed, so an address
 inside our own network (the cloud's metadata service above all, which hands out the
 control plane's credentials) is refused: checked when the subscription is saved and
-again before each send, since a name can resolve elsewhere by then (DNS rebinding).
-Redirects are never followed (jobs.notify.sending), so a checked address cannot
-forward the request elsewhere either."""
+again before each send, since a name can resolve elsewhere by then. The send connects
+to the very address that check chose (`resolve`), never looking the name up again: a
+name that answers the check with a public address and the connect with 127.0.0.1 (DNS
+rebinding) reaches nothing inside. Redirects are never followed (jobs.notify.sending),
+so a checked address cannot forward the request elsewhere either."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -41,8 +44,29 @@ def refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
     return "not an address a webhook can be sent to"  # reserved, shared (CGNAT), documentation ranges
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a checked URL's request goes: `address`, one its host resolved to when checked."""
+
+    https: bool
+    host: str
+    port: int
+    address: str
+
+    @property
+    def public(self) -> bool:
+        """Whether the address is on the internet, not one a deployment's RESPAWN_NOTIFY_ALLOW_PRIVATE let through."""
+        return ipaddress.ip_address(self.address).is_global
+
+
 def check_url(url: str) -> None:
     """Raise UnsafeURL unless `url` is http(s) and every address its host resolves to may be called."""
+    resolve(url)
+
+
+def resolve(url: str) -> Target:
+    """Where `url` may be called, resolved once: UnsafeURL unless it is http(s) and every
+    address its host resolves to may be called."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         raise UnsafeURL("only http:// and https:// URLs can receive webhooks")
@@ -61,3 +85,4 @@ def check_url(url: str) -> None:
         why = refusal(ipaddress.ip_address(address.partition("%")[0]))
         if why:
             raise UnsafeURL(f"{host} resolves to {address}: {why}")
+    return Target(https=parts.scheme == "https", host=host, port=port, address=min(found).partition("%")[0])

@@ -6,30 +6,49 @@ A generic webhook gets the notification as JSON, signed: `X-Respawn-Signature` i
 the body is ours and recent. The secret is stored sealed and opened here only, to
 sign; one the secrets key no longer opens fails the delivery for good, saying why. A
 Slack-compatible webhook gets `{"text": ...}` (its URL, the secret there, is stored in
-the clear); email goes through Django's email backend."""
+the clear); email goes through Django's email backend.
+
+A webhook goes to the address its URL's check chose (jobs.notify.addresses.resolve), TLS
+naming and verifying the host; and what went wrong is recorded by its kind ("connection
+refused", "TLS error", "HTTP 500"), never in an error's own words, which carry the URL:
+every viewer of the team reads the delivery log, and a Slack URL's path is its secret.
+An endpoint's answer is kept (its first ERROR_CHARS) only from a public address."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import smtplib
+import ssl
 import time
+from urllib.parse import unquote, urlsplit
 
-import requests
+import urllib3
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError
 from django.utils import timezone
+from requests.certs import where as ca_bundle  # the CAs requests trusts (certifi's), as before
 
 from jobs.core import secret_env
 from jobs.core.choices import Channel, DeliveryStatus
 from jobs.models import Delivery, DeliveryAttempt, Subscription
-from jobs.notify.addresses import UnsafeURL, check_url
+from jobs.notify.addresses import Target, UnsafeURL, resolve
 
 USER_AGENT = "Respawn-Notify/1"
 ERROR_CHARS = 500  # of an endpoint's answer, in the attempt's record
 RETRIED_CODES = frozenset({408, 425, 429})  # 4xx that say "later", not "never"
+# What a failed connection is called in the delivery log, the first of its causes found here.
+FAILURE_KINDS = (
+    (ssl.SSLCertVerificationError, "TLS error: certificate verify failed"),
+    (ssl.SSLError, "TLS error"),
+    (urllib3.exceptions.SSLError, "TLS error"),
+    (ConnectionRefusedError, "connection refused"),
+    (ConnectionResetError, "connection reset"),
+    (urllib3.exceptions.ProtocolError, "connection dropped"),
+)
 
 
 class DeliveryFailed(Exception):
@@ -65,35 +84,89 @@ def slack_text(delivery: Delivery) -> str:
 
 
 def post(url: str, body: bytes, headers: dict) -> int:
-    """POST once, following no redirect; the status code, or Retryable / Refused."""
+    """POST once to the address the check chose, following no redirect; the status code,
+    or Retryable / Refused."""
     try:
-        check_url(url)  # again: the name may resolve elsewhere since it was saved
+        target = resolve(url)  # again: the name may resolve elsewhere since it was saved
     except UnsafeURL as exc:
         raise Refused(f"refused: {exc}") from None
     timeout = settings.NOTIFY["TIMEOUT_S"]
+    parts = urlsplit(url)
+    headers = {"Host": parts.netloc.rpartition("@")[2], "Content-Type": "application/json", "User-Agent": USER_AGENT,
+               **_basic_auth(parts.username, parts.password), **headers}
+    pool, answer = _pool(target, timeout), None
     try:
-        answer = requests.post(url, data=body, headers={"Content-Type": "application/json", "User-Agent": USER_AGENT,
-                                                         **headers}, timeout=timeout, allow_redirects=False)
-    except requests.Timeout:
-        raise Retryable(f"no answer within {timeout:g} s") from None
-    except requests.RequestException as exc:
-        raise Retryable(f"could not connect: {exc.__class__.__name__}: {exc}"[:ERROR_CHARS]) from None
-    if 200 <= answer.status_code < 300:
-        return answer.status_code
-    said = f"HTTP {answer.status_code}: {answer.text[:ERROR_CHARS]}".strip()
-    if answer.status_code >= 500 or answer.status_code in RETRIED_CODES:
-        raise Retryable(said, answer.status_code)
-    if 300 <= answer.status_code < 400:
+        answer = pool.urlopen("POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body=body,
+                              headers=headers, retries=False, redirect=False, preload_content=False)
+        code = answer.status
+        if 200 <= code < 300:
+            return code
+        said = f"HTTP {code}"
+        if target.public:  # an address inside, allowed or not, tells a viewer nothing of itself
+            said += _answer_text(answer.read(ERROR_CHARS + len(url)).decode("utf-8", "replace"), parts)
+    except urllib3.exceptions.HTTPError as exc:
+        # urllib3 makes a refused connection a kind of connect timeout, for its older callers.
+        timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
+            exc, urllib3.exceptions.NewConnectionError)
+        raise Retryable(f"no answer within {timeout:g} s" if timed_out else failure_kind(exc)) from None
+    finally:
+        if answer is not None:
+            answer.close()
+        pool.close()
+    if code >= 500 or code in RETRIED_CODES:
+        raise Retryable(said, code)
+    if 300 <= code < 400:
         said += " (redirects are not followed)"
-    raise Refused(said, answer.status_code)
+    raise Refused(said, code)
+
+
+def _answer_text(text: str, parts) -> str:
+    """An endpoint's answer as the log keeps it: an echo of the URL's path or query (a
+    Slack URL's secret) cut out, at most ERROR_CHARS."""
+    for secret in (parts.path, parts.query):
+        if secret.strip("/"):
+            text = text.replace(secret, "…")
+    text = text.strip()[:ERROR_CHARS]
+    return f": {text}" if text else ""
+
+
+def _pool(target: Target, timeout: float) -> urllib3.HTTPConnectionPool:
+    """One connection to `target.address`; over TLS, the certificate is checked for the host's name, sent as SNI."""
+    common = {"timeout": urllib3.Timeout(connect=timeout, read=timeout), "retries": False, "maxsize": 1}
+    if not target.https:
+        return urllib3.HTTPConnectionPool(target.address, target.port, **common)
+    return urllib3.HTTPSConnectionPool(target.address, target.port, server_hostname=target.host,
+                                       assert_hostname=target.host, cert_reqs="CERT_REQUIRED", ca_certs=ca_bundle(),
+                                       **common)
+
+
+def _basic_auth(username: str | None, password: str | None) -> dict:
+    """A URL's user:password, sent as requests would."""
+    if username is None:
+        return {}
+    pair = f"{unquote(username)}:{unquote(password or '')}".encode()
+    return {"Authorization": "Basic " + base64.b64encode(pair).decode()}
+
+
+def failure_kind(exc: BaseException) -> str:
+    """What kind of failure a connection's `exc` is, in words that carry no URL."""
+    causes, seen = [], exc
+    while seen is not None and seen not in causes:
+        causes.append(seen)
+        seen = seen.__cause__ or seen.__context__ or next((a for a in seen.args if isinstance(a, BaseException)), None)
+    for kind, words in FAILURE_KINDS:
+        if any(isinstance(cause, kind) for cause in causes):
+            return words
+    return "could not connect"
 
 
 def send(delivery: Delivery) -> int | None:
     sub = delivery.subscription
     if sub.channel == Channel.EMAIL:
         n = delivery.notification
+        subject = " ".join(n.title.split())  # one line: a name's line break must not start a header
         try:
-            send_mail(n.title, n.text, settings.DEFAULT_FROM_EMAIL, [sub.email], fail_silently=False)
+            send_mail(subject, n.text, settings.DEFAULT_FROM_EMAIL, [sub.email], fail_silently=False)
         except (smtplib.SMTPException, OSError) as exc:
             raise Retryable(f"email not sent: {exc}"[:ERROR_CHARS]) from None
         return None

@@ -3,6 +3,7 @@ holding what the CLI never writes (the hostile ones a tampered upload or storage
 
 from __future__ import annotations
 
+import gzip
 import io
 import tarfile
 from pathlib import Path
@@ -36,9 +37,10 @@ def user_workdir(root: Path) -> Path:
 
 def hostile_tar(path: Path, *entries: tuple[str, str, bytes | str]) -> str:
     """A .tar.gz of (name, kind, payload) entries, kind one of file, dir, symlink, hardlink,
-    device, fifo (payload: the bytes, or the link target); its hex SHA-256."""
+    device, fifo, sparse (payload: the bytes, or the link target); its hex SHA-256."""
     kinds = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
-             "hardlink": tarfile.LNKTYPE, "device": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE}
+             "hardlink": tarfile.LNKTYPE, "device": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE,
+             "sparse": tarfile.GNUTYPE_SPARSE}
     with tarfile.open(path, "w:gz") as tar:
         for name, kind, payload in entries:
             info = tarfile.TarInfo(name)
@@ -52,3 +54,28 @@ def hostile_tar(path: Path, *entries: tuple[str, str, bytes | str]) -> str:
             else:
                 tar.addfile(info)
     return sha256_of(path)
+
+
+def header_bomb(path: Path, header_bytes: int, *, kind: bytes = tarfile.XHDTYPE, headers: int = 1) -> str:
+    """A .tar.gz of `headers` extended headers of `header_bytes` each (a pax `comment`, or a
+    GNU long name), then a small train.py: tiny compressed, huge for whoever reads the headers
+    whole. Written a block at a time, so making one costs the test no memory; its hex SHA-256."""
+    with gzip.open(path, "wb") as out:
+        for _ in range(headers):
+            gnu = kind == tarfile.GNUTYPE_LONGNAME
+            info = tarfile.TarInfo("././@LongLink" if gnu else "././@PaxHeader")
+            info.type, info.size = kind, header_bytes
+            out.write(info.tobuf(tarfile.GNU_FORMAT if gnu else tarfile.USTAR_FORMAT))
+            start = b"a" if gnu else f"{header_bytes} comment=".encode()  # then x..., then a newline
+            out.write(start)
+            for left in range(header_bytes - len(start) - 1, 0, -len(BLOCK_OF_X)):
+                out.write(BLOCK_OF_X[:left])
+            out.write(b"\n" + b"\0" * (-header_bytes % tarfile.BLOCKSIZE))
+        script = tarfile.TarInfo("train.py")
+        script.size = 9
+        out.write(script.tobuf(tarfile.USTAR_FORMAT) + b"print(1)\n".ljust(tarfile.BLOCKSIZE, b"\0"))
+        out.write(b"\0" * 2 * tarfile.BLOCKSIZE)
+    return sha256_of(path)
+
+
+BLOCK_OF_X = b"x" * (1 << 20)

@@ -18,7 +18,7 @@ from agents.metadata_server import MetadataServer
 from jobs.core.choices import JobStatus
 from jobs.models import Job, SourceArchive
 from respawncli import workdir
-from tests.agent.archives import hostile_tar, user_workdir
+from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 from tests.agent.live import AgentProcess
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
@@ -37,6 +37,13 @@ def upload(server_url: str, person, team, archive: workdir.Archive) -> None:
 def stored(tmp_path: Path, sha256: str) -> Path:
     """Where the web server (var dir tmp_path/var) keeps an archive."""
     return tmp_path / "var" / "sources" / "sha256" / sha256[:2] / f"{sha256}.tar.gz"
+
+
+def accepted_before(tmp_path: Path, team, archive: Path, sha256: str) -> SourceArchive:
+    """`archive` stored as if an older control plane had accepted it: the VM checks for itself."""
+    stored(tmp_path, sha256).parent.mkdir(parents=True)
+    archive.rename(stored(tmp_path, sha256))
+    return SourceArchive.objects.create(team=team, sha256=sha256, bytes=1, unpacked_bytes=1, files=2)
 
 
 def source_job(team_setup, tmp_path, **fields) -> Job:
@@ -116,16 +123,23 @@ def test_a_tampered_archive_fails_the_job_as_setup_with_the_reason_and_no_traini
 
 def test_an_archive_that_would_write_outside_working_dir_is_refused_on_the_vm(team_setup, child_env, web_server,
                                                                                tmp_path):
-    # Stored as if an older control plane had accepted it: the VM checks for itself.
     evil = tmp_path / "evil.tar.gz"
     sha256 = hostile_tar(evil, ("train.py", "file", b"print('hello')"), ("../../escaped.py", "file", b"pwned"))
-    stored(tmp_path, sha256).parent.mkdir(parents=True)
-    evil.rename(stored(tmp_path, sha256))
-    archive = SourceArchive.objects.create(team=team_setup.team, sha256=sha256, bytes=1, unpacked_bytes=1, files=2)
+    archive = accepted_before(tmp_path, team_setup.team, evil, sha256)
     job, agent = run_job(team_setup, child_env, web_server, tmp_path, source_archive=archive)
     assert (job.status, job.failure_cause) == (JobStatus.FAILED, "setup"), (job.status, job.status_reason)
     assert "cannot be unpacked" in job.failure_headline and "'..'" in job.failure_headline, job.failure_headline
     assert not list(tmp_path.rglob("escaped.py")) and "hello" not in output(job)
+
+
+def test_an_archive_whose_header_would_take_gigabytes_is_refused_on_the_vm_before_it_is_read(
+        team_setup, child_env, web_server, tmp_path):
+    # 65 KB of gzip holding a 64 MiB pax header: every VM paid it again at unpack (issue 35).
+    bomb = tmp_path / "bomb.tar.gz"
+    archive = accepted_before(tmp_path, team_setup.team, bomb, header_bomb(bomb, 64 << 20))
+    job, agent = run_job(team_setup, child_env, web_server, tmp_path, source_archive=archive)
+    assert (job.status, job.failure_cause) == (JobStatus.FAILED, "setup"), (job.status, job.status_reason)
+    assert "cannot be unpacked: a header of 67108864 bytes" in job.failure_headline, job.failure_headline
 
 
 RUNS_TWICE = """\

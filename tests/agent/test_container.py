@@ -87,6 +87,23 @@ def test_a_missing_command_is_the_runtimes_status_not_the_trainers(tmp_path, pod
     assert container.runtime_failure(code, (tmp_path / "log").read_text()) == "the command was not found in the image"
 
 
+def test_the_image_is_never_read_as_an_option(tmp_path, podman):  # noqa: F811
+    # A job stored before the API refused such an image: `--` ends the options, so the
+    # runtime takes "-v/etc" as the image it is, not a volume, with the command's first word
+    # (an image here) as what to run.
+    runtime = container.find_runtime(podman["PATH"])
+    argv = container.run_argv(runtime=runtime, image="-v/etc", name="respawn-opt", env=podman, cwd=None, mounts=[],
+                              command=[IMAGE, "sh", "-c", "echo ran as an image"])
+    assert argv[argv.index("-v/etc") - 1] == "--"
+    ran = subprocess.run(argv, env=podman, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 125 and "invalid reference format" in ran.stderr, (ran.returncode, ran.stderr)
+    assert "ran as an image" not in ran.stdout
+    pull = container.pull_argv(runtime, "-v/etc")
+    assert "-- \"$1\"" in pull[2] and pull[-1] == "-v/etc"
+    pulled = subprocess.run(pull, env=podman, capture_output=True, text=True, timeout=120)
+    assert pulled.returncode != 0 and "invalid reference format" in pulled.stderr, pulled.stderr
+
+
 def container_job(image: str, command: list[str]) -> protocol.JobSpec:
     return protocol.JobSpec(job_id=1, instance_id=41, command=command, container_image=image,
                             heartbeat_interval_s=0.2, validation=protocol.ValidationSpec(enabled=False))

@@ -3,15 +3,17 @@ gives the same bytes, ignore files are honoured as git would, and unpacking refu
 every entry that could land outside the directory or is no plain file, directory or
 link within it."""
 
+import io
 import os
 import tarfile
+import tracemalloc
 
 import pytest
 
 from agents.sourcetree import BadArchive, unpack
 from respawncli import workdir
 from respawncli.errors import CliError
-from tests.agent.archives import hostile_tar, user_workdir
+from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 
 
 def names(archive: workdir.Archive) -> list[str]:
@@ -83,6 +85,7 @@ def test_what_the_cli_builds_unpacks_as_it_was(tmp_path):
     ([("pipe", "fifo", b"")], "a named pipe"),
     ([("a.py", "file", b"x"), ("b.py", "hardlink", "a.py")], "a hard link"),
     ([("a.py", "file", b"x"), ("a.py", "file", b"y")], "given twice"),
+    ([("holes.bin", "sparse", b"")], "a sparse file"),
 ])
 def test_unpacking_refuses_entries_that_leave_the_directory_or_are_not_plain(tmp_path, entries, why):
     archive = tmp_path / "evil.tar.gz"
@@ -101,3 +104,50 @@ def test_unpacking_refuses_what_is_no_gzipped_tar_and_more_than_the_limit(tmp_pa
     hostile_tar(big, ("a.bin", "file", b"\0" * 3000), ("b.bin", "file", b"\0" * 3000))
     with pytest.raises(BadArchive, match="more than the limit of 5000 bytes"):
         unpack(big, tmp_path / "out2", max_unpacked_bytes=5000)
+
+
+def peak_bytes_while(call) -> int:
+    """The most memory Python held while `call()` ran (what a hostile archive costs)."""
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME], ids=["pax", "gnu-long-name"])
+def test_a_header_of_megabytes_is_refused_before_it_is_read(tmp_path, kind):
+    # 65 KB of gzip holding a 64 MiB header: tarfile reads such a header whole, so it cost
+    # ~3,000 times the archive's size in memory before any member check ran (issue 35).
+    bomb = tmp_path / "bomb.tar.gz"
+    header_bomb(bomb, 64 << 20, kind=kind)
+    assert bomb.stat().st_size < 70_000
+
+    def unpack_it():
+        with pytest.raises(BadArchive, match="a header of 67108864 bytes"):
+            unpack(bomb, tmp_path / "out", max_unpacked_bytes=100_000)
+
+    assert peak_bytes_while(unpack_it) < 10 * 100_000
+    assert not (tmp_path / "out" / "train.py").exists()
+
+
+def test_an_archive_decompressing_far_past_its_limit_is_refused_however_its_bytes_are_spent(tmp_path):
+    # Headers each within the bound, and no file data to count: only the stream's length says.
+    many = tmp_path / "many.tar.gz"
+    header_bomb(many, 60_000, headers=40)
+    with pytest.raises(BadArchive, match="decompresses to more than"):
+        unpack(many, tmp_path / "out", max_unpacked_bytes=5000)
+    assert unpack(many, tmp_path / "roomy", max_unpacked_bytes=10**6).files == 1
+
+
+def test_a_member_with_more_pax_records_than_any_tree_needs_is_refused(tmp_path):
+    # Each record is a dict entry tarfile copies into every later member: kept small, so
+    # an archive cannot grow memory by the square of its members.
+    archive = tmp_path / "records.tar.gz"
+    with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("train.py")
+        info.pax_headers = {f"respawn.k{i}": "v" for i in range(100)}
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(BadArchive, match="100 pax records"):
+        unpack(archive, tmp_path / "out")

@@ -69,6 +69,16 @@ def test_it_refuses_a_bad_field_naming_it(job, body, field):
     assert not StepPoint.objects.exists()
 
 
+def test_a_step_beyond_the_jobs_total_is_refused_naming_points(job):
+    # The loss curve's axis is the job's steps: a point at step 10**9 of a 1000-step job is
+    # no step its trainer made, and would stretch every chart of the job.
+    agent = registered(job)
+    refused = agent.post(protocol.PATH_METRICS, protocol.MetricsBatch(points=points([999, 1000, 10**9])))
+    assert refused.status_code == 400 and "total_steps (1000)" in str(refused.json()["errors"]["points"])
+    assert not StepPoint.objects.exists()
+    assert agent.post(protocol.PATH_METRICS, protocol.MetricsBatch(points=points([999, 1000]))).status_code == 200
+
+
 def test_a_token_writes_only_its_own_instance_and_a_fenced_one_nothing(job):
     setup = make_team_with_members("other")
     other_job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING)

@@ -38,6 +38,12 @@ def test_a_job_keeps_a_boot_image_per_cloud_and_a_container_image_apart(setup):
     ("machine_image", "ami-0123456789abcdef0", "object of cloud to image"),
     ("machine_image", {"aws": 5}, "not an AMI id"),
     ("container_image", "Not An Image", "not an image reference"),
+    # Each would be read by `podman run` as an option, and the command's first word as the image.
+    ("container_image", "-v/etc", "not an image reference"),
+    ("container_image", "--privileged", "not an image reference"),
+    ("container_image", "-registry.example.com/x:1", "not an image reference"),
+    ("container_image", "registry-.example.com/x:1", "not an image reference"),
+    ("container_image", "ghcr.io/x:ta\u0261", "not an image reference"),
     ("container_image", "ghcr.io/x\x00y", ""),
 ])
 def test_an_image_no_cloud_or_runtime_would_take_is_refused_naming_the_field(setup, field, value, says):

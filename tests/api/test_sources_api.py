@@ -2,6 +2,7 @@
 job naming its code: one of its team's archives, or a git URL and commit."""
 
 import hashlib
+import tracemalloc
 
 import pytest
 from django.db import connection
@@ -11,7 +12,7 @@ from rest_framework.test import APIClient
 from agents import protocol
 from jobs.models import Job, SourceArchive
 from respawncli import workdir
-from tests.agent.archives import hostile_tar, user_workdir
+from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -79,6 +80,24 @@ def test_an_upload_over_the_limit_is_refused_before_it_is_read(setup, settings, 
     assert not SourceArchive.objects.exists() and not (tmp_path / "sources" / "sha256").exists()
 
 
+def test_an_upload_whose_header_would_take_gigabytes_is_refused_holding_kilobytes(setup, tmp_path):
+    # 65 KB whose tar carries a 64 MiB pax comment (issue 35): it was stored, after the web
+    # process had peaked at ~200 MiB; at the 100 MiB upload limit, ~100 GiB per request.
+    bomb = tmp_path / "bomb.tar.gz"
+    sha256 = header_bomb(bomb, 64 << 20)
+    body, member = bomb.read_bytes(), client_for(setup.people["member"])
+    tracemalloc.start()
+    try:
+        refused = put(member, f"sha256:{sha256}", body, setup.team.pk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert refused.status_code == 400, refused.content
+    assert "a header of 67108864 bytes" in refused.json()["errors"]["archive"][0]
+    assert peak < 10 * 100_000  # ten times this control plane's limit, whatever the header claims
+    assert not SourceArchive.objects.exists() and stored_files(tmp_path) == []
+
+
 @pytest.mark.parametrize("path, field", [
     ("sources/sha256:abc/?team={team}", "digest"),
     ("sources/md5:" + "0" * 32 + "/?team={team}", "digest"),
@@ -116,6 +135,7 @@ def test_a_job_names_its_teams_archive_and_its_vm_gets_those_bytes_pinned_by_dig
     agent = AgentClient()
     spec = agent.register(instance.bootstrap_token).json()["job"]
     assert (spec["source_sha256"], spec["source_git_url"], spec["source_git_commit"]) == (archive.sha256, "", "")
+    assert spec["source_max_unpacked_bytes"] == 100_000  # the VM unpacks under the limit it was checked against
     served = agent.client.get(protocol.API_PREFIX + protocol.PATH_SOURCE)
     assert served.status_code == 200 and served["Content-Type"] == "application/gzip"
     assert hashlib.sha256(b"".join(served.streaming_content)).hexdigest() == archive.sha256

