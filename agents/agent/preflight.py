@@ -7,7 +7,8 @@ agents/protocol.py, as the agent would start it on a VM:
     reference   from scratch to the end, uninterrupted
     notice      from scratch; after two checkpoints: notice file + SIGTERM; it must
                 commit a checkpoint and exit within the notice budget
-    resume      from the notice checkpoint; after one more checkpoint: SIGKILL
+    resume      from the notice checkpoint; SIGKILL while it writes a checkpoint (its
+                directory there, its manifest not yet), else after one more commit
     finish      from the newest checkpoint the SIGKILL left, to the end
 
 It passes when every resumed run continued after the step it resumed from, and
@@ -15,7 +16,9 @@ every step seen in both the reference and the interrupted runs has the same
 loss (within a relative tolerance): the training loss from the metrics and status
 files (every step the script reports through agents.trainer.report), and
 the reference (validation) loss of checkpoints where the script records one.
-The restart logic works, not just exists.
+The restart logic works, not just exists. The notice goes where the agent sends it
+(agents/agent/supervisor.py: the training processes the library registered, never the
+process group, so DataLoader workers keep feeding the save).
 
 Any kind of script: a PyTorch loop with Checkpointer, or one of the framework
 integrations (agents/integrations: hf, lightning, accelerate, jax). The kind is read
@@ -42,6 +45,7 @@ from agents.agent.channel import (ChannelPaths, CheckpointsTail, MetricsTail, St
 from agents.agent.supervisor import TrainerProcess
 
 POLL_S = 0.005
+SAVES_TO_CATCH = 3  # saves the crash trial waits through for one to kill in the middle of
 FRAMEWORKS = ("torch", "hf", "lightning", "accelerate", "jax")
 OWN_FORMAT = "the script's own format"
 
@@ -130,12 +134,17 @@ class Preflight:
         self.say(f"notice: checkpoint at step {resume_from.step} committed, exit code {code}")
 
         resumed = self._start("resume", job_ckpt, resume_from)
-        self._until(resumed, lambda: any(c.step > resume_from.step for c in resumed.checkpoints), "a checkpoint after resuming")
-        resumed.process.kill()
+        torn = self._kill_mid_save(resumed, job_ckpt, resume_from)
         self._sample(resumed)
         self._check_resumed(resumed, resume_from)
         last = max(resumed.checkpoints, key=lambda c: c.step)
-        self.say(f"resume: continued from step {resume_from.step}, killed (SIGKILL) after a checkpoint at step {last.step}")
+        if torn is not None:
+            self.say(f"resume: continued from step {resume_from.step}, killed (SIGKILL) while writing the checkpoint of "
+                     f"step {torn}; its newest commit was step {last.step}")
+        else:
+            why = ("the script's own checkpoints have no manifest to tell a save in progress" if self._named_by(resumed) == OWN_FORMAT
+                   else f"each of {SAVES_TO_CATCH} saves was written before it could be caught in the middle")
+            self.say(f"resume: continued from step {resume_from.step}, killed (SIGKILL) after a checkpoint at step {last.step} ({why})")
 
         finish = self._start("finish", job_ckpt, last)
         self._finish(finish)
@@ -176,6 +185,37 @@ class Preflight:
         except OSError as exc:
             raise PreflightFailure(f"could not start {cfg.command!r}: {exc}") from None
         return run
+
+    def _kill_mid_save(self, run: Run, uri: str, resume: protocol.CheckpointReport) -> int | None:
+        """After a first commit past `resume` (the run continued), SIGKILL `run` while it
+        writes a checkpoint: the step of the one it was writing; or after SAVES_TO_CATCH
+        more commits when none was caught in the middle (None)."""
+        newer = lambda: [c for c in run.checkpoints if c.step > resume.step]  # noqa: E731
+        self._until(run, lambda: bool(newer()), "a checkpoint after resuming")
+        if self._named_by(run) == OWN_FORMAT:  # no manifest tells its saves in progress from its commits
+            run.process.kill()
+            return None
+        while (torn := self._torn_step(uri, max(c.step for c in newer()))) is None \
+                and len(newer()) <= SAVES_TO_CATCH and run.process.poll() is None:
+            self._sample(run)
+            time.sleep(POLL_S / 5)
+        run.process.kill()
+        return torn
+
+    @staticmethod
+    def _torn_step(uri: str, after: int) -> int | None:
+        """A checkpoint directory past step `after` without its manifest: a save in progress."""
+        from agents.checkpoint import layout
+
+        try:
+            names = os.listdir(uri)
+        except OSError:
+            return None
+        for name in names:
+            step = layout.parse_step_dir(name)
+            if step is not None and step > after and not os.path.exists(os.path.join(uri, name, layout.MANIFEST)):
+                return step
+        return None
 
     def _sample(self, run: Run) -> None:
         status = run.status.read()
@@ -310,11 +350,19 @@ class Preflight:
 
 def add_preflight_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = PreflightConfig(command=["-"])
-    parser.add_argument("--steps", type=int, default=defaults.steps)
-    parser.add_argument("--checkpoint-interval-s", type=float, default=defaults.checkpoint_interval_s)
-    parser.add_argument("--notice-budget-s", type=float, default=defaults.notice_budget_s)
-    parser.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s)
-    parser.add_argument("--tolerance", type=float, default=defaults.tolerance)
+    parser.add_argument("--steps", type=int, default=defaults.steps,
+                        help="total steps of each run, given to the script as RESPAWN_TOTAL_STEPS (default %(default)s)")
+    parser.add_argument("--checkpoint-interval-s", type=float, default=defaults.checkpoint_interval_s,
+                        help="RESPAWN_CHECKPOINT_INTERVAL_S of every run: short, so a few saves fit in one run "
+                             "(default %(default)s)")
+    parser.add_argument("--notice-budget-s", type=float, default=defaults.notice_budget_s,
+                        help="seconds the notice run has to commit its save and exit after the SIGTERM; the notice "
+                             "file's deadline (default %(default)s: a GCP or Azure notice less the margin)")
+    parser.add_argument("--run-timeout-s", type=float, default=defaults.run_timeout_s,
+                        help="give up on a run that has not done what it must by then (default %(default)s)")
+    parser.add_argument("--tolerance", type=float, default=defaults.tolerance,
+                        help="relative difference allowed between the losses of the same step in the uninterrupted "
+                             "and the interrupted runs (default %(default)s; 0: bitwise)")
     parser.add_argument("--work-dir", default="", help="keep each run's output and checkpoints here (a temp dir otherwise)")
     parser.add_argument("--framework", default=defaults.framework, choices=("auto", *FRAMEWORKS),
                         help="the kind of script: its checkpoints must say they were written by it (auto: any, all runs alike)")

@@ -651,6 +651,7 @@ class Checkpointer:
         """Wait for the in-flight persist and restore the previous signal handlers."""
         try:
             self.wait()
+            self.coord.close()
         finally:
             self._restore_signals()
             if self._step_hook is not None:

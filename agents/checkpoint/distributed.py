@@ -127,9 +127,24 @@ class Coordinator:
         dist.all_gather(table, mine, group=self.group)
         return [t.tolist() for t in table]
 
+    def close(self) -> None:
+        """Finish the gather in flight and end the gathering thread. A script that ends
+        with a bare `dist.destroy_process_group()` destroyed the group under that thread's
+        collective: "terminate called without an active exception", the rank aborted
+        after its final commit (8 of 11 runs under torchrun), and torchrun failed a
+        finished job."""
+        if self._gatherer is None:
+            return
+        self._collect()
+        self._rows.put(None)
+        self._gatherer.join()
+        self._gatherer = None
+
     def _gather_rows(self) -> None:
         while True:
             values = self._rows.get()
+            if values is None:
+                return
             try:
                 self._tables.put(self._gather(values))
             except BaseException as exc:  # raised on the training thread by _collect

@@ -471,6 +471,7 @@ class ShardedCheckpointer:
         """Commit the periodic save in flight (every rank together) and restore the signal handlers."""
         if self._inflight is not None:
             self._settle()
+        self.coord.close()
         self._restore_signals()
 
     def finish(self, step: int) -> SaveOutcome:

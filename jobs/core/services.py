@@ -363,8 +363,7 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
     if instance.job.nodes == 1:
         # Its agent reports a notice checkpoint before its exit, and no other node can commit
         # one for it: a notice still open now was met with none (the save missed its budget).
-        InterruptionEvent.objects.filter(instance=instance, kind=InterruptionKind.NOTICE,
-                                         checkpoint_saved__isnull=True).update(checkpoint_saved=False)
+        _record_missed_notice(instance, final_step)
     signature = f"exit {exit_code}: {last_exception}".strip()
     after_instance_ended(instance.job_id, end_reason, failure_signature=signature, output_tail=output_tail,
                          setup_failure=reason == ExitReason.SETUP, instance_id=instance.pk)
@@ -834,6 +833,16 @@ def mark_lost(instance: Instance) -> bool:
     return True
 
 
-def _steps_since_checkpoint(instance: Instance) -> int:
+def _steps_since_checkpoint(instance: Instance, reached: int | None = None) -> int:
     newest = instance.job.checkpoints.order_by("-step").values_list("step", flat=True).first() or 0
-    return max(0, instance.last_step - newest)
+    return max(0, max(instance.last_step, reached or 0) - newest)
+
+
+def _record_missed_notice(instance: Instance, final_step: int | None) -> None:
+    """A notice of `instance` still open at its exit was met with no committed save: say so
+    on the notice and the job's events, with the steps the job redoes from its newest checkpoint."""
+    lost = _steps_since_checkpoint(instance, final_step)
+    if InterruptionEvent.objects.filter(instance=instance, kind=InterruptionKind.NOTICE,
+                                        checkpoint_saved__isnull=True).update(checkpoint_saved=False, steps_lost=lost):
+        log_job_event(instance.job_id, f"notice missed on instance #{instance.pk}: no checkpoint was committed before "
+                                       f"its deadline, so the {lost} step(s) since the newest checkpoint are trained again")

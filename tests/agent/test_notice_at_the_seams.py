@@ -150,3 +150,15 @@ def test_a_notice_through_the_agent_commits_stops_cleanly_and_resumes_bitwise(na
 
     standalone(script, uri)  # resumes from the notice checkpoint
     assert differing(script.finished_weights(uri), uninterrupted(name)) == []
+
+
+def test_a_finished_gang_under_torchrun_exits_0_however_the_script_tears_its_group_down(tmp_path):
+    """No rank aborts on its way out: the checkpointer's coordination thread sat in a
+    collective on its own gloo group while the script destroyed every group, and the
+    rank died of "terminate called without an active exception" after its final commit
+    (4 of 6 runs here), so torchrun failed a finished job."""
+    script = Path(__file__).parent / "scripts" / "gang_bare_teardown.py"
+    for trial in range(3):
+        code, out = run_argv([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
+                              "--uri", str(tmp_path / f"trial-{trial}")])
+        assert code == 0 and "terminate called" not in out, f"trial {trial}: {out[-3000:]}"

@@ -24,8 +24,12 @@ def preflight(tmp_path, *command, steps=150):
     [
         [sys.executable, "-m", "agents.examples.plain_pytorch", "--step-delay-s", "0.005"],
         [sys.executable, "-m", "agents.examples.tiny", "--step-delay", "0.005"],
+        # The notice reaches the loop and not its loader workers (a signal to the process
+        # group killed them, and preflight failed the script for it).
+        [sys.executable, "-m", "agents.examples.loader_workers", "--workers", "2", "--steps", "80", "--step-delay", "0.02",
+         "--order", "/dev/null"],
     ],
-    ids=["plain_pytorch", "library_tiny"],
+    ids=["plain_pytorch", "library_tiny", "loader_workers"],
 )
 def test_preflight_passes_on_the_examples(tmp_path, command):
     result = preflight(tmp_path, *command)

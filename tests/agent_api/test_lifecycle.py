@@ -187,8 +187,11 @@ def test_a_notice_its_vm_exits_without_a_checkpoint_for_is_recorded_as_missed(jo
     agent.post("notice", protocol.Notice(source="local", notice_time=now.isoformat(),
                                          deadline=(now + timedelta(seconds=8)).isoformat()))
     assert InterruptionEvent.objects.get().checkpoint_saved is None  # still saving
-    agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=-15, final_step=40))
-    assert InterruptionEvent.objects.get().checkpoint_saved is False
+    agent.post("checkpoints", checkpoint_report(job, 30))
+    agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=1, final_step=40))
+    event = InterruptionEvent.objects.get()
+    assert event.checkpoint_saved is False and event.steps_lost == 10  # trained to 40, resumes from 30
+    assert job.events.filter(message__startswith=f"notice missed on instance #{agent.instance.pk}").exists()
 
 
 def test_validation_marks_newest_valid(job, agent):

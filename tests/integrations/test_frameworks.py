@@ -110,7 +110,7 @@ def test_preflight_proves_the_example_resumes(framework, tmp_path):
     runs (notice, SIGKILL, finish) equals the uninterrupted run's; the same script checked
     as another framework fails at its first checkpoint, naming what wrote it."""
     script = (sys.executable, "-m", framework.module, "--steps", str(STEPS))
-    proc = preflight(framework.name, tmp_path / "pf", *script, "--step-delay", "0.03")
+    proc = preflight(framework.name, tmp_path / "pf", *script, "--step-delay", "0.03", "--workers", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"same loss at {STEPS} compared step(s), up to step {STEPS}" in proc.stdout
     assert f"({framework.name} checkpoints)" in proc.stdout
