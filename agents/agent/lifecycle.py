@@ -181,6 +181,7 @@ class Agent:
         self.commit_journaled_at: datetime | None = None
         self.stopped_by_control_plane = False
         self.kill_at: float | None = None  # monotonic time the trainer is killed if still alive
+        self.kill_why = ""  # said in the job's output when it is
         self.hold_until: float | None = None  # monotonic time a notice's save starts at the latest, while held
         self.hold_limit: float | None = None  # hold_until once the control plane confirmed a spare is launching
         self.rebalance_reported = False  # a job with spare_on_rebalance reports the first one only
@@ -504,8 +505,7 @@ class Agent:
                 return code
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at:
-                self._agent_line(f"the trainer did not exit within {EXIT_AFTER_NOTICE_COMMIT_S:.0f}s of its notice commit; "
-                                 "ending it" if self.notice_commit is not None else "the trainer did not stop in time; killing it")
+                self._agent_line(self.kill_why)
                 self.trainer.kill()
                 continue
             if self.hold_until is not None and now >= self.hold_until:
@@ -801,6 +801,7 @@ class Agent:
         )
         self._signal_trainer(self.config.stop_signal)
         self.kill_at = time.monotonic() + budget
+        self.kill_why = f"the trainer did not stop within the notice's {budget:.1f}s; killing it"
         if report:
             self.reporter.report(
                 protocol.PATH_NOTICE,
@@ -813,8 +814,11 @@ class Agent:
 
     def _on_notice_commit(self, report: protocol.CheckpointReport) -> None:
         self.notice_commit = report
-        if report.kind == protocol.CheckpointKind.NOTICE:  # a final one is followed by its validation and export
-            self.kill_at = min(self.kill_at or float("inf"), time.monotonic() + EXIT_AFTER_NOTICE_COMMIT_S)
+        if report.kind == protocol.CheckpointKind.NOTICE and \
+                (self.kill_at is None or self.kill_at > time.monotonic() + EXIT_AFTER_NOTICE_COMMIT_S):
+            # Not a final one: its validation and export follow.
+            self.kill_at = time.monotonic() + EXIT_AFTER_NOTICE_COMMIT_S
+            self.kill_why = f"the trainer did not exit within {EXIT_AFTER_NOTICE_COMMIT_S:.0f}s of its notice commit; ending it"
         if self.notice is not None and self.notice.acknowledge is not None:
             try:
                 self.notice.acknowledge()
@@ -871,6 +875,7 @@ class Agent:
             grace = self.budget_s() if action == protocol.Action.CHECKPOINT_AND_STOP else self.config.stop_grace_s
             self._signal_trainer(self.config.stop_signal)
             self.kill_at = time.monotonic() + grace
+            self.kill_why = f"the trainer did not stop within {grace:.1f}s of the control plane's {action}; killing it"
             self._agent_line(f"control plane asked to {action}; stopping the trainer within {grace:.1f}s")
 
     def _heartbeat(self) -> protocol.Heartbeat:

@@ -191,6 +191,9 @@ class _Persist:
     snapshotted: threading.Event = field(default_factory=threading.Event)
     entries: dict | None = None
     error: BaseException | None = None
+    # What the persist's threads cost the loop's steps beside it (taking cores from it):
+    # each step's time less the step time before the save, summed (noise cancels out).
+    after_s: float = 0.0
 
 
 # Columns of the table ranks agree on (agents/checkpoint/distributed.py).
@@ -233,8 +236,9 @@ class Checkpointer:
         self._last_save_at = time.monotonic()
         self._last_saved_step = 0
         self._last_committed_step = -1
-        self._step_time_s: float | None = None
-        self._last_step_at: float | None = None
+        self._step_time_s: float | None = None  # a step's own time, no save beside it
+        self._step_ended_at: float | None = None  # when the last save() returned: the loop's step began
+        self._waited_in_step = 0.0  # of this step's time, the optimizer's wait for the snapshot
         self._stop_seen = False
         self._now_seen = False
         self.should_stop = False
@@ -266,7 +270,9 @@ class Checkpointer:
         if job is not None and not job.snapshotted.is_set():
             started = time.monotonic()
             job.snapshotted.wait()
-            job.outcome.stall_s += time.monotonic() - started
+            waited = time.monotonic() - started
+            job.outcome.stall_s += waited
+            self._waited_in_step += waited
 
     def request_stop(self) -> None:
         """Same as SIGTERM: notice save at the next `save()` call, then `should_stop`."""
@@ -306,6 +312,7 @@ class Checkpointer:
         self._finish_late_persist()
         outcome = self._decide(step, kind, deadline, self.coord.agreed(self._status_row(step)))
         self.coord.share(self._status_row(step))
+        self._step_ended_at = time.monotonic()
         return outcome
 
     def _decide(self, step: int, kind: str | None, deadline, table: list[list[int]] | None) -> SaveOutcome | None:
@@ -348,11 +355,17 @@ class Checkpointer:
         job.outcome.stall_s += time.monotonic() - started
 
     def _track_step_time(self) -> None:
-        now = time.monotonic()
-        if self._last_step_at is not None:
-            dt = now - self._last_step_at
-            self._step_time_s = dt if self._step_time_s is None else 0.9 * self._step_time_s + 0.1 * dt
-        self._last_step_at = now
+        """The step that just ended, from the loop's side (save() excluded): its time goes to
+        the step time, or, while a periodic persist runs beside it, its excess over that
+        time to the persist's after-effect, part of the stall it reports."""
+        if self._step_ended_at is not None:
+            dt = time.monotonic() - self._step_ended_at
+            job = self._inflight
+            if job is not None and job.kind == protocol.CheckpointKind.PERIODIC and self._step_time_s is not None:
+                job.after_s += dt - self._waited_in_step - self._step_time_s
+            else:
+                self._step_time_s = dt if self._step_time_s is None else 0.9 * self._step_time_s + 0.1 * dt
+        self._waited_in_step = 0.0
 
     def _due(self, step: int) -> bool:
         if self.config.every_steps:
@@ -582,6 +595,7 @@ class Checkpointer:
         job.outcome.committed = True
         self._last_committed_step = job.step
         job.outcome.save_s = time.monotonic() - job.started
+        job.outcome.stall_s += max(0.0, job.after_s)
         channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
             checkpoint_id=job.outcome.checkpoint_id, step=job.step, uri=job.outcome.uri,
             bytes=man.total_bytes, manifest_digest=man.digest, kind=job.kind, committed_at=created,

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.9)
     loader = torch.utils.data.DataLoader(tiny_lm.tokens(2048, seed=1), batch_size=8, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+                                         generator=torch.Generator().manual_seed(0), num_workers=args.workers,
+                                         persistent_workers=args.persistent_workers and args.workers > 0)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     overrides = {"validation": VALIDATION} if args.validate else {}
     config = CheckpointConfig.from_env(uri=args.uri, every_steps=args.every_steps, **overrides)

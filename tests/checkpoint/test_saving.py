@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -85,6 +86,31 @@ def test_a_persist_still_running_a_whole_interval_later_is_finished_before_train
     assert first.committed is True and committed_steps(root)[0] == 1
     assert first.stall_s > 0
     ckpt.close()
+
+
+def test_the_reported_stall_has_what_the_steps_beside_a_persist_lost_not_only_the_blocking_part(root, tmp_path):
+    """A periodic persist runs beside the loop's next steps; on a machine short of cores
+    they take longer than steps without one. The stall the save reports (to the agent,
+    the dashboard, the money) is what the loop saw: its blocking part and that after-effect.
+    The steps here are made that much longer while the save is in flight."""
+    reports = tmp_path / "checkpoints.jsonl"
+    ckpt = Checkpointer(big_state(), config(root, num_files=1, every_steps=None, interval_s=4, validation=None,
+                                            checkpoints_file=str(reports)))
+    for step in range(1, 6):  # the loop's own step time, no save beside it
+        time.sleep(0.01)
+        ckpt.save(step)
+    outcome = ckpt.save(6, kind="periodic")  # paced over ~2 s
+    blocking, slower_by, step = outcome.stall_s, 0.0, 6
+    while outcome.committed is None and step < 200:
+        extra = 0.05
+        time.sleep(0.01 + extra)
+        slower_by += extra
+        step += 1
+        ckpt.save(step)
+    ckpt.close()
+    assert outcome.committed is True and slower_by > 0
+    assert outcome.stall_s >= blocking + 0.8 * slower_by, (outcome.stall_s, blocking, slower_by)
+    assert json.loads(reports.read_text().splitlines()[-1])["stall_s"] == outcome.stall_s  # what the agent is told
 
 
 @pytest.mark.parametrize("overlap,live", [(True, 0.0), (True, 0.7), (False, 0.7)])
