@@ -8,11 +8,14 @@ two moments) in this process with its one line (`spot_safe(trainer)`) and Respaw
 periodic saves every --every steps, and:
 
 1. periodic save stall: training time a periodic save of our integration takes from
-   training (each save's `stall_s`, as reported to the agent: the snapshot, and any wait
-   of the next optimizer step for it), mean over the run's saves, divided by the
-   framework's own synchronous save of the same state (Trainer's `_save_checkpoint`,
-   Lightning's `save_checkpoint`, Orbax's synchronous `Checkpointer` save; the median of
-   three, made at step 2, before any of ours runs beside it). --check: <= 0.2.
+   training (each save's `stall_s`, as reported to the agent: the snapshot, any wait of
+   the next optimizer step for it, and what the steps beside its persist lost against
+   the step time before it), mean over the run's saves, divided by the framework's own
+   save of the same state, the median of three made at step 2, before any of ours runs
+   beside it: Trainer's `_save_checkpoint` and Lightning's `save_checkpoint`
+   (synchronous; --check: <= 0.25), Orbax's own `AsyncCheckpointer` save, the part
+   that blocks the step (--check: <= 1). The default width, 1024, makes a state of
+   100-150 MB (weights and AdamW's two moments).
 2. notice -> committed: a real SIGTERM near the end; the notice save's `save_s` (its
    snapshot, write and commit, as reported) divided by a raw sequential write + fsync
    of the same number of bytes in the same directory (bench/notice.py's, the median of
@@ -57,20 +60,22 @@ from notice import raw_write_s  # noqa: E402
 
 from agents.checkpoint import CheckpointConfig  # noqa: E402
 
-MAX_STALL_RATIO = 0.2
+MAX_STALL_RATIO = {"hf": 0.25, "lightning": 0.25, "jax": 1.0}
+OWN_SAVE = {"hf": "own sync save", "lightning": "own sync save", "jax": "Orbax's async save (blocking part)"}
 MAX_NOTICE_RATIO = 1.5
 MAX_VALIDATION_RATIO = 3.0
 LM_WIDTH_ENV = "BENCH_LM_N_EMBD"  # read by bench_lm, which the validator builds by name
 OWN_SAVE_STEP = 2
 
 
+def timed(save: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    save()
+    return time.perf_counter() - started
+
+
 def timed_thrice(save: Callable[[], None]) -> list[float]:
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        save()
-        times.append(time.perf_counter() - started)
-    return times
+    return [timed(save) for _ in range(3)]
 
 
 def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
@@ -139,8 +144,11 @@ def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> 
         state, loss = train_step(state, *jax_flax.batch_at(step))
         jax.block_until_ready(loss)  # a step's time is its own, not the next one's
         if step == OWN_SAVE_STEP:
-            with ocp.Checkpointer(ocp.StandardCheckpointHandler()) as orbax:
-                own.extend(timed_thrice(lambda: orbax.save(work / f"own-{time.monotonic_ns()}", args=ocp.args.StandardSave(state))))
+            with ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler()) as orbax:
+                for _ in range(3):  # what a step waits for; the write goes on in Orbax's thread
+                    own.append(timed(lambda: orbax.save(work / f"own-{time.monotonic_ns()}",
+                                                        args=ocp.args.StandardSave(state))))
+                    orbax.wait_until_finished()
         if step == steps - 2:
             os.kill(os.getpid(), signal.SIGTERM)
         ckpt.save(step, state, extra={"position": step})
@@ -222,7 +230,7 @@ def measure(name: str, n_embd: int, steps: int, every: int) -> tuple[float, floa
     stall_ratio = statistics.mean(stalls) / statistics.median(own)
     notice_ratio = notice[0]["save_s"] / raw
     detail = (f"{notice[0]['bytes'] / 1e6:.0f} MB state; periodic stall {statistics.mean(stalls) * 1e3:.1f} ms mean of "
-              f"{len(stalls)} / own sync save {statistics.median(own) * 1e3:.1f} ms; notice save {notice[0]['save_s'] * 1e3:.0f} ms "
+              f"{len(stalls)} / {OWN_SAVE[name]} {statistics.median(own) * 1e3:.1f} ms; notice save {notice[0]['save_s'] * 1e3:.0f} ms "
               f"/ raw write+fsync {raw * 1e3:.0f} ms")
     return stall_ratio, notice_ratio, detail
 
@@ -236,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a ratio is over its bound")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
-    parser.add_argument("--n-embd", type=int, default=512)
+    parser.add_argument("--n-embd", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--every", type=int, default=8)
     parser.add_argument("--trials", type=int, default=5, help="trials per framework; the ratios are their medians")
@@ -252,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         trials = [measure(name, args.n_embd, args.steps, args.every) for _ in range(args.trials)]
         stall, notice = (statistics.median(t[i] for t in trials) for i in (0, 1))
         detail = trials[len(trials) // 2][2]
-        print(f"{name}: periodic save stall / own sync save {stall:.3f} {spread(t[0] for t in trials)} "
-              f"(bound {MAX_STALL_RATIO}); notice -> committed / raw write {notice:.2f} "
+        print(f"{name}: periodic save stall / {OWN_SAVE[name]} {stall:.3f} {spread(t[0] for t in trials)} "
+              f"(bound {MAX_STALL_RATIO[name]}); notice -> committed / raw write {notice:.2f} "
               f"{spread(t[1] for t in trials)} (bound {MAX_NOTICE_RATIO}); median of {len(trials)} trials "
               f"[one trial: {detail}]", flush=True)
-        ok = ok and stall <= MAX_STALL_RATIO and notice <= MAX_NOTICE_RATIO
+        ok = ok and stall <= MAX_STALL_RATIO[name] and notice <= MAX_NOTICE_RATIO
     if not args.no_validation:
         ratio, detail = measure_validation(args.n_embd)
         print(f"validation of a causal-LM checkpoint / one training step {ratio:.2f} (bound {MAX_VALIDATION_RATIO}) "

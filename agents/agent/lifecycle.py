@@ -1005,6 +1005,12 @@ class Agent:
             # save done, whatever its exit code: gloo's teardown, a peer gone first, aborts a
             # process now and then (exit -6) after training is over and nothing is lost.
             reason = protocol.ExitReason.STOPPED
+        elif code != 0 and self._final_commit() is not None:
+            # A launcher's exit code (torchrun's, after a rank's teardown went wrong) says less
+            # than what the ranks committed: the final checkpoint is the end of training.
+            reason = protocol.ExitReason.COMPLETED
+            self._agent_line(f"the trainer's command exited {code} after its final checkpoint (step "
+                             f"{self._final_commit().step}) committed: training is complete, nothing was lost")
         else:
             reason = protocol.ExitReason.COMPLETED if code == 0 else protocol.ExitReason.FAILED
         self._ship_logs(final=True)
@@ -1018,6 +1024,10 @@ class Agent:
             artifact_uri=str(status.get("artifact_uri") or ""),
             artifact_digest=str(status.get("artifact_digest") or ""),
         )
+
+    def _final_commit(self) -> protocol.CheckpointReport | None:
+        last = self.last_checkpoint
+        return last if last is not None and last.kind == protocol.CheckpointKind.FINAL else None
 
     def _shut_down(self) -> None:
         self.stop_watching.set()

@@ -212,3 +212,17 @@ def test_a_save_slower_than_the_window_is_reported_said_and_shown(team_setup, ch
     viewer.force_login(owner)
     html = viewer.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="save-warning"' in html and "; AWS gives 0 s notice (0 s to save)" in html
+
+
+def test_a_run_whose_launcher_fails_after_the_final_commit_is_complete_not_failed(team_setup, child_env, web_server,
+                                                                                  tmp_path, imds):
+    # torchrun exits 1 when a rank aborts in its teardown after the gang's final commit: the
+    # job is judged by what was committed, not by the launcher's exit code.
+    job, setup = make_running_job(team_setup, tmp_path)
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import os; from agents.examples import tiny; "
+                                                  "tiny.main(['--steps', '20']); os._exit(1)"])
+    instance, agent = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
+    job.refresh_from_db()
+    assert instance.end_reason == EndReason.COMPLETED, agent.output()[-3000:]
+    assert job.status == JobStatus.SUCCEEDED and job.last_failure_signature == ""
+    assert "exited 1 after its final checkpoint (step 20) committed" in agent.output()
