@@ -14,7 +14,7 @@ bitwise equal to an uninterrupted one.
 
 It prints one row per cell: pass/fail, the notice save's step, the seconds from the
 notice commit to the last training process's exit under the agent (target <= 2: the
-agent ends a trainer 2 s after its notice commit, whatever its teardown still does),
+agent ends a trainer 1.5 s after it sees its notice commit, whatever its teardown still does),
 and the steps a missed deadline cost. --check exits non-zero when any cell fails or
 an exit took longer than the target.
 

@@ -80,7 +80,7 @@ MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
 # Once its notice save has committed, what the trainer still does (its teardown: loader workers
 # joined, process groups destroyed) is worth nothing to the job and can take seconds of the window.
-EXIT_AFTER_NOTICE_COMMIT_S = 2.0
+EXIT_AFTER_NOTICE_COMMIT_S = 1.5
 RESUME_VERDICTS = {  # the control plane's word on the resume checkpoint, as the log says it
     protocol.ValidationResult.VALID: "validated",
     protocol.ValidationResult.SKIPPED: "not validated: the job names no validation factories",
@@ -818,7 +818,7 @@ class Agent:
                 (self.kill_at is None or self.kill_at > time.monotonic() + EXIT_AFTER_NOTICE_COMMIT_S):
             # Not a final one: its validation and export follow.
             self.kill_at = time.monotonic() + EXIT_AFTER_NOTICE_COMMIT_S
-            self.kill_why = f"the trainer did not exit within {EXIT_AFTER_NOTICE_COMMIT_S:.0f}s of its notice commit; ending it"
+            self.kill_why = f"the trainer did not exit within {EXIT_AFTER_NOTICE_COMMIT_S:g}s of its notice commit; ending it"
         if self.notice is not None and self.notice.acknowledge is not None:
             try:
                 self.notice.acknowledge()
