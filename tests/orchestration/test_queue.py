@@ -75,4 +75,21 @@ def test_on_demand_after_n_preemptions(local_only, db):
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], on_demand_after_preemptions=2,
                    preemptions=2)
     orchestration.schedule()
-    assert Instance.objects.get(job=job).market == "on_demand"
+    instance = Instance.objects.get(job=job)
+    # The price book prices local on-demand region-wide: the VM goes to a zone the provider has.
+    assert (instance.market, instance.zone) == ("on_demand", "local-a")
+
+
+def test_a_launch_refused_for_a_zone_respawn_chose_is_not_blamed_on_the_jobs_spec(local_only, db, tmp_path):
+    local_only.RESPAWN = {**local_only.RESPAWN, "PROVIDER_CONFIG": {
+        **local_only.RESPAWN["PROVIDER_CONFIG"], "local": {"root": str(tmp_path / "vms")}}}
+    orchestration.provider_for.cache_clear()
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"])
+    orchestration.schedule()
+    Instance.objects.filter(job=job).update(zone="local")  # what the price book's region-wide quote gave before
+    orchestration.launch(Instance.objects.get(job=job).pk)
+    orchestration.provider_for.cache_clear()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.failure_cause == "controller"
+    assert "not your job's spec" in job.failure_message
