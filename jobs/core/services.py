@@ -14,6 +14,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
@@ -278,6 +279,9 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
         checkpoint_id=checkpoint_id, defaults={"job_id": instance.job_id, "instance": instance, **verdict, **fields})
     if not created:
         return checkpoint, False
+    # A checkpoint of step N proves its VM trained to N: the curve's mark of the VM's end sits
+    # at its notice save, not at the last heartbeat before it (one comes every 10 s).
+    Instance.objects.filter(pk=instance.pk).update(last_step=Greatest("last_step", checkpoint.step))
     job = Job.objects.select_for_update(of=("self",)).select_related("newest_checkpoint").get(pk=instance.job_id)
     if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
         Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
