@@ -30,7 +30,7 @@ from jobs.api.costs import job_cost_data, team_month_data
 from jobs.fleet.placement import interruption_rates
 from jobs.money import costs
 from jobs.money.curve import cost_curve
-from jobs.money.text import savings_text
+from jobs.money.text import money_figures
 from jobs.money.text import usd as display_money
 
 JOB_TTL_S = 3600
@@ -53,8 +53,9 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
     newest = max(cost.work.values(), key=lambda w: w.billed_from, default=None)
     summary = {
         "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
-        "spent_display": display_money(detail["spent"]), "waste_display": display_money(detail["waste"]["total"]),
-        "savings_display": savings_text(detail["savings"], detail["on_demand_baseline"]),
+        **{f"{key}_display": text for key, text in money_figures(
+            detail["spent"], detail["savings"], detail["on_demand_baseline"]).items()},
+        "waste_display": display_money(detail["waste"]["total"]),
         "waste_parts_display": waste_parts_display(detail["waste"]),
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
@@ -73,7 +74,7 @@ def waste_parts_display(waste: dict) -> str:
 
 
 KINDS = ("summary", "detail", "curve")
-DOCUMENTS_VERSION = 2  # in the keys: documents stored by an older release are not read (2: savings with their share)
+DOCUMENTS_VERSION = 3  # in the keys: documents stored by an older release are not read (2: savings with their share; 3: money_figures)
 
 
 def _stored_as(kind: str, settled_key: str) -> str:
