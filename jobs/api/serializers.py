@@ -194,6 +194,10 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         if attrs.get("spare_on_rebalance") and attrs.get("nodes", 1) > 1:
             raise serializers.ValidationError({"spare_on_rebalance": [
                 "spares are launched for one-node jobs only: a gang keeps saving together on a notice"]})
+        if not (attrs.get("validation_model_factory") and attrs.get("validation_batch_factory")):
+            # Nothing to validate with: `show` would say "validation_enabled yes" of checkpoints
+            # that are all recorded `skipped`.
+            attrs["validation_enabled"] = False
         return attrs
 
     def _source_archive(self, attrs) -> SourceArchive | None:
