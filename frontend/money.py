@@ -159,8 +159,8 @@ def team_month(team, label: str, now: dt.datetime, *, live: list[tuple[int, int]
 
 def _settled_part(team, label: str, now: dt.datetime, live_jobs: set[int]) -> _SettledPart:
     _, start, end = costs.parse_month(label, now)
-    accelerators = {job_id: n for job_id, n in costs.month_jobs(team, start, end)
-                    .values_list("pk", "accelerator_count") if job_id not in live_jobs}
+    accelerators = {job_id: n for job_id, n in costs.accelerators_by_job(costs.month_jobs(team, start, end)).items()
+                    if job_id not in live_jobs}
     keys = costs.settled_keys(accelerators)
     settled = {job_id: key for job_id, key in keys.items() if key is not None}
     documents = job_money(settled, now)
@@ -178,8 +178,7 @@ def _settled_part(team, label: str, now: dt.datetime, live_jobs: set[int]) -> _S
 
 def _priced_part(team, label: str, now: dt.datetime, job_ids: set[int]) -> tuple[costs.MonthSum, str | None]:
     _, start, end = costs.parse_month(label, now)
-    accelerators = dict(costs.month_jobs(team, start, end).filter(pk__in=job_ids)
-                        .values_list("pk", "accelerator_count"))
+    accelerators = costs.accelerators_by_job(costs.month_jobs(team, start, end).filter(pk__in=job_ids))
     answers = costs.job_costs_or_errors(accelerators, now)
     errors = [str(a) for a in answers.values() if isinstance(a, costs.CostError)]
     if errors:
