@@ -22,6 +22,10 @@ def _displayed(data: dict) -> dict:
         for name, text in money_figures(row["spent"], row["savings"], row["on_demand_baseline"]).items():
             row[f"{name}_display"] = text
         row["waste_display"] = usd(row["waste"])
+    # A year's range of a team that ran in two months: the other ten are rows of zeros. The
+    # CSV and JSON keep every month (a series); people read the months that had jobs.
+    data["empty_months"] = sum(1 for m in data["months"] if not m["jobs"])
+    data["months"] = [m for m in data["months"] if m["jobs"]]
     data["waste_rows"] = [{"kind": label, "usd": data["waste"][part], "display": usd(data["waste"][part])}
                           for part, label in WASTE_PARTS]
     return data

@@ -321,8 +321,9 @@ def _print_report(answer: dict, only: str | None) -> None:
                   "jobs": totals["jobs"]})
     for job in answer["unpriced"]:
         print(f"left out, cannot be priced: job {job['job']}: {job['error']}")
+    months = [m for m in answer["months"] if m["jobs"]]  # a range's months without a job: rows of zeros
     tables = {
-        "months": (answer["months"], _money_columns([("MONTH", "month")]) + [("JOBS", "jobs")]),
+        "months": (months, _money_columns([("MONTH", "month")]) + [("JOBS", "jobs")]),
         "jobs": (answer["jobs"], _money_columns([("JOB", "job"), ("NAME", "name"), ("STATUS", "status"),
                                                  ("PREEMPTIONS", "preemptions")])),
         "waste": ([{"kind": k, "usd": v} for k, v in answer["waste"].items()], [("WASTE", "kind"), ("USD", lambda r: usd(r["usd"]))]),
