@@ -99,3 +99,18 @@ def test_spent_and_saved_add_up_to_on_demand_as_shown_however_small_the_figures(
         shown = money_figures(spent, baseline - spent, baseline)
         assert amount(shown["spent"]) + amount(shown["savings"]) == amount(shown["on_demand_baseline"]), shown
         assert abs(amount(shown["spent"]) - spent) <= max(Decimal("0.005"), spent / 10), (spent, shown)
+
+
+def test_the_artifact_path_is_shown_whole_with_a_button_that_copies_it(db):
+    import re
+
+    from tests.factories import make_job
+
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    uri = "file:///var/lib/respawn/checkpoints/team-vision/job-0042/export/step-00004500/model.safetensors"
+    job = make_job(setup.team, member.user, artifact_uri=uri, artifact_digest="sha256:" + "ab" * 32)
+    html = signed_in(member).get(f"/jobs/{job.pk}/").content.decode()
+    shown = re.search(r'<code data-field="artifact" id="artifact-uri">([^<]*)</code>', html)
+    assert shown and shown[1] == uri  # the whole of it, nothing cut
+    assert '<button type="button" class="copy" data-copies="artifact-uri">Copy path</button>' in html
