@@ -205,10 +205,17 @@ def logs(args) -> int:
             return client.patiently(lambda: client.get(path, **params), for_s=args.retry_for)
         return client.get(path, **params)
 
-    gang = ask(f"jobs/{args.job}/")["nodes"] > 1
-    after, started = "", time.monotonic()
+    job = ask(f"jobs/{args.job}/")
+    gang = job["nodes"] > 1
+    after, started, printed = "", time.monotonic(), False
     while True:
         page = ask(f"jobs/{args.job}/logs/", after=after)
+        if args.follow and not printed and not page["lines"] and not page["finished"] and not args.json:
+            # Silence would read as a hang: say what the job is doing while it has no output.
+            why = f" ({job['status_reason']})" if job.get("status_reason") else ""
+            print(f"-- job {args.job} is {page['job_status']}{why}: nothing printed yet; the trainer's output and "
+                  "the agent's own lines appear here as they come", file=sys.stderr, flush=True)
+        printed = True
         for line in page["lines"]:
             if args.json:
                 print_json_line(line)

@@ -209,6 +209,9 @@ def test_logs_follow_gives_up_after_max_wait_with_exit_1(cli):
     job = make_job(cli.setup.team, cli.setup.people["member"].user, status=JobStatus.RUNNING)
     result = cli("logs", str(job.pk), "--follow", "--poll", "0.1", "--max-wait", "0.3")
     assert result.returncode == 1 and "still running" in result.stderr
+    # A job with no output yet is not silent: the follower says so once, first.
+    assert result.stderr.startswith(f"-- job {job.pk} is running: nothing printed yet") and result.stdout == ""
+    assert result.stderr.count("nothing printed yet") == 1
 
 
 def test_tokens_create_list_and_revoke(cli):
