@@ -309,6 +309,20 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
     return checkpoint, True
 
 
+def expire_pending_validations(now, batch: int) -> int:
+    """Checkpoints no validator will ever judge are recorded `skipped`, saying why, rather
+    than `pending` forever: their VM ended and its grace window for reports has passed (a
+    VM stops validating at a notice; a resume validates only the checkpoint it loads). A
+    verdict that still comes later replaces this one. Returns how many were recorded."""
+    cutoff = now - timedelta(seconds=settings.RESPAWN["FENCE_GRACE_S"])
+    stale = list(Checkpoint.objects.filter(validation=ValidationResult.PENDING, instance__state=InstanceState.ENDED,
+                                           instance__ended_at__lt=cutoff).values_list("pk", flat=True)[:batch])
+    return Checkpoint.objects.filter(pk__in=stale, validation=ValidationResult.PENDING).update(
+        validation=ValidationResult.SKIPPED, validated_at=now,
+        validation_message="not validated: its VM ended before a verdict came (a notice stops the VM's validator; "
+                           "a resume validates the checkpoint it loads)")
+
+
 def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str) -> None:
     checkpoint.validation = result
     checkpoint.validation_loss = loss
