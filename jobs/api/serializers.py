@@ -470,10 +470,13 @@ class InterruptionRateSerializer(serializers.Serializer):
     zone = serializers.CharField()
     instance_type = serializers.CharField()
     market = serializers.CharField()
-    per_hour = serializers.FloatField(help_text="Posterior mean interruptions per hour.")
+    per_hour = serializers.FloatField(help_text="Posterior median interruptions per hour: the point estimate, inside "
+                                                "its 90 % credible interval.")
+    mean_per_hour = serializers.FloatField(help_text="Posterior mean, what placement's expected cost uses; on thin "
+                                                     "evidence it may lie outside the interval.")
     per_hour_low = serializers.FloatField(help_text="Lower end of the rate's 90 % credible interval, per hour.")
     per_hour_high = serializers.FloatField(help_text="Upper end of the rate's 90 % credible interval, per hour.")
-    mtbi_hours = serializers.FloatField(allow_null=True)
+    mtbi_hours = serializers.FloatField(allow_null=True, help_text="Hours between interruptions at per_hour.")
     usable_notice_fraction = serializers.FloatField()
     events = serializers.IntegerField(help_text="Interruptions of your teams' instances counted in the window "
                                                 "(the estimate pools every team's).")

@@ -323,8 +323,9 @@ def interruption_rates(team_ids: list[int], now=None) -> list[dict]:
     for key in sorted(keys):
         rate = rate_for(key, found)
         seen = own.get(key, [])
+        shown = rate.median_per_hour if rate.median_per_hour is not None else rate.per_hour
         rows.append(dict(zip(("provider", "region", "zone", "instance_type", "market"), key),
-                         per_hour=rate.per_hour, mtbi_hours=None if math.isinf(rate.mtbi_hours) else rate.mtbi_hours,
+                         per_hour=shown, mean_per_hour=rate.per_hour, mtbi_hours=1 / shown if shown > 0 else None,
                          per_hour_low=rate.credible_per_hour[0], per_hour_high=rate.credible_per_hour[1],
                          usable_notice_fraction=rate.usable_notice_fraction,
                          events=sum(lt.interrupted for lt in seen), exposure_hours=sum(lt.hours for lt in seen),
