@@ -141,6 +141,10 @@ def provision(job: Job) -> list[int]:
 
 
 def _wait(job: Job, reason: str) -> None:
+    """`job` waits, saying why and when it is tried again (placement names a back-off's end;
+    a limit or a budget is looked at again on the next scheduling pass)."""
+    if "next try at" not in reason:
+        reason = f"{reason}; {placements.next_try(None, timezone.now())}"
     if job.status == JobStatus.QUEUED:
         Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(status_reason=reason)
     elif job.status == JobStatus.RECOVERING:

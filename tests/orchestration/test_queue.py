@@ -1,6 +1,8 @@
 """The team queue: priorities, GPU limits, and fairness between busy teams over
 simulated hours (placement on the local provider's price book)."""
 
+import re
+
 import pytest
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
@@ -93,3 +95,16 @@ def test_a_launch_refused_for_a_zone_respawn_chose_is_not_blamed_on_the_jobs_spe
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and job.failure_cause == "controller"
     assert "not your job's spec" in job.failure_message
+
+
+def test_every_waiting_job_says_why_and_when_it_is_tried_again(local_only, db):
+    setup = make_team_with_members()
+    Team.objects.filter(pk=setup.team.pk).update(max_concurrent_gpus=0)
+    held = make_job(setup.team, setup.people["member"].user, name="held", allowed_clouds=["local"])
+    other = make_team_with_members("other")
+    priced_out = make_job(other.team, other.people["member"].user, allowed_clouds=["local"], max_price_per_hour="0.01")
+    orchestration.schedule()
+    for job in (held, priced_out):
+        job.refresh_from_db()
+        assert job.status == JobStatus.QUEUED and re.search(r"; next try at \d\d:\d\d:\d\d UTC$", job.status_reason), \
+            job.status_reason
