@@ -29,13 +29,16 @@ $(STAMP): pyproject.toml tests/emulators/package-lock.json
 demo: install
 	$(BIN)/python manage.py demo
 
+# .ci/system-setup installs the system packages the tests drive where it can (as root)
+# and, where it cannot, names in one line what this run leaves out.
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 
 # The whole suite on the embedded default (SQLite, the filesystem broker), whatever
 # this shell has configured: what a newcomer's `make test` runs.
 test-embedded: install
-	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest -n $(TEST_WORKERS) \
+		$$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 
 clean:
 	rm -rf var .pytest_cache

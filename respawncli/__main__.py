@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from jobs.core.choices import Channel, DeliveryStatus, NotificationKind
@@ -198,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `respawn ls | head`: the reader has what it wanted. Point stdout at /dev/null so the
+        # interpreter's own flush at exit does not raise (and print) the same error again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a pipe cut short
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from jobs.money.text import savings_text, usd
+from jobs.money.text import money_figures, usd
 from respawncli import workdir
 from respawncli.api import Api, FieldErrors
 from respawncli.config import Credentials, load_credentials, save_credentials, server_url
@@ -63,9 +63,10 @@ def login(args) -> int:
 
 # --- jobs ---
 
-def resolve_team(client: Api, team, spec: JobSpec | None = None) -> int:
-    """A team id from a name or an id, checked against the teams you are in."""
-    teams = client.all_pages("teams/")
+def resolve_team(client: Api, team, spec: JobSpec | None = None, teams: list[dict] | None = None) -> int:
+    """A team id from a name or an id, checked against the teams you are in (`teams`, when
+    the caller has listed them already)."""
+    teams = client.all_pages("teams/") if teams is None else teams
     for t in teams:
         if str(team) in (str(t["id"]), t["name"]):
             return t["id"]
@@ -152,12 +153,15 @@ def _submit(args, spec: JobSpec, archive: workdir.Archive | None, secrets: dict[
 
 def ls(args) -> int:
     client = api(args)
-    team = resolve_team(client, args.team) if args.team else None
+    teams = client.all_pages("teams/")
+    team = resolve_team(client, args.team, teams=teams) if args.team else None
     page = client.get("jobs/", status=args.status, team=team, owner=args.owner, search=args.search, limit=args.limit)
     if args.json:
         print_json(page["results"])
         return EXIT_OK
-    print_table(page["results"], JOB_COLUMNS, empty="no jobs match")
+    names = {t["id"]: t["name"] for t in teams}  # people read a team's name; the API gives its id
+    rows = [{**job, "team": names.get(job["team"], job["team"])} for job in page["results"]]
+    print_table(rows, JOB_COLUMNS, empty="no jobs match")
     if page["count"] > len(page["results"]):
         print(f"({len(page['results'])} of {page['count']} shown; raise --limit to see more)")
     return EXIT_OK
@@ -201,10 +205,17 @@ def logs(args) -> int:
             return client.patiently(lambda: client.get(path, **params), for_s=args.retry_for)
         return client.get(path, **params)
 
-    gang = ask(f"jobs/{args.job}/")["nodes"] > 1
-    after, started = "", time.monotonic()
+    job = ask(f"jobs/{args.job}/")
+    gang = job["nodes"] > 1
+    after, started, printed = "", time.monotonic(), False
     while True:
         page = ask(f"jobs/{args.job}/logs/", after=after)
+        if args.follow and not printed and not page["lines"] and not page["finished"] and not args.json:
+            # Silence would read as a hang: say what the job is doing while it has no output.
+            why = f" ({job['status_reason']})" if job.get("status_reason") else ""
+            print(f"-- job {args.job} is {page['job_status']}{why}: nothing printed yet; the trainer's output and "
+                  "the agent's own lines appear here as they come", file=sys.stderr, flush=True)
+        printed = True
         for line in page["lines"]:
             if args.json:
                 print_json_line(line)
@@ -232,15 +243,14 @@ def cost(args) -> int:
         return EXIT_OK
     print(f"job {job['id']} '{job['name']}' ({job['status']}), as of {answer['as_of'][:19].replace('T', ' ')} UTC, "
           f"in US dollars (--json: exact)")
-    print_fields({"spent": usd(answer["spent"]), "on-demand would cost": usd(answer["on_demand_baseline"]),
-                  "savings": savings_text(answer["savings"], answer["on_demand_baseline"]),
-                  "waste": usd(answer["waste"]["total"])})
+    shown = _figures(answer)
+    print_fields({"spent": shown["spent"], "on-demand would cost": shown["on_demand_baseline"],
+                  "savings": shown["savings"], "waste": usd(answer["waste"]["total"])})
     print()
     print_table(answer["instances"], [
         ("INSTANCE", "instance"), ("RANK", "rank"), ("FROM", "billed_from"), ("TO", "billed_to"),
-        ("SECONDS", "billed_seconds"), ("SPENT", lambda i: usd(i["spent"])),
-        ("ON-DEMAND", lambda i: usd(i["on_demand_baseline"])),
-        ("SAVED", lambda i: savings_text(i["savings"], i["on_demand_baseline"])),
+        ("SECONDS", "billed_seconds"), ("SPENT", lambda i: _figures(i)["spent"]),
+        ("ON-DEMAND", lambda i: _figures(i)["on_demand_baseline"]), ("SAVED", lambda i: _figures(i)["savings"]),
         ("STEPS KEPT", "steps_kept"), ("RECOMPUTED", "recomputed_steps"),
     ], empty="no billed instances yet")
     return EXIT_OK
@@ -266,21 +276,23 @@ REPORT_SECTIONS = ("months", "jobs", "waste", "interruptions", "cumulative")  # 
 REPORT_FLAGS = {"from": "--from", "to": "--to", "table": "--table", "format": "--format"}  # API field -> flag
 
 
-def _my_team(client: Api, team) -> int:
-    """`--team`, or the one team you are in."""
-    if team is not None:
-        return resolve_team(client, team)
+def _my_team(client: Api, team) -> dict:
+    """`--team`, or the one team you are in: its row (id, name)."""
     teams = client.all_pages("teams/")
+    if team is not None:
+        found = resolve_team(client, team, teams=teams)
+        return next(t for t in teams if t["id"] == found)
     if len(teams) != 1:
         names = ", ".join(t["name"] for t in teams) or "none"
         raise CliError(f"which team? pass --team NAME; your teams: {names}", EXIT_BAD_INPUT)
-    return teams[0]["id"]
+    return teams[0]
 
 
 def report(args) -> int:
     client = api(args)
     fmt = "json" if args.json else args.format
-    team = _my_team(client, args.team)
+    row = _my_team(client, args.team)
+    team = row["id"]
     query = {"from": args.from_month, "to": args.to_month}
     try:
         if fmt == "csv":
@@ -292,26 +304,33 @@ def report(args) -> int:
     if fmt == "json":
         print_json(answer)
         return EXIT_OK
-    _print_report(answer, args.table)
+    _print_report({**answer, "team": row["name"]}, args.table)
     return EXIT_OK
 
 
+def _figures(row: dict) -> dict[str, str]:
+    """A row's spent, on-demand and saved as shown together: they add up as read."""
+    return money_figures(row["spent"], row["savings"], row["on_demand_baseline"])
+
+
 def _money_columns(prefix: list[tuple]) -> list[tuple]:
-    return [*prefix, ("SPENT", lambda r: usd(r["spent"])), ("ON-DEMAND", lambda r: usd(r["on_demand_baseline"])),
-            ("SAVED", lambda r: savings_text(r["savings"], r["on_demand_baseline"])), ("WASTED", lambda r: usd(r["waste"]))]
+    return [*prefix, ("SPENT", lambda r: _figures(r)["spent"]), ("ON-DEMAND", lambda r: _figures(r)["on_demand_baseline"]),
+            ("SAVED", lambda r: _figures(r)["savings"]), ("WASTED", lambda r: usd(r["waste"]))]
 
 
 def _print_report(answer: dict, only: str | None) -> None:
     totals = answer["totals"]
     print(f"team {answer['team']}, {answer['from']} to {answer['to']} (UTC), as of {answer['as_of'][:19].replace('T', ' ')} UTC, "
           "in US dollars (--format json or csv: exact)")
-    print_fields({"spent": usd(totals["spent"]), "on-demand for the same work": usd(totals["on_demand_baseline"]),
-                  "saved": savings_text(totals["savings"], totals["on_demand_baseline"]), "wasted": usd(totals["waste"]),
+    shown = _figures(totals)
+    print_fields({"spent": shown["spent"], "on-demand for the same work": shown["on_demand_baseline"],
+                  "saved": shown["savings"], "wasted": usd(totals["waste"]),
                   "jobs": totals["jobs"]})
     for job in answer["unpriced"]:
         print(f"left out, cannot be priced: job {job['job']}: {job['error']}")
+    months = [m for m in answer["months"] if m["jobs"]]  # a range's months without a job: rows of zeros
     tables = {
-        "months": (answer["months"], _money_columns([("MONTH", "month")]) + [("JOBS", "jobs")]),
+        "months": (months, _money_columns([("MONTH", "month")]) + [("JOBS", "jobs")]),
         "jobs": (answer["jobs"], _money_columns([("JOB", "job"), ("NAME", "name"), ("STATUS", "status"),
                                                  ("PREEMPTIONS", "preemptions")])),
         "waste": ([{"kind": k, "usd": v} for k, v in answer["waste"].items()], [("WASTE", "kind"), ("USD", lambda r: usd(r["usd"]))]),
@@ -396,7 +415,7 @@ def _notify_list(client: Api, args) -> int:
 
 def _notify_add(client: Api, args) -> int:
     target = args.email or urlsplit(args.hook_url or "").hostname  # a Slack URL's path is its secret: not in the name
-    body = {"team": _my_team(client, args.team), "scope": "team" if args.team_wide else "personal",
+    body = {"team": _my_team(client, args.team)["id"], "scope": "team" if args.team_wide else "personal",
             "name": args.name or f"{args.channel}: {target or '?'}", "channel": args.channel, "events": args.events,
             "url": args.hook_url or "", "email": args.email or ""}
     try:

@@ -908,6 +908,9 @@ class Agent:
         for report in self.checkpoints.new_reports():
             report.notice_window_s = self.config.notice_window_s or self.watcher.window_s
             self._check_save_fits_the_notice(report)
+            # Every step up to the save first: a notice save's report ends the VM at once when
+            # a spare takes over, and an ended VM's metrics are refused (the curve lost them).
+            self._ship_metrics()
             self.reporter.report(protocol.PATH_CHECKPOINTS, report)
             self.last_checkpoint = report
             self.commit_journaled_at = utcnow()

@@ -74,7 +74,7 @@ def claim(uri: str) -> None:
     from datetime import datetime, timezone
 
     from agents.checkpoint import layout
-    from agents.checkpoint.storage import StorageError, open_storage
+    from agents.checkpoint.storage import StorageError, open_storage, rewrite_beside
 
     parts = layout.split_uri(uri)
     if parts is None:
@@ -82,7 +82,7 @@ def claim(uri: str) -> None:
     root, name = parts
     body = {"started_at": datetime.now(timezone.utc).isoformat()}
     try:
-        open_storage(root).write_atomic(f"{name}/{layout.VALIDATING}", json.dumps(body).encode())
+        rewrite_beside(open_storage(root), f"{name}/{layout.VALIDATING}", json.dumps(body).encode())
     except (StorageError, OSError) as exc:
         print(f"could not claim {uri} for validation (rotation may delete it meanwhile): {exc}", file=sys.stderr)
 

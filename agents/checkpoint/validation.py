@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from . import layout
 from .errors import CheckpointError, EvalError, FactoryError, IncompatibleCheckpointError
 from .reader import CheckpointRef, LoadedCheckpoint, load
+from .storage import rewrite_beside
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,7 @@ def compare(uri: str, loss: float, reference: float | None, tolerance: float) ->
 
 def mark(ref: CheckpointRef, verdict: Verdict) -> None:
     body = verdict.to_json() | {"validated_at": datetime.now(timezone.utc).isoformat()}
-    ref.storage.write_atomic(ref.key(layout.VALIDATION), json.dumps(body).encode())
+    rewrite_beside(ref.storage, ref.key(layout.VALIDATION), json.dumps(body).encode())
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict, where: str, assign: bool = False) -> None:

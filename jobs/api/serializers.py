@@ -194,6 +194,10 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         if attrs.get("spare_on_rebalance") and attrs.get("nodes", 1) > 1:
             raise serializers.ValidationError({"spare_on_rebalance": [
                 "spares are launched for one-node jobs only: a gang keeps saving together on a notice"]})
+        if not (attrs.get("validation_model_factory") and attrs.get("validation_batch_factory")):
+            # Nothing to validate with: `show` would say "validation_enabled yes" of checkpoints
+            # that are all recorded `skipped`.
+            attrs["validation_enabled"] = False
         return attrs
 
     def _source_archive(self, attrs) -> SourceArchive | None:
@@ -466,10 +470,13 @@ class InterruptionRateSerializer(serializers.Serializer):
     zone = serializers.CharField()
     instance_type = serializers.CharField()
     market = serializers.CharField()
-    per_hour = serializers.FloatField(help_text="Posterior mean interruptions per hour.")
+    per_hour = serializers.FloatField(help_text="Posterior median interruptions per hour: the point estimate, inside "
+                                                "its 90 % credible interval.")
+    mean_per_hour = serializers.FloatField(help_text="Posterior mean, what placement's expected cost uses; on thin "
+                                                     "evidence it may lie outside the interval.")
     per_hour_low = serializers.FloatField(help_text="Lower end of the rate's 90 % credible interval, per hour.")
     per_hour_high = serializers.FloatField(help_text="Upper end of the rate's 90 % credible interval, per hour.")
-    mtbi_hours = serializers.FloatField(allow_null=True)
+    mtbi_hours = serializers.FloatField(allow_null=True, help_text="Hours between interruptions at per_hour.")
     usable_notice_fraction = serializers.FloatField()
     events = serializers.IntegerField(help_text="Interruptions of your teams' instances counted in the window "
                                                 "(the estimate pools every team's).")

@@ -18,8 +18,7 @@ def usd(amount: str | Decimal) -> str:
         shown = value.quantize(Decimal(1).scaleb(value.adjusted()), rounding=ROUND_HALF_UP)
         if abs(shown) >= CENT:  # 0.0096 rounds up to a cent
             shown = value.quantize(CENT, rounding=ROUND_HALF_UP)
-    shown = abs(shown) if shown == 0 else shown
-    return f"-${-shown:,f}" if shown < 0 else f"${shown:,f}"
+    return _dollars(shown)
 
 
 def saved_share(savings: str | Decimal, baseline: str | Decimal) -> str | None:
@@ -34,7 +33,24 @@ def saved_share(savings: str | Decimal, baseline: str | Decimal) -> str | None:
     return "0%" if shown == 0 else f"{shown}%"
 
 
-def savings_text(savings: str | Decimal, baseline: str | Decimal) -> str:
-    """'$0.53 (23%)': the dollars saved and their share of the on-demand baseline."""
+def money_figures(spent: str | Decimal, savings: str | Decimal, baseline: str | Decimal) -> dict[str, str]:
+    """Spent, on-demand and saved as read side by side, so that spent + saved = on-demand
+    to the last digit shown: all three at one precision (cents; for a figure under a dollar
+    too small for cents to tell apart, its first two significant digits), saved shown as
+    on-demand less spent at that precision. Keys: spent, on_demand_baseline, savings (with
+    its share of on-demand, from the exact figures)."""
+    exact = [Decimal(spent), Decimal(baseline)]
+    step = CENT
+    for value in (*exact, Decimal(savings)):
+        if value != 0 and abs(value) < Decimal("0.1"):
+            step = min(step, max(FINEST, Decimal(1).scaleb(value.adjusted() - 1)))
+    shown_spent, shown_baseline = (v.quantize(step, rounding=ROUND_HALF_UP) for v in exact)
+    saved = shown_baseline - shown_spent
     share = saved_share(savings, baseline)
-    return f"{usd(savings)} ({share})" if share else usd(savings)
+    return {"spent": _dollars(shown_spent), "on_demand_baseline": _dollars(shown_baseline),
+            "savings": f"{_dollars(saved)} ({share})" if share else _dollars(saved)}
+
+
+def _dollars(shown: Decimal) -> str:
+    shown = abs(shown) if shown == 0 else shown
+    return f"-${-shown:,f}" if shown < 0 else f"${shown:,f}"

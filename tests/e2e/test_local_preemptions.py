@@ -36,8 +36,8 @@ def reference_digest(tmp_path: Path) -> str:
 def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_env, web_server, tmp_path):
     # 72 s of training on VMs that live 20 s, and the market reclaims exactly the first three:
     # however slowly a loaded machine trains, the job meets three preemptions and the fourth VM
-    # finishes (unlimited, a machine training at half speed met seven, and placement rightly put
-    # a job interrupted every 20 s on back-off).
+    # finishes (unlimited, a machine training at half speed met seven; tests/e2e/test_liveness.py
+    # drives a market without a limit to the end).
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
            "RESPAWN_LOCAL_PREEMPT_EVERY_S": "20", "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3", "RESPAWN_LOCAL_NOTICE_S": "8",
            "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}

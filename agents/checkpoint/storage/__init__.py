@@ -6,7 +6,10 @@ from urllib.parse import urlparse
 
 from .base import Storage, StorageError, UnknownSchemeError, Writer
 
-__all__ = ["Storage", "StorageError", "UnknownSchemeError", "Writer", "open_storage"]
+__all__ = ["Storage", "StorageError", "UnknownSchemeError", "Writer", "open_storage", "rewrite_beside"]
+
+# A verdict write lost to another writer's sweep is tried again this often (see rewrite_beside).
+REWRITE_TRIES = 3
 
 
 def open_storage(uri: str) -> Storage:
@@ -32,3 +35,22 @@ def open_storage(uri: str) -> Storage:
 
         return AzureBlobStorage(uri)
     raise UnknownSchemeError(f"unknown storage URI scheme {scheme!r} in {uri!r}: use a path, file://, s3://, gs:// or az://")
+
+
+def rewrite_beside(storage: Storage, key: str, data: bytes) -> None:
+    """`storage.write_atomic(key, data)` for a small record beside a committed checkpoint
+    (VALIDATION.json, VALIDATING.json) that any process may write again later.
+
+    A process killed between such a write and its rename leaves a temp file that no
+    commit sweeps (the checkpoint is already committed), so each write first drops the
+    temp files earlier writes of `key` left. Two validators may write the same verdict at
+    once (the trainer's on export, the agent's): one's sweep can take the other's temp
+    file before its rename, and the loser writes again; both write the same verdict."""
+    for attempt in range(REWRITE_TRIES):
+        storage.discard_unfinished(key)
+        try:
+            storage.write_atomic(key, data)
+            return
+        except FileNotFoundError:  # our temp file was swept by a concurrent writer of `key`
+            if attempt == REWRITE_TRIES - 1:
+                raise

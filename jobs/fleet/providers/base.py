@@ -87,6 +87,14 @@ class PrecheckError(ProviderError):
     """Quota, credentials or an invalid spec: fail the job with the cloud's message."""
 
     kind = "prechecks"
+    # Refusals of what the control plane chose or built (the zone it placed a VM in, the
+    # launch request), never of the user's credentials, quota or spec: the job's failure
+    # is the controller's, and the user is not told to fix their job.
+    OURS = frozenset({"InvalidZone", "InvalidRequest"})
+
+    @property
+    def ours(self) -> bool:
+        return self.code in self.OURS
 
 
 class TransientError(ProviderError):
