@@ -91,6 +91,9 @@ class Script:
 
             leaves = jax.tree.flatten_with_path(jax.tree.map(_raw, saved(uri, STEPS)[0]))[0]
             return {jax.tree_util.keystr(path): torch.from_numpy(leaf.copy()) for path, leaf in leaves}
+        if self.needs == "accelerate":  # save_state's files, written deterministically: their digests
+            files = json.loads((uri / layout.step_dir(STEPS) / layout.MANIFEST).read_text())["files"]
+            return {name: entry["digest"] for name, entry in files.items() if name.endswith((".safetensors", ".bin"))}
         return final_state(uri, STEPS)["model"]
 
 
