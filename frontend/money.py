@@ -30,8 +30,8 @@ from jobs.api.costs import job_cost_data, team_month_data
 from jobs.fleet.placement import interruption_rates
 from jobs.money import costs
 from jobs.money.curve import cost_curve
-from jobs.money.text import money_figures
-from jobs.money.text import usd as display_money
+from respawn.vocabulary.money import money_figures
+from respawn.vocabulary.money import usd as display_money
 
 JOB_TTL_S = 3600
 TEAM_TTL_S = 3600

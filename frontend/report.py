@@ -13,7 +13,7 @@ from frontend.money import WASTE_PARTS
 from frontend.views import page
 from jobs.api.report import TABLES, report_data
 from jobs.money.report import ReportError, savings_report
-from jobs.money.text import money_figures, usd
+from respawn.vocabulary.money import money_figures, usd
 
 
 def _displayed(data: dict) -> dict:

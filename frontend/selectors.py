@@ -19,7 +19,7 @@ from frontend.money import display_money
 from jobs.core.choices import FailureCause, JobStatus, Market
 from jobs.models import PriceQuote, Team, failure_headline
 from jobs.money import costs
-from jobs.money.text import money_figures
+from respawn.vocabulary.money import money_figures
 
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history

@@ -3,7 +3,7 @@ interval is what it is, and where the job was preempted and where it resumed."""
 
 from __future__ import annotations
 
-from agents.notices.base import notice_budget_s
+from respawn.notices.base import notice_budget_s
 from jobs.core.choices import EndReason
 
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOP_TIER = ("jobs.api", "jobs.tasks", "jobs.management", "frontend")
 # Modules the simulator, the CLI and the providers' emulator tests import without Django.
 DJANGO_FREE = ("jobs.fleet.policies", "jobs.fleet.providers", "jobs.money.ledger", "jobs.money.pricebook",
-               "jobs.money.text")
+               "respawn.vocabulary.money")
 
 
 def module_name(path: Path, root: Path) -> str:

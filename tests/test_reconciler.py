@@ -9,7 +9,7 @@ import pytest
 import redis
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
 from jobs.tasks import reconcile

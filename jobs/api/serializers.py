@@ -11,7 +11,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import serializers
 
-from agents.sourcetree import DIGEST_PREFIX, DIGEST_RE
+from respawn.sourcetree import DIGEST_PREFIX, DIGEST_RE
 from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
 from jobs.fleet import catalog
@@ -19,8 +19,8 @@ from jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, JobEvent,
                          WorldSize)
 from jobs.money import downtime
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
-from respawncli.names import closest_name
-from respawncli.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
+from respawn.vocabulary.names import closest_name
+from respawn.vocabulary.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
@@ -67,7 +67,7 @@ def _string_list(value, field, *, allow_empty=True):
 class RefusesUnknownFields:
     """A body key that is no writable field is refused (400 naming it), not dropped:
     dropped, a misspelt `totl_steps` made a job with no total. The suggestion is the
-    one the CLI's job-file check makes (respawncli.names)."""
+    one the CLI's job-file check makes (respawn.vocabulary.names)."""
 
     def to_internal_value(self, data):
         if isinstance(data, Mapping):

@@ -17,7 +17,7 @@ from django.db.models import F, Q, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
+from respawn.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
 from jobs.core import nudges, secret_env
 from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
@@ -507,7 +507,7 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
     """Make `nodes` (in rank order) the job's gang: ranks 0..n-1 of world size n, a fresh
     rendezvous, the newest usable checkpoint to resume from (resharded by the trainer's
     checkpointer), and a new generation, which their heartbeat answers carry: each agent
-    then restarts its trainer (agents.agent.lifecycle). A node not yet registered learns
+    then restarts its trainer (respawn.agent.lifecycle). A node not yet registered learns
     it all from its register answer. Ranks only move down, so taking the rows in rank
     order keeps one live instance per slot at every statement, and the job's row is
     written only after them (a survivor's heartbeat locks its instance, then the job:

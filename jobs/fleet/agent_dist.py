@@ -33,7 +33,7 @@ from pathlib import Path
 from django.conf import settings
 from packaging.requirements import Requirement
 
-import agents
+import respawn
 
 DIST_NAME = "respawn-agent"
 MANIFEST = "agent.json"
@@ -45,7 +45,7 @@ SERVED = re.compile(r"respawn-agent-[0-9a-f]{64}\.(whl|requirements\.txt)")
 AGENT_DEPENDENCIES = ("requests", "xxhash", "boto3", "google-cloud-storage", "azure-storage-blob", "azure-identity")
 # 1980-01-01, the earliest time a zip entry can hold.
 REPRODUCIBLE_EPOCH = "315532800"
-PACKAGE_ROOT = Path(agents.__file__).resolve().parent
+PACKAGE_ROOT = Path(respawn.__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,9 @@ def current() -> AgentDist:
         dist = AgentDist(**json.loads((dist_dir() / MANIFEST).read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise NoAgentDist(f"no agent wheel in {dist_dir()} ({exc}); run `manage.py build_agent_wheel`") from None
-    if dist.version != agents.__version__:
+    if dist.version != respawn.__version__:
         raise NoAgentDist(f"the agent wheel in {dist_dir()} is version {dist.version}, this control plane's agent "
-                          f"is {agents.__version__}; run `manage.py build_agent_wheel`")
+                          f"is {respawn.__version__}; run `manage.py build_agent_wheel`")
     return dist
 
 
@@ -135,7 +135,7 @@ def build(out_dir: Path | None = None) -> AgentDist:
     pins = pinned_requirements()
     with tempfile.TemporaryDirectory(prefix="respawn-agent-build-") as tmp:
         staging = Path(tmp) / "src"
-        shutil.copytree(PACKAGE_ROOT, staging / "agents", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(PACKAGE_ROOT, staging / "respawn", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (staging / "pyproject.toml").write_text(_pyproject(pins))
         wheels = Path(tmp) / "wheels"
         env = {**os.environ, "SOURCE_DATE_EPOCH": REPRODUCIBLE_EPOCH, "PIP_NO_INPUT": "1"}
@@ -144,7 +144,7 @@ def build(out_dir: Path | None = None) -> AgentDist:
         (built,) = wheels.glob("*.whl")
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text("".join(f"{pin}\n" for pin in pins))
-        dist = AgentDist(version=agents.__version__, wheel=built.name, wheel_sha256=sha256_of(built),
+        dist = AgentDist(version=respawn.__version__, wheel=built.name, wheel_sha256=sha256_of(built),
                          requirements_sha256=sha256_of(requirements))
         shutil.copyfile(built, out_dir / dist.wheel_file)
         shutil.copyfile(requirements, out_dir / dist.requirements_file)
@@ -163,13 +163,13 @@ def _pyproject(pins: list[str]) -> str:
         'build-backend = "setuptools.build_meta"',
         "[project]",
         f'name = "{DIST_NAME}"',
-        f'version = "{agents.__version__}"',
+        f'version = "{respawn.__version__}"',
         'description = "Respawn\'s agent and checkpoint library, built by the control plane for its VMs."',
         'requires-python = ">=3.11"',
         f"dependencies = [{dependencies}]",
         "[project.scripts]",
-        'respawn-agent = "agents.__main__:main"',
+        'respawn-agent = "respawn.agent.__main__:main"',
         "[tool.setuptools.packages.find]",
-        'include = ["agents*"]',
+        'include = ["respawn*"]',
         "",
     ])

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
-from agents.protocol import Action, Purpose
+from respawn.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
 from jobs.core.services import (after_instance_ended, current_world_size, end_notice_hold, enqueue_terminate,

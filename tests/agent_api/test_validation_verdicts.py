@@ -4,7 +4,7 @@ eval_fn reaches the VM, a check that failed is recorded `error` with its cause (
 
 import pytest
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import JobStatus
 from jobs.models import Checkpoint, Job, JobEvent
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri

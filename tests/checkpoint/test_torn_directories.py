@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.checkpoint import Checkpointer, layout, manifest
-from agents.checkpoint.reader import committed
-from agents.checkpoint.storage.local import TMP_MARKER, LocalStorage
-from agents.examples import tiny
-from agents.examples.crash_trials import leftovers
+from respawn.checkpoint import Checkpointer, layout, manifest
+from respawn.checkpoint.reader import committed
+from respawn.checkpoint.storage.local import TMP_MARKER, LocalStorage
+from respawn.examples import tiny
+from respawn.examples.crash_trials import leftovers
 
 from .conftest import ROOT_DIR, config
 
@@ -28,10 +28,10 @@ WAIT_S = 120
 
 
 def tiny_run(root: Path, steps: int, every_steps: int, step_delay: float = 0.0, prelude: str = "") -> subprocess.Popen:
-    """`python -m agents.examples.tiny` as a user runs it, after `prelude` (Python)."""
+    """`python -m respawn.examples.tiny` as a user runs it, after `prelude` (Python)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")} | {"TINY_HIDDEN": str(WIDE_HIDDEN)}
     argv = ["--uri", str(root), "--steps", str(steps), "--every-steps", str(every_steps), "--step-delay", str(step_delay)]
-    code = f"{prelude}\nimport sys\nfrom agents.examples import tiny\nsys.exit(tiny.main({argv!r}))"
+    code = f"{prelude}\nimport sys\nfrom respawn.examples import tiny\nsys.exit(tiny.main({argv!r}))"
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT_DIR, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -104,7 +104,7 @@ def dying(self, *args):
 
 # Dies the moment rotation has deleted an old checkpoint's manifest (only rotation deletes
 # a manifest that exists): the directory is left half-deleted, as a preemption there would.
-DIE_IN_ROTATION = dies_in("agents.checkpoint.storage.local.LocalStorage", "delete_prefix",
+DIE_IN_ROTATION = dies_in("respawn.checkpoint.storage.local.LocalStorage", "delete_prefix",
                           'args[0].endswith("/MANIFEST.json") and self.exists(args[0])', before=False)
 
 
@@ -153,7 +153,7 @@ def test_a_live_writers_directory_survives_another_process_starting_and_its_save
 
 # Dies between writing a checkpoint's verdict and renaming it into place: the final
 # checkpoint is committed, so no commit will sweep its folder again.
-DIE_BEFORE_VERDICT_RENAME = dies_in("agents.checkpoint.storage.local.LocalWriter", "close",
+DIE_BEFORE_VERDICT_RENAME = dies_in("respawn.checkpoint.storage.local.LocalWriter", "close",
                                     f"self._final.name == {layout.VALIDATION!r}", before=True)
 
 

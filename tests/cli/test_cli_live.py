@@ -241,7 +241,7 @@ def test_cost_shows_spent_savings_and_each_instance(cli):
 
 
 def test_the_cli_never_imports_django():
-    code = "import sys, respawncli.__main__, respawncli.commands; print('django' in sys.modules)"
+    code = "import sys, respawn.cli.__main__, respawn.cli.commands; print('django' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert result.stdout.strip() == "False", result.stderr
 

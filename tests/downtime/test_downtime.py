@@ -7,7 +7,7 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from agents.protocol import CheckpointKind
+from respawn.protocol import CheckpointKind
 from jobs.core.choices import EndReason, InstanceState, InterruptionKind
 from jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
 from jobs.money.downtime import Timeline, job_downtime, split, total_s

@@ -12,12 +12,12 @@ from decimal import Decimal
 import pytest
 import requests
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import JobStatus, Role
 from jobs.core.transitions import transition_job
 from jobs.models import Job
 from jobs.money.seed_prices import seed_price_book
-from jobs.money.text import money_figures
+from respawn.vocabulary.money import money_figures
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_instance, make_team_with_members
 

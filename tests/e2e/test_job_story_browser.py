@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import JobStatus, Role
 from jobs.models import Checkpoint, Job
 from tests.e2e.browser import browser_page, evidence_on_failure, log_in

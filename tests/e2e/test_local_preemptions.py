@@ -20,7 +20,7 @@ from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
 STEPS, STEP_DELAY_S = 2400, 0.03
-TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
 def reference_digest(tmp_path: Path) -> str:
@@ -45,8 +45,8 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
                    checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0, allowed_clouds=["local"],
                    instance_types=["cpu-small"],
-                   validation_model_factory="agents.examples.tiny:make_model",
-                   validation_batch_factory="agents.examples.tiny:validation_batch")
+                   validation_model_factory="respawn.examples.tiny:make_model",
+                   validation_batch_factory="respawn.examples.tiny:validation_batch")
     job = run_to_the_end(job, env, tmp_path)
     assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
     assert job.preemptions >= 3

@@ -84,7 +84,7 @@ def test_a_late_checkpoint_of_an_ended_instance_moves_the_settled_figure(db):
 def test_spent_and_saved_add_up_to_on_demand_as_shown_however_small_the_figures():
     import random
 
-    from jobs.money.text import money_figures
+    from respawn.vocabulary.money import money_figures
 
     def amount(text: str) -> Decimal:
         return Decimal(text.split(" ")[0].replace("$", "").replace(",", ""))

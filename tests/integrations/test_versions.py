@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from agents.integrations._common import SUPPORTED
+from respawn.integrations._common import SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[2]
 # What importing each integration, or making its object, asks of the framework.
 IMPORTS = {
-    "transformers": "import agents.integrations.hf",
-    "lightning": "import agents.integrations.lightning",
-    "orbax-checkpoint": "import agents.integrations.jax",
-    "accelerate": "from agents.integrations.accelerate import SpotSafeState; SpotSafeState(None)",
+    "transformers": "import respawn.integrations.hf",
+    "lightning": "import respawn.integrations.lightning",
+    "orbax-checkpoint": "import respawn.integrations.jax",
+    "accelerate": "from respawn.integrations.accelerate import SpotSafeState; SpotSafeState(None)",
 }
 
 
@@ -42,6 +42,6 @@ def test_an_older_release_than_supported_is_refused_naming_it(distribution, tmp_
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     at_least, below, extra = SUPPORTED[distribution]
-    assert (f"ConfigError: {distribution} 0.1.0 is not supported by agents.integrations (it is built and tested "
+    assert (f"ConfigError: {distribution} 0.1.0 is not supported by respawn.integrations (it is built and tested "
             f"for {distribution}>={at_least},<{below})") in done.stderr, done.stderr[-2000:]
     assert f"pip install 'respawn[{extra}]'" in done.stderr

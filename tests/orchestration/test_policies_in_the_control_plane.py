@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.core.transitions import end_instance
 from jobs.fleet import orchestration
