@@ -62,7 +62,7 @@ def test_the_boot_installs_the_pinned_wheel_from_the_control_plane(booting, agen
     assert vm.path(AGENT_MARKER).read_text().strip() == agent_wheel.wheel_sha256
     lib = vm.path(AGENT_LIB)
     assert (lib / "respawn" / "checkpoint" / "__init__.py").exists()
-    assert sorted(p.name for p in lib.iterdir() if p.name != "bin") == ["respawn", "respawn_agent-0.1.0.dist-info"]
+    assert sorted(p.name for p in lib.iterdir() if p.name != "bin") == ["respawn", "respawn_ml-0.1.0.dist-info"]
     # The unit's command runs that copy of the agent, not one of the image's.
     agent = subprocess.run([str(vm.path("/usr/local/bin/respawn-agent")), "--help"], env=vm.env, cwd=vm.root,
                            capture_output=True, text=True, timeout=60)

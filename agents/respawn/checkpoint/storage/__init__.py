@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from .base import Storage, StorageError, UnknownSchemeError, Writer
@@ -23,15 +24,18 @@ def open_storage(uri: str) -> Storage:
 
         return LocalStorage(uri)
     if scheme == "s3":
-        from .s3 import S3Storage
+        with _sdk("s3", "boto3", ("boto3", "botocore")):
+            from .s3 import S3Storage
 
         return S3Storage(uri)
     if scheme == "gs":
-        from .gcs import GCSStorage
+        with _sdk("gcs", "google-cloud-storage", ("google",)):
+            from .gcs import GCSStorage
 
         return GCSStorage(uri)
     if scheme == "az":
-        from .azure import AzureBlobStorage
+        with _sdk("azure", "azure-storage-blob", ("azure",)):
+            from .azure import AzureBlobStorage
 
         return AzureBlobStorage(uri)
     raise UnknownSchemeError(f"unknown storage URI scheme {scheme!r} in {uri!r}: use a path, file://, s3://, gs:// or az://")
@@ -54,3 +58,16 @@ def rewrite_beside(storage: Storage, key: str, data: bytes) -> None:
         except FileNotFoundError:  # our temp file was swept by a concurrent writer of `key`
             if attempt == REWRITE_TRIES - 1:
                 raise
+
+
+@contextmanager
+def _sdk(extra: str, package: str, modules: tuple[str, ...]):
+    """A backend's SDK is an extra of the library (the base install carries no cloud SDK):
+    its absence is said as the install that fixes it."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in modules:
+            raise
+        raise StorageError(f"this storage needs {package}, which is not installed: "
+                           f"pip install 'respawn-ml[{extra}]'") from exc
