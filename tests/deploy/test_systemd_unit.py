@@ -22,7 +22,7 @@ URL = "https://cp.example.org/base%20path$HOME"
 VENV_AGENT = Path(sys.executable).with_name("respawn-agent")
 
 
-AGENT = AgentDist(version="0.1.0", wheel="respawn_agent-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
+AGENT = AgentDist(version="0.1.0", wheel="respawn_ml-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
                   requirements_sha256="cd" * 32)
 
 
@@ -41,7 +41,7 @@ def unit_text(script: str) -> str:
 
 def test_user_data_pins_the_wheel_and_never_names_an_index_package():
     script = rendered()
-    assert f"respawn_agent-0.1.0-py3-none-any.whl {'ab' * 32} {'cd' * 32}" in script
+    assert f"respawn_ml-0.1.0-py3-none-any.whl {'ab' * 32} {'cd' * 32}" in script
     assert "respawn[agent]" not in script and "pip install respawn" not in script
     assert '"--no-index", "--no-deps"' in script
     assert "systemctl daemon-reload" in script

@@ -1,6 +1,6 @@
 """An unsupported framework release is refused by name (issue 18, bad input): each
 integration checks the installed distribution's version before it imports the framework,
-against the same bounds as pyproject.toml's extras."""
+against the same bounds as the library's extras (agents/pyproject.toml)."""
 
 import re
 import subprocess
@@ -23,7 +23,7 @@ IMPORTS = {
 
 
 def test_the_supported_releases_are_those_the_extras_install():
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "agents" / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for distribution, (at_least, below, extra) in SUPPORTED.items():
         wanted = next(r for r in extras[extra] if re.match(rf"{re.escape(distribution)}\b(?!-)", r))
         assert wanted.replace(" ", "") == f"{distribution}>={at_least},<{below}", (extra, wanted)
@@ -44,4 +44,4 @@ def test_an_older_release_than_supported_is_refused_naming_it(distribution, tmp_
     at_least, below, extra = SUPPORTED[distribution]
     assert (f"ConfigError: {distribution} 0.1.0 is not supported by respawn.integrations (it is built and tested "
             f"for {distribution}>={at_least},<{below})") in done.stderr, done.stderr[-2000:]
-    assert f"pip install 'respawn[{extra}]'" in done.stderr
+    assert f"pip install 'respawn-ml[{extra}]'" in done.stderr

@@ -16,7 +16,7 @@ checkpoint's state.json names the framework that wrote it (DESIGN §11); each in
 refuses another's with IncompatibleCheckpointError.
 
 The frameworks are imported by these modules only, never by the agent or by
-`respawn.checkpoint` (extras `respawn[hf]`, `respawn[lightning]`, `respawn[jax]`); the
+`respawn.checkpoint` (extras `respawn-ml[hf]`, `respawn-ml[lightning]`, `respawn-ml[jax]`); the
 validator process (`python -m respawn.checkpoint.validate`) imports respawn.integrations.jax
 for a JAX checkpoint only, and respawn.integrations.accelerate (which imports no
 Accelerate) for an Accelerate one.

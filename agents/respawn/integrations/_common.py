@@ -19,13 +19,13 @@ from respawn.checkpoint.rotation import remove_torn
 from respawn.checkpoint.storage import open_storage
 
 
-# The releases each integration is built and tested against: the bounds of pyproject.toml's
-# extras (tests/integrations/test_versions.py holds them equal). Another release may save
-# or restore differently (a Trainer's resume, Orbax's args API), so it is refused by name
+# The releases each integration is built and tested against: the bounds of the library's
+# extras (agents/pyproject.toml; tests/integrations/test_versions.py holds them equal).
+# Another release may save or restore differently (a Trainer's resume, Orbax's args API), so it is refused by name
 # rather than trusted to checkpoint correctly.
 SUPPORTED = {
     "transformers": ("5.0", "6", "hf"),
-    "accelerate": ("1.0", "2", "hf"),
+    "accelerate": ("1.0", "2", "accelerate"),
     "lightning": ("2.4", "3", "lightning"),
     "orbax-checkpoint": ("0.12", "0.13", "jax"),
 }
@@ -43,7 +43,7 @@ def require_supported(distribution: str) -> str:
     if not _release(at_least) <= _release(installed) < _release(below):
         raise ConfigError(f"{distribution} {installed} is not supported by respawn.integrations (it is built and "
                           f"tested for {distribution}>={at_least},<{below}): install a supported release, e.g. "
-                          f"pip install 'respawn[{extra}]'")
+                          f"pip install 'respawn-ml[{extra}]'")
     return installed
 
 

@@ -31,7 +31,7 @@
   `eval_fn(state, batch) -> float` the loss. There is no default loss for JAX.
 
 Local storage only (a path or file://): Orbax writes the files itself. One process
-(`jax.process_count() == 1`). jax and orbax are imported here only (extra `respawn[jax]`).
+(`jax.process_count() == 1`). jax and orbax are imported here only (extra `respawn-ml[jax]`).
 """
 
 from __future__ import annotations
