@@ -7,7 +7,6 @@ import json
 import logging
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from jobs.core import nudges
@@ -24,18 +23,6 @@ log = logging.getLogger(__name__)
 
 class DrillConflict(Exception):
     """The job cannot be drilled now (409): no running instance of that rank, a drill in flight."""
-
-
-def caused_by_drill(instance_id: int | None) -> bool:
-    """Whether `instance_id` was interrupted by a drill (sent, or being sent, to its cloud):
-    its end is the drill's, no preemption. Another VM of the job reclaimed meanwhile is one."""
-    return instance_id is not None and Drill.objects.filter(
-        instance_id=instance_id, status__in=DrillStatus.INTERRUPTING).exists()
-
-
-def not_drilled() -> Q:
-    """Instances whose end no drill caused: what interruption rates and back-off learn from."""
-    return ~Q(pk__in=Drill.objects.filter(status__in=DrillStatus.INTERRUPTING).values("instance_id"))
 
 
 def drill_target(job: Job, rank: int) -> Instance | None:
