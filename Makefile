@@ -12,30 +12,38 @@ TEST_WORKERS ?= auto
 
 install: $(STAMP) agent-wheel
 
-# The agent's wheel cloud VMs install, built from this checkout's agents/ into var/dist
+# The library's wheel cloud VMs install, built from this checkout's agents/ into var/dist
 # (jobs/fleet/agent_dist.py): run again after changing agents/, so VMs get the change.
 agent-wheel: $(STAMP)
 	$(BIN)/python manage.py build_agent_wheel
 
-$(STAMP): pyproject.toml tests/emulators/package-lock.json
+# Two distributions, both editable: the trainer/agent library (agents/, import `respawn`)
+# and the control plane (this directory: jobs, frontend, controlplane) with the test tools.
+$(STAMP): pyproject.toml agents/pyproject.toml tests/emulators/package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build on local disk; an unpinned torch would download a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# A .venv from before the split holds the single distribution `respawn` (top-level
+	# agents, jobs, respawncli...): it goes, so nothing imports the old names from it.
+	$(BIN)/pip uninstall --quiet --yes respawn
+	$(BIN)/pip install --quiet -e ./agents -e '.[dev]'
 	npm ci --prefix tests/emulators --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
 demo: install
 	$(BIN)/python manage.py demo
 
+# .ci/system-setup installs the system packages the tests drive where it can (as root)
+# and, where it cannot, names in one line what this run leaves out.
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) $$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 
 # The whole suite on the embedded default (SQLite, the filesystem broker), whatever
 # this shell has configured: what a newcomer's `make test` runs.
 test-embedded: install
-	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest -n $(TEST_WORKERS) \
+		$$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 
 clean:
 	rm -rf var .pytest_cache

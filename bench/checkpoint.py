@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, ValidationSettings  # noqa: E402
-from agents.checkpoint import layout  # noqa: E402
-from agents.checkpoint.reader import CheckpointRef, load  # noqa: E402
-from agents.checkpoint.storage.local import LocalStorage  # noqa: E402
-from agents.checkpoint.validation import validate_loaded  # noqa: E402
+from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState, ValidationSettings  # noqa: E402
+from respawn.checkpoint import layout  # noqa: E402
+from respawn.checkpoint.reader import CheckpointRef, load  # noqa: E402
+from respawn.checkpoint.storage.local import LocalStorage  # noqa: E402
+from respawn.checkpoint.validation import validate_loaded  # noqa: E402
 
 WIDTH = 2048
 BATCH = 64

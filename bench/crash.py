@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.examples import crash_trials  # noqa: E402
+from respawn.examples import crash_trials  # noqa: E402
 
 
 def main() -> int:

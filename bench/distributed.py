@@ -14,7 +14,7 @@ inside save(), mean over steps, worst rank; divided by the step time.
 without save() (noisier: the difference of two sleeps' sums), and what one blocking
 all_gather of the same row on the same group costs (what every step paid before).
 
-DDP notice save (agents/checkpoint/sharded.py): 1, 2 and 4 gloo ranks each hold the
+DDP notice save (agents/respawn/checkpoint/sharded.py): 1, 2 and 4 gloo ranks each hold the
 same DDP replica of about `--state-mb` MB (weights and AdamW moments of 16 layers) and
 save it as a notice; time from a barrier to the last rank's committed outcome, median of
 `--trials`. Ratio: that time at N ranks / at 1 rank (the same state saved by one rank
@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402  (after the path insert)
 import torch.distributed as dist  # noqa: E402
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, ShardedCheckpointer, TrainState, init_process_group  # noqa: E402
-from agents.checkpoint import layout  # noqa: E402
-from agents.examples import dcp_loop, tiny  # noqa: E402
+from respawn.checkpoint import CheckpointConfig, Checkpointer, ShardedCheckpointer, TrainState, init_process_group  # noqa: E402
+from respawn.checkpoint import layout  # noqa: E402
+from respawn.examples import dcp_loop, tiny  # noqa: E402
 from tests.checkpoint.ranks import fork_ranks, run_gang, wait_all  # noqa: E402
 
 MAX_COORDINATION_RATIO = 0.01

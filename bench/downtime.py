@@ -25,7 +25,7 @@ save + boot + restore is what the preemption costs when done one after the other
 way it was before the replacement launched on the notice.
 --check: downtime / (save + boot + restore), summed over the noticed preemptions, <= 0.35.
 
-Row `elastic`: `--trials` times, a 3-node job (`agents.examples.dcp_loop`, DDP over gloo,
+Row `elastic`: `--trials` times, a 3-node job (`respawn.examples.dcp_loop`, DDP over gloo,
 sharded checkpoints) runs with a checkpoint, and one node's VM is killed outright
 (SIGKILL to all its processes); timed from the kill to the first step a node reports
 past the last step made before the kill (both arms redo the steps since their checkpoint
@@ -57,7 +57,7 @@ TARGET_RATIO = 0.35
 TARGET_ELASTIC = 0.5
 STEPS, STEP_DELAY_S = 3000, 0.03
 NODES = 3
-ELASTIC_TRAIN = [sys.executable, "-m", "agents.examples.dcp_loop", "--wrap", "ddp", "--steps", "1000000", "--every",
+ELASTIC_TRAIN = [sys.executable, "-m", "respawn.examples.dcp_loop", "--wrap", "ddp", "--steps", "1000000", "--every",
                  "10", "--global-batch", "6", "--step-delay", "0.05"]
 
 
@@ -252,7 +252,7 @@ def _run_job(var_dir: Path, time_limit_s: float):
     team, owner = _team()
     job = Job.objects.create(
         team=team, owner=owner, name="downtime", total_steps=STEPS, checkpoint_uri=str(var_dir / "ckpt"),
-        command=[sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", str(STEPS), "--step-delay-s",
+        command=[sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", str(STEPS), "--step-delay-s",
                  str(STEP_DELAY_S)],
         checkpoint_interval_s=10, allowed_clouds=["local"], instance_types=["cpu-small"], validation_enabled=False)
     give_up = time.monotonic() + time_limit_s

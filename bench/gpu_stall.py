@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState  # noqa: E402
+from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState  # noqa: E402
 from bench.checkpoint import WIDTH, Figure, drop, layers_for, make_model, notice_rounds, state_bytes, torch_save_fsync  # noqa: E402
 
 BASELINE_STEPS = 8

@@ -1,4 +1,4 @@
-"""What the framework integrations cost (agents/integrations), one row per framework.
+"""What the framework integrations cost (agents/respawn/integrations), one row per framework.
 
     python bench/integrations.py [--check] [--frameworks hf,lightning] [--n-embd 512] [--steps 40] [--every 8]
                                  [--trials 5] [--no-validation]
@@ -22,7 +22,7 @@ periodic saves every --every steps, and:
    three). --check: <= 1.5.
 
 3. validation of a causal-LM checkpoint: the validator's own code
-   (`agents.checkpoint.validate.main`, called in this process: read and verify the
+   (`respawn.checkpoint.validate.main`, called in this process: read and verify the
    checkpoint, build the model from its factory, load the weights, score the batch with
    the default shifted cross-entropy) divided by one training step of the same model
    (tiny_lm's TinyGPT, one block of width --n-embd) on the same batch (forward,
@@ -37,7 +37,7 @@ moves by 2-3x with what else the machine does.
 
 A framework is one entry in FRAMEWORKS: a function that runs the trial and returns
 the own-save times; the reports file gives the rest. JAX trains a Flax MLP of eight
---n-embd wide layers (agents/examples/jax_flax.py) with its saves through Orbax.
+--n-embd wide layers (agents/respawn/examples/jax_flax.py) with its saves through Orbax.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from notice import raw_write_s  # noqa: E402
 
-from agents.checkpoint import CheckpointConfig  # noqa: E402
+from respawn.checkpoint import CheckpointConfig  # noqa: E402
 
 MAX_STALL_RATIO = {"hf": 0.25, "lightning": 0.25, "jax": 1.0}
 OWN_SAVE = {"hf": "own sync save", "lightning": "own sync save", "jax": "Orbax's async save (blocking part)"}
@@ -81,8 +81,8 @@ def timed_thrice(save: Callable[[], None]) -> list[float]:
 def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from agents.examples.hf_trainer import Tokens, make_model
-    from agents.integrations.hf import spot_safe
+    from respawn.examples.hf_trainer import Tokens, make_model
+    from respawn.integrations.hf import spot_safe
 
     own: list[float] = []
 
@@ -104,10 +104,10 @@ def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> l
 def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
     import lightning as L
 
-    from agents.checkpoint import ResumableLoader
-    from agents.examples import tiny_lm
-    from agents.examples.lightning_module import LitLM
-    from agents.integrations.lightning import spot_safe
+    from respawn.checkpoint import ResumableLoader
+    from respawn.examples import tiny_lm
+    from respawn.examples.lightning_module import LitLM
+    from respawn.integrations.lightning import spot_safe
 
     own: list[float] = []
 
@@ -134,8 +134,8 @@ def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> 
     import jax
     import orbax.checkpoint as ocp
 
-    from agents.examples import jax_flax
-    from agents.integrations.jax import SpotSafe
+    from respawn.examples import jax_flax
+    from respawn.integrations.jax import SpotSafe
 
     layers = 8
     state, train_step, own = jax_flax.make_state(n_embd, layers), jax_flax.make_train_step(n_embd, layers), []
@@ -160,7 +160,7 @@ def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> 
 
 def bench_lm():
     """The validation row's model factory (`integrations:bench_lm`; bench/ is on sys.path)."""
-    from agents.examples import tiny_lm
+    from respawn.examples import tiny_lm
 
     return tiny_lm.TinyGPT(tiny_lm.Config(n_embd=int(os.environ[LM_WIDTH_ENV]), n_head=8))
 
@@ -172,9 +172,9 @@ def measure_validation(n_embd: int) -> tuple[float, str]:
 
     import torch
 
-    from agents.checkpoint import Checkpointer, TrainState, ValidationSettings
-    from agents.checkpoint.validate import main as validate
-    from agents.examples import tiny_lm
+    from respawn.checkpoint import Checkpointer, TrainState, ValidationSettings
+    from respawn.checkpoint.validate import main as validate
+    from respawn.examples import tiny_lm
 
     os.environ[LM_WIDTH_ENV] = str(n_embd)
     model = bench_lm()
@@ -194,7 +194,7 @@ def measure_validation(n_embd: int) -> tuple[float, str]:
             raise SystemExit(f"validation: the validator said {out.getvalue().strip()}")
 
     with tempfile.TemporaryDirectory(prefix="bench-validation-", dir=os.environ.get("BENCH_DIR")) as tmp:
-        settings = ValidationSettings(f"{Path(__file__).stem}:bench_lm", "agents.examples.tiny_lm:validation_batch")
+        settings = ValidationSettings(f"{Path(__file__).stem}:bench_lm", "respawn.examples.tiny_lm:validation_batch")
         train_step()  # the optimizer's moments exist, as in any checkpoint after step 1
         ckpt = Checkpointer(TrainState(model, optimizer), CheckpointConfig(uri=tmp, validation=settings, handle_signals=False))
         uri = ckpt.save(1, kind="final").uri

@@ -43,8 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents import protocol  # noqa: E402  (after the path insert)
-from agents.metadata_server import MetadataServer  # noqa: E402
+from respawn import protocol  # noqa: E402  (after the path insert)
+from respawn.metadata_server import MetadataServer  # noqa: E402
 from tests.agent.standin import StandInControlPlane  # noqa: E402
 
 MAX_LATENCY_RATIO = 1.2
@@ -59,7 +59,7 @@ def run_agent(work: Path, job: protocol.JobSpec, poll_s: float, on_running) -> S
     token.write_text("bench-bootstrap")
     token.chmod(0o600)
     argv = [
-        sys.executable, "-m", "agents", "run", "--control-plane-url", plane.url, "--bootstrap-token-file", str(token),
+        sys.executable, "-m", "respawn.agent", "run", "--control-plane-url", plane.url, "--bootstrap-token-file", str(token),
         "--provider", "aws", "--work-dir", str(work / "agent"), "--metadata-url", imds.url, "--notice-poll-s", str(poll_s),
         "--heartbeat-interval-s", "0.5", "--tick-s", "0.05", "--no-validate",
     ]
@@ -84,7 +84,7 @@ def job_spec(work: Path, command: list[str], env: dict[str, str] | None = None) 
 
 def latency_trial(root: Path, poll_s: float) -> float:
     work = Path(tempfile.mkdtemp(dir=root))
-    job = job_spec(work, [sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", "1000000", "--step-delay-s", "0.01"])
+    job = job_spec(work, [sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", "1000000", "--step-delay-s", "0.01"])
     visible_at = {}
 
     def notice(imds):
@@ -115,8 +115,8 @@ def raw_write_s(directory: Path, nbytes: int, settle_s: float = 0.0) -> float:
 
 
 TRAINERS = {
-    "plain": lambda hidden: ([sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", "1000000", "--hidden", str(hidden), "--batch", "1"], {}),
-    "library": lambda hidden: ([sys.executable, "-m", "agents.examples.tiny", "--steps", "1000000"], {"TINY_HIDDEN": str(hidden)}),
+    "plain": lambda hidden: ([sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", "1000000", "--hidden", str(hidden), "--batch", "1"], {}),
+    "library": lambda hidden: ([sys.executable, "-m", "respawn.examples.tiny", "--steps", "1000000"], {"TINY_HIDDEN": str(hidden)}),
 }
 
 

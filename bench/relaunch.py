@@ -110,7 +110,7 @@ def run(args, worker: subprocess.Popen, var_dir: Path) -> tuple[list[float], lis
     from django.contrib.auth.models import User
     from django.db import transaction
 
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from jobs.core.choices import InstanceState
     from jobs.fleet.placement import refresh_interval

@@ -26,7 +26,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.checkpoint.storage import open_storage  # noqa: E402
+from respawn.checkpoint.storage import open_storage  # noqa: E402
 
 MIB = 1024 * 1024
 TARGET_RATIO = 1.0

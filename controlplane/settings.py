@@ -228,7 +228,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
-        "CheckpointKindEnum": "agents.protocol.CheckpointKind.ALL",
+        "CheckpointKindEnum": "respawn.protocol.CheckpointKind.ALL",
         "InterruptionKindEnum": "jobs.core.choices.InterruptionKind.CHOICES",
         "DeliveryStatusEnum": "jobs.core.choices.DeliveryStatus.CHOICES",
         "JobStatusEnum": "jobs.core.choices.JobStatus.CHOICES",

@@ -30,8 +30,8 @@ from jobs.api.costs import job_cost_data, team_month_data
 from jobs.fleet.placement import interruption_rates
 from jobs.money import costs
 from jobs.money.curve import cost_curve
-from jobs.money.text import savings_text
-from jobs.money.text import usd as display_money
+from respawn.vocabulary.money import money_figures
+from respawn.vocabulary.money import usd as display_money
 
 JOB_TTL_S = 3600
 TEAM_TTL_S = 3600
@@ -53,8 +53,9 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
     newest = max(cost.work.values(), key=lambda w: w.billed_from, default=None)
     summary = {
         "spent": detail["spent"], "savings": detail["savings"], "waste": detail["waste"]["total"],
-        "spent_display": display_money(detail["spent"]), "waste_display": display_money(detail["waste"]["total"]),
-        "savings_display": savings_text(detail["savings"], detail["on_demand_baseline"]),
+        **{f"{key}_display": text for key, text in money_figures(
+            detail["spent"], detail["savings"], detail["on_demand_baseline"]).items()},
+        "waste_display": display_money(detail["waste"]["total"]),
         "waste_parts_display": waste_parts_display(detail["waste"]),
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
         "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
@@ -73,7 +74,7 @@ def waste_parts_display(waste: dict) -> str:
 
 
 KINDS = ("summary", "detail", "curve")
-DOCUMENTS_VERSION = 2  # in the keys: documents stored by an older release are not read (2: savings with their share)
+DOCUMENTS_VERSION = 3  # in the keys: documents stored by an older release are not read (2: savings with their share; 3: money_figures)
 
 
 def _stored_as(kind: str, settled_key: str) -> str:
@@ -158,8 +159,8 @@ def team_month(team, label: str, now: dt.datetime, *, live: list[tuple[int, int]
 
 def _settled_part(team, label: str, now: dt.datetime, live_jobs: set[int]) -> _SettledPart:
     _, start, end = costs.parse_month(label, now)
-    accelerators = {job_id: n for job_id, n in costs.month_jobs(team, start, end)
-                    .values_list("pk", "accelerator_count") if job_id not in live_jobs}
+    accelerators = {job_id: n for job_id, n in costs.accelerators_by_job(costs.month_jobs(team, start, end)).items()
+                    if job_id not in live_jobs}
     keys = costs.settled_keys(accelerators)
     settled = {job_id: key for job_id, key in keys.items() if key is not None}
     documents = job_money(settled, now)
@@ -177,8 +178,7 @@ def _settled_part(team, label: str, now: dt.datetime, live_jobs: set[int]) -> _S
 
 def _priced_part(team, label: str, now: dt.datetime, job_ids: set[int]) -> tuple[costs.MonthSum, str | None]:
     _, start, end = costs.parse_month(label, now)
-    accelerators = dict(costs.month_jobs(team, start, end).filter(pk__in=job_ids)
-                        .values_list("pk", "accelerator_count"))
+    accelerators = costs.accelerators_by_job(costs.month_jobs(team, start, end).filter(pk__in=job_ids))
     answers = costs.job_costs_or_errors(accelerators, now)
     errors = [str(a) for a in answers.values() if isinstance(a, costs.CostError)]
     if errors:

@@ -13,15 +13,19 @@ from frontend.money import WASTE_PARTS
 from frontend.views import page
 from jobs.api.report import TABLES, report_data
 from jobs.money.report import ReportError, savings_report
-from jobs.money.text import savings_text, usd
+from respawn.vocabulary.money import money_figures, usd
 
 
 def _displayed(data: dict) -> dict:
     """Money as people read it beside the exact strings the API gives."""
     for row in (*data["months"], *data["jobs"], data["totals"]):
-        row["savings_display"] = savings_text(row["savings"], row["on_demand_baseline"])
-        for name in ("spent", "on_demand_baseline", "waste"):
-            row[f"{name}_display"] = usd(row[name])
+        for name, text in money_figures(row["spent"], row["savings"], row["on_demand_baseline"]).items():
+            row[f"{name}_display"] = text
+        row["waste_display"] = usd(row["waste"])
+    # A year's range of a team that ran in two months: the other ten are rows of zeros. The
+    # CSV and JSON keep every month (a series); people read the months that had jobs.
+    data["empty_months"] = sum(1 for m in data["months"] if not m["jobs"])
+    data["months"] = [m for m in data["months"] if m["jobs"]]
     data["waste_rows"] = [{"kind": label, "usd": data["waste"][part], "display": usd(data["waste"][part])}
                           for part, label in WASTE_PARTS]
     return data

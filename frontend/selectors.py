@@ -19,7 +19,7 @@ from frontend.money import display_money
 from jobs.core.choices import FailureCause, JobStatus, Market
 from jobs.models import PriceQuote, Team, failure_headline
 from jobs.money import costs
-from jobs.money.text import savings_text
+from respawn.vocabulary.money import money_figures
 
 JOBS_PER_PAGE = 25
 COUNTED_PAST = 1000  # a list counts this many jobs past the page shown, not a team's whole history
@@ -223,9 +223,9 @@ def team_status(team_id: int, month: str | None, *also: reads.Read,
     money = month_money.money
     if money:
         money = dict(money)
-        for key in ("spent", "savings", "waste", "on_demand_baseline"):
-            money[f"{key}_display"] = display_money(money[key])
-        money["savings_display"] = savings_text(money["savings"], money["on_demand_baseline"])
+        for key, text in money_figures(money["spent"], money["savings"], money["on_demand_baseline"]).items():
+            money[f"{key}_display"] = text
+        money["waste_display"] = display_money(money["waste"])
         money["budget_display"] = display_money(money["budget"]) if money["budget"] else "no budget"
         money["budget_used_pct"] = (min(999, round(100 * Decimal(money["spent"]) / Decimal(money["budget"])))
                                     if money["budget"] and Decimal(money["budget"]) > 0 else None)

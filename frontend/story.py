@@ -3,7 +3,7 @@ interval is what it is, and where the job was preempted and where it resumed."""
 
 from __future__ import annotations
 
-from agents.notices.base import notice_budget_s
+from respawn.notices.base import notice_budget_s
 from jobs.core.choices import EndReason
 
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
@@ -38,6 +38,12 @@ def interval_words(interval: dict, where: dict) -> str:
     mtbi = interval["unnoticed_mtbi_s"]
     interruptions = (f"mean time between interruptions without a notice ~{duration_words(mtbi)} on {place}"
                      if mtbi is not None else f"no interruption without a notice expected on {place}")
+    every = interval.get("mtbi_s")  # absent from intervals stored before it was
+    if every is not None and (mtbi is None or mtbi > 2 * every):
+        # VMs reclaimed every 2 minutes with a notice: saying only "~234 days" would contradict them.
+        interruptions = (f"interrupted every ~{duration_words(every)} on {place}, mostly with a notice a save "
+                         f"meets; " + (f"without one ~{duration_words(mtbi)}" if mtbi is not None
+                                      else "none without one expected"))
     why = SOURCES.get(interval["source"], interval["source"]).format(duration_words(interval["young_daly_s"]))
     return (f"every {duration_words(interval['seconds'])}: measured save cost "
             f"{duration_words(interval['checkpoint_cost_s'])}, {interruptions} ({why})")

@@ -85,7 +85,7 @@ class ApiToken(models.Model):
 
 class SourceArchive(models.Model):
     """A job's code as uploaded: a deterministic tar.gz of a working directory, named by
-    its SHA-256 (agents/sourcetree.py). A team's row says it uploaded these bytes, so a
+    its SHA-256 (agents/respawn/sourcetree.py). A team's row says it uploaded these bytes, so a
     job may name them; the bytes are stored once per digest (jobs.core.sources), and a
     tree submitted again is not uploaded again."""
 

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs.core.choices import InstanceState, JobStatus
-from jobs.core.services import heartbeat_timeout
+from jobs.core.services import expire_pending_validations, heartbeat_timeout
 from jobs.fleet import orchestration
 from jobs.fleet.providers.base import TransientError
 from jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
@@ -126,6 +126,7 @@ def reconcile() -> int:
     orchestration.grow_elastic_gangs()
     orchestration.release_stopped_disks()
     orchestration.resend_lost_launches()
+    expire_pending_validations(now, settings.RESPAWN["RECONCILE_BATCH"])
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():
         budget.warn_over_budget(team)
     notify_events.sweep(now)

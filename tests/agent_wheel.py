@@ -19,8 +19,9 @@ CACHE = Path(tempfile.gettempdir()) / "respawn-test-agent-dist"
 
 def source_key() -> str:
     digest = hashlib.sha256("\n".join(agent_dist.pinned_requirements()).encode())
-    for path in sorted(agent_dist.PACKAGE_ROOT.rglob("*.py")):
-        digest.update(str(path.relative_to(agent_dist.PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    files = sorted(agent_dist.PACKAGE_ROOT.rglob("*.py")) + [agent_dist.LIBRARY_ROOT / name for name in agent_dist.LIBRARY_FILES]
+    for path in files:
+        digest.update(str(path.relative_to(agent_dist.LIBRARY_ROOT)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -31,6 +31,28 @@ def pytest_sessionstart(session):
                 pytest.exit(f"CI: {var}={value!r} is not a {scheme} URL", returncode=3)
 
 
+# Fixtures through which a test reaches the database (and so the broker: a Celery task
+# is sent on a transaction's commit, a worker shares the test's database).
+STORE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+                            "live_server", "client", "admin_client", "django_user_model"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """RESPAWN_TEST_SCOPE=store keeps the tests that use the database or the broker: the
+    suite's second CI run (.ci/run), on the embedded default, where only those differ
+    from the first run's PostgreSQL and Redis. A test that reads their configuration
+    without a database fixture says so with the `store` marker."""
+    if os.environ.get("RESPAWN_TEST_SCOPE") != "store":
+        return
+    keep, drop = [], []
+    for item in items:
+        uses = STORE_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db") \
+            or item.get_closest_marker("store")
+        (keep if uses else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     # One test database per pytest process, so concurrent runs never share one.

@@ -6,6 +6,7 @@ imports included: an import that runs late still ties two modules together."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -13,9 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_TIER = ("jobs.api", "jobs.tasks", "jobs.management", "frontend")
-# Modules the simulator, the CLI and the providers' emulator tests import without Django.
-DJANGO_FREE = ("jobs.fleet.policies", "jobs.fleet.providers", "jobs.money.ledger", "jobs.money.pricebook",
-               "jobs.money.text")
+# Modules the simulator and the providers' emulator tests import without Django (the CLI's
+# share is in the library, respawn.vocabulary: test_the_library_imports_nothing_of_the_server).
+DJANGO_FREE = ("jobs.fleet.policies", "jobs.fleet.providers", "jobs.money.ledger", "jobs.money.pricebook")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -143,3 +144,39 @@ def test_work_the_core_sends_by_name_reaches_a_task():
 
     sent = {value for name, value in vars(nudges).items() if name.isupper()}
     assert sent and sent <= set(current_app.tasks)
+
+
+# ---- the library's namespace (DESIGN §12) ------------------------------------------------------
+
+LIBRARY_ROOT = ROOT / "agents"  # the library's source root: its package is agents/respawn
+SERVER = ("jobs", "controlplane", "frontend", "django", "rest_framework", "celery", "boto3", "google.cloud", "azure")
+
+
+def python_files() -> list[Path]:
+    skip = {".venv", "node_modules", "var", "build", ".git"}
+    return [p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts)]
+
+
+def test_no_module_imports_a_top_level_agents():
+    """`agents` is another project's import name (openai-agents): ours is `respawn`."""
+    wrong = set()
+    for path in python_files():
+        module = module_name(path, LIBRARY_ROOT if path.is_relative_to(LIBRARY_ROOT) else ROOT)
+        wrong |= {(str(path.relative_to(ROOT)), name) for name in imported_names(path, module) if under(name, ["agents"])}
+        if path != Path(__file__).resolve() and re.search(r"""-m agents\b|["']-m["'], ["']agents["']""", path.read_text()):
+            wrong.add((str(path.relative_to(ROOT)), "-m agents"))
+    assert not wrong
+
+
+def test_the_library_imports_nothing_of_the_server():
+    """The library runs on VMs and in training images, and the CLI on laptops: no server
+    module, no Django or Celery, and a cloud SDK only inside the storage backend that needs
+    it, which `open_storage` imports when a URI of its scheme is opened."""
+    backends = {"respawn.checkpoint.storage.s3", "respawn.checkpoint.storage.gcs", "respawn.checkpoint.storage.azure"}
+    wrong = set()
+    for path in (LIBRARY_ROOT / "respawn").rglob("*.py"):
+        module = module_name(path, LIBRARY_ROOT)
+        names = imported_names(path, module)
+        forbidden = SERVER[:6] if module in backends else SERVER
+        wrong |= {(module, name) for name in names if under(name, forbidden)}
+    assert not wrong

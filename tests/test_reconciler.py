@@ -9,7 +9,7 @@ import pytest
 import redis
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
 from jobs.tasks import reconcile
@@ -156,6 +156,7 @@ def test_beat_and_worker_on_redis_mark_a_silent_instance_lost(child_env, web_ser
     assert "jobs.tasks.reconcile" in worker.output() and "succeeded" in worker.output()
 
 
+@pytest.mark.store
 def test_each_test_run_sends_its_tasks_under_its_own_broker_keys():
     """Concurrent runs sharing a Redis (two checkouts, parallel sessions) never run each
     other's tasks: this run's queue lives under its own key prefix, as a deployment's

@@ -22,8 +22,8 @@ from rest_framework import exceptions, fields, negotiation, permissions, rendere
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import protocol
-from agents.sourcetree import MEDIA_TYPE
+from respawn import protocol
+from respawn.sourcetree import MEDIA_TYPE
 from jobs.api import checkpoint_trust, parsing
 from jobs.api.errors import PayloadTooLarge, Unauthorized
 from jobs.core import secret_env, services, sources, trackers

@@ -11,7 +11,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import serializers
 
-from agents.sourcetree import DIGEST_PREFIX, DIGEST_RE
+from respawn.sourcetree import DIGEST_PREFIX, DIGEST_RE
 from jobs.core.choices import FailureCause
 from jobs.core.services import create_job
 from jobs.fleet import catalog
@@ -19,8 +19,8 @@ from jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, JobEvent,
                          WorldSize)
 from jobs.money import downtime
 from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
-from respawncli.names import closest_name
-from respawncli.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
+from respawn.vocabulary.names import closest_name
+from respawn.vocabulary.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 KNOWN_CLOUDS = ("aws", "gcp", "azure", "local")
@@ -67,7 +67,7 @@ def _string_list(value, field, *, allow_empty=True):
 class RefusesUnknownFields:
     """A body key that is no writable field is refused (400 naming it), not dropped:
     dropped, a misspelt `totl_steps` made a job with no total. The suggestion is the
-    one the CLI's job-file check makes (respawncli.names)."""
+    one the CLI's job-file check makes (respawn.vocabulary.names)."""
 
     def to_internal_value(self, data):
         if isinstance(data, Mapping):
@@ -194,6 +194,10 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
         if attrs.get("spare_on_rebalance") and attrs.get("nodes", 1) > 1:
             raise serializers.ValidationError({"spare_on_rebalance": [
                 "spares are launched for one-node jobs only: a gang keeps saving together on a notice"]})
+        if not (attrs.get("validation_model_factory") and attrs.get("validation_batch_factory")):
+            # Nothing to validate with: `show` would say "validation_enabled yes" of checkpoints
+            # that are all recorded `skipped`.
+            attrs["validation_enabled"] = False
         return attrs
 
     def _source_archive(self, attrs) -> SourceArchive | None:
@@ -466,10 +470,13 @@ class InterruptionRateSerializer(serializers.Serializer):
     zone = serializers.CharField()
     instance_type = serializers.CharField()
     market = serializers.CharField()
-    per_hour = serializers.FloatField(help_text="Posterior mean interruptions per hour.")
+    per_hour = serializers.FloatField(help_text="Posterior median interruptions per hour: the point estimate, inside "
+                                                "its 90 % credible interval.")
+    mean_per_hour = serializers.FloatField(help_text="Posterior mean, what placement's expected cost uses; on thin "
+                                                     "evidence it may lie outside the interval.")
     per_hour_low = serializers.FloatField(help_text="Lower end of the rate's 90 % credible interval, per hour.")
     per_hour_high = serializers.FloatField(help_text="Upper end of the rate's 90 % credible interval, per hour.")
-    mtbi_hours = serializers.FloatField(allow_null=True)
+    mtbi_hours = serializers.FloatField(allow_null=True, help_text="Hours between interruptions at per_hour.")
     usable_notice_fraction = serializers.FloatField()
     events = serializers.IntegerField(help_text="Interruptions of your teams' instances counted in the window "
                                                 "(the estimate pools every team's).")

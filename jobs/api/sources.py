@@ -16,7 +16,7 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.sourcetree import DIGEST_PREFIX, DIGEST_RE, MEDIA_TYPE
+from respawn.sourcetree import DIGEST_PREFIX, DIGEST_RE, MEDIA_TYPE
 from jobs.api.errors import PayloadTooLarge
 from jobs.api.filters import IdField
 from jobs.core import sources
@@ -74,7 +74,7 @@ class SourceView(APIView):
     @extend_schema(parameters=[TEAM_PARAMETER], request={MEDIA_TYPE: OpenApiTypes.BINARY},
                    responses={200: SourceAnswerSerializer, 201: SourceAnswerSerializer, 413: None})
     def put(self, request, digest: str):
-        """Upload the archive (a gzip'd tar, agents/sourcetree.py) under its SHA-256, with a
+        """Upload the archive (a gzip'd tar, agents/respawn/sourcetree.py) under its SHA-256, with a
         Content-Length. 201 when stored now; 200 when the team had it (the body is not read)."""
         sha256, team_id = self._sha256(digest), self._team_id(request)
         known = sources.find(team_id, sha256)

@@ -14,9 +14,10 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from agents.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
+from respawn.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
 from jobs.core import nudges, secret_env
 from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
@@ -279,6 +280,9 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
         checkpoint_id=checkpoint_id, defaults={"job_id": instance.job_id, "instance": instance, **verdict, **fields})
     if not created:
         return checkpoint, False
+    # A checkpoint of step N proves its VM trained to N: the curve's mark of the VM's end sits
+    # at its notice save, not at the last heartbeat before it (one comes every 10 s).
+    Instance.objects.filter(pk=instance.pk).update(last_step=Greatest("last_step", checkpoint.step))
     job = Job.objects.select_for_update(of=("self",)).select_related("newest_checkpoint").get(pk=instance.job_id)
     if job.newest_checkpoint is None or checkpoint.step >= job.newest_checkpoint.step:
         Job.objects.filter(pk=job.pk).update(newest_checkpoint=checkpoint)
@@ -304,6 +308,20 @@ def record_checkpoint(instance: Instance, **fields) -> tuple[Checkpoint, bool]:
         # After this transaction too: the regroup writes the nodes' rows before the job's.
         transaction.on_commit(lambda: grow_with_joiners(job.pk))
     return checkpoint, True
+
+
+def expire_pending_validations(now, batch: int) -> int:
+    """Checkpoints no validator will ever judge are recorded `skipped`, saying why, rather
+    than `pending` forever: their VM ended and its grace window for reports has passed (a
+    VM stops validating at a notice; a resume validates only the checkpoint it loads). A
+    verdict that still comes later replaces this one. Returns how many were recorded."""
+    cutoff = now - timedelta(seconds=settings.RESPAWN["FENCE_GRACE_S"])
+    stale = list(Checkpoint.objects.filter(validation=ValidationResult.PENDING, instance__state=InstanceState.ENDED,
+                                           instance__ended_at__lt=cutoff).values_list("pk", flat=True)[:batch])
+    return Checkpoint.objects.filter(pk__in=stale, validation=ValidationResult.PENDING).update(
+        validation=ValidationResult.SKIPPED, validated_at=now,
+        validation_message="not validated: its VM ended before a verdict came (a notice stops the VM's validator; "
+                           "a resume validates the checkpoint it loads)")
 
 
 def record_validation(checkpoint: Checkpoint, *, result: str, loss, message: str) -> None:
@@ -490,7 +508,7 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
     """Make `nodes` (in rank order) the job's gang: ranks 0..n-1 of world size n, a fresh
     rendezvous, the newest usable checkpoint to resume from (resharded by the trainer's
     checkpointer), and a new generation, which their heartbeat answers carry: each agent
-    then restarts its trainer (agents.agent.lifecycle). A node not yet registered learns
+    then restarts its trainer (respawn.agent.lifecycle). A node not yet registered learns
     it all from its register answer. Ranks only move down, so taking the rows in rank
     order keeps one live instance per slot at every statement, and the job's row is
     written only after them (a survivor's heartbeat locks its instance, then the job:

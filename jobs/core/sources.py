@@ -4,7 +4,7 @@ job's VMs on the agent API (`GET source`), which check the digest the job spec p
 
 An upload is read to a temporary file while its SHA-256 is computed, refused unless
 that is the digest it was sent under, then unpacked into a scratch directory with the
-agent's own `agents.sourcetree.unpack` (so an archive a VM could not unpack safely is
+agent's own `respawn.sourcetree.unpack` (so an archive a VM could not unpack safely is
 refused here, naming the member), and only then moved into place: a stored file is
 always whole and always the bytes its name says."""
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from agents.sourcetree import CHUNK_BYTES, BadArchive, unpack
+from respawn.sourcetree import CHUNK_BYTES, BadArchive, unpack
 from jobs.models import SourceArchive
 
 

@@ -1,11 +1,11 @@
-"""A job's experiment-tracker run: its id (handed to every VM, agents/trackers.py) and where
+"""A job's experiment-tracker run: its id (handed to every VM, agents/respawn/trackers.py) and where
 the job page links to it when the job's env names a tracker."""
 
 from __future__ import annotations
 
 from urllib.parse import quote, urlsplit
 
-from agents.protocol import ENV_RUN_ID, MLFLOW_RUN_TAG
+from respawn.protocol import ENV_RUN_ID, MLFLOW_RUN_TAG
 
 WANDB_DEFAULT_URL = "https://wandb.ai"
 
@@ -28,7 +28,7 @@ def links(job) -> list[dict[str, str]]:
 
     W&B: the run page (`<base>/<entity>/<project>/runs/<id>`) when the env names the
     entity and project. MLflow: the run's id is the tracking server's own, made on the
-    first VM (agents/trackers.py), so the link is the experiment's run list filtered on
+    first VM (agents/respawn/trackers.py), so the link is the experiment's run list filtered on
     the tag every VM finds the run by; without an experiment id in the env, the server's
     front page."""
     env, found = job.env or {}, []

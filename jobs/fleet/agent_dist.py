@@ -1,10 +1,11 @@
 """The agent's wheel, built from this checkout and served to VMs (DESIGN §11).
 
 A VM never installs our name from a package index: anyone may publish a
-`respawn` there. `build` makes a wheel of `agents/` alone (distribution
-`respawn-agent`) and a requirements file pinning every package the agent
-imports, and their own dependencies, to the versions installed beside this
-control plane; `agent.json` names both with their SHA-256. Both are stored and
+`respawn` there. `build` makes the library distribution's wheel (`respawn-ml`,
+agents/pyproject.toml, import `respawn`) as `pip wheel agents/` would, and a
+requirements file pinning every package the agent imports, and their own
+dependencies, to the versions installed beside this control plane (the VM installs
+the wheel with --no-deps: those pins, not the wheel's ranges, are what it gets); `agent.json` names both with their SHA-256. Both are stored and
 served under names made of their digest, and a rebuild leaves the earlier ones:
 a VM launched before a redeploy and booting after it still finds the files its
 user data pins. The worker pins
@@ -33,9 +34,9 @@ from pathlib import Path
 from django.conf import settings
 from packaging.requirements import Requirement
 
-import agents
+import respawn
 
-DIST_NAME = "respawn-agent"
+DIST_NAME = "respawn-ml"
 MANIFEST = "agent.json"
 SERVED = re.compile(r"respawn-agent-[0-9a-f]{64}\.(whl|requirements\.txt)")
 # What the agent process imports beyond the standard library: its HTTP client, the
@@ -45,7 +46,10 @@ SERVED = re.compile(r"respawn-agent-[0-9a-f]{64}\.(whl|requirements\.txt)")
 AGENT_DEPENDENCIES = ("requests", "xxhash", "boto3", "google-cloud-storage", "azure-storage-blob", "azure-identity")
 # 1980-01-01, the earliest time a zip entry can hold.
 REPRODUCIBLE_EPOCH = "315532800"
-PACKAGE_ROOT = Path(agents.__file__).resolve().parent
+PACKAGE_ROOT = Path(respawn.__file__).resolve().parent
+# The library's source root (agents/): its pyproject.toml and README beside the package.
+LIBRARY_ROOT = PACKAGE_ROOT.parent
+LIBRARY_FILES = ("pyproject.toml", "README.md")
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,9 @@ def current() -> AgentDist:
         dist = AgentDist(**json.loads((dist_dir() / MANIFEST).read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise NoAgentDist(f"no agent wheel in {dist_dir()} ({exc}); run `manage.py build_agent_wheel`") from None
-    if dist.version != agents.__version__:
+    if dist.version != respawn.__version__:
         raise NoAgentDist(f"the agent wheel in {dist_dir()} is version {dist.version}, this control plane's agent "
-                          f"is {agents.__version__}; run `manage.py build_agent_wheel`")
+                          f"is {respawn.__version__}; run `manage.py build_agent_wheel`")
     return dist
 
 
@@ -133,18 +137,26 @@ def build(out_dir: Path | None = None) -> AgentDist:
     out_dir = out_dir or dist_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     pins = pinned_requirements()
+    missing = [name for name in LIBRARY_FILES if not (LIBRARY_ROOT / name).is_file()]
+    if missing:
+        raise NoAgentDist(f"{LIBRARY_ROOT} holds no {' or '.join(missing)}: the library's wheel is built from its "
+                          f"source root (agents/ of a checkout, installed editable)")
     with tempfile.TemporaryDirectory(prefix="respawn-agent-build-") as tmp:
+        # A copy: a build in place would leave build/ and *.egg-info in the source tree.
         staging = Path(tmp) / "src"
-        shutil.copytree(PACKAGE_ROOT, staging / "agents", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        (staging / "pyproject.toml").write_text(_pyproject(pins))
+        shutil.copytree(PACKAGE_ROOT, staging / "respawn", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in LIBRARY_FILES:
+            shutil.copyfile(LIBRARY_ROOT / name, staging / name)
         wheels = Path(tmp) / "wheels"
         env = {**os.environ, "SOURCE_DATE_EPOCH": REPRODUCIBLE_EPOCH, "PIP_NO_INPUT": "1"}
         subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                         "--no-index", "--wheel-dir", str(wheels), str(staging)], check=True, env=env)
         (built,) = wheels.glob("*.whl")
+        if not built.name.startswith(f"{DIST_NAME.replace('-', '_')}-{respawn.__version__}-"):
+            raise NoAgentDist(f"{LIBRARY_ROOT}/pyproject.toml built {built.name}, not {DIST_NAME} {respawn.__version__}")
         requirements = Path(tmp) / "requirements.txt"
         requirements.write_text("".join(f"{pin}\n" for pin in pins))
-        dist = AgentDist(version=agents.__version__, wheel=built.name, wheel_sha256=sha256_of(built),
+        dist = AgentDist(version=respawn.__version__, wheel=built.name, wheel_sha256=sha256_of(built),
                          requirements_sha256=sha256_of(requirements))
         shutil.copyfile(built, out_dir / dist.wheel_file)
         shutil.copyfile(requirements, out_dir / dist.requirements_file)
@@ -154,22 +166,3 @@ def build(out_dir: Path | None = None) -> AgentDist:
     partial.replace(manifest)
     return dist
 
-
-def _pyproject(pins: list[str]) -> str:
-    dependencies = ", ".join(json.dumps(pin) for pin in pins)
-    return "\n".join([
-        "[build-system]",
-        'requires = ["setuptools>=68"]',
-        'build-backend = "setuptools.build_meta"',
-        "[project]",
-        f'name = "{DIST_NAME}"',
-        f'version = "{agents.__version__}"',
-        'description = "Respawn\'s agent and checkpoint library, built by the control plane for its VMs."',
-        'requires-python = ">=3.11"',
-        f"dependencies = [{dependencies}]",
-        "[project.scripts]",
-        'respawn-agent = "agents.__main__:main"',
-        "[tool.setuptools.packages.find]",
-        'include = ["agents*"]',
-        "",
-    ])

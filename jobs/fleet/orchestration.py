@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
-from agents.protocol import Action, Purpose
+from respawn.protocol import Action, Purpose
 from jobs.core import nudges
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
 from jobs.core.services import (after_instance_ended, current_world_size, end_notice_hold, enqueue_terminate,
@@ -141,6 +141,10 @@ def provision(job: Job) -> list[int]:
 
 
 def _wait(job: Job, reason: str) -> None:
+    """`job` waits, saying why and when it is tried again (placement names a back-off's end;
+    a limit or a budget is looked at again on the next scheduling pass)."""
+    if "next try at" not in reason:
+        reason = f"{reason}; {placements.next_try(None, timezone.now())}"
     if job.status == JobStatus.QUEUED:
         Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(status_reason=reason)
     elif job.status == JobStatus.RECOVERING:
@@ -425,7 +429,7 @@ def launch(instance_id: int) -> None:
         _capacity_error(instance, placement, str(exc))
         return
     except PrecheckError as exc:
-        _precheck_failed(instance, str(exc))
+        _precheck_failed(instance, str(exc), FailureCause.CONTROLLER if exc.ours else FailureCause.PRECHECKS)
         return
     # A spot VM the cloud would stop, not delete, on eviction keeps a billed disk: say which.
     disk = cloud.stopped_storage_sku if instance.market == Market.SPOT else ""
@@ -458,12 +462,16 @@ def _capacity_error(instance: Instance, placement, message: str) -> None:
     nudge_schedule()
 
 
-def _precheck_failed(instance: Instance, message: str) -> None:
+def _precheck_failed(instance: Instance, message: str, cause: str = FailureCause.PRECHECKS) -> None:
+    """The launch was refused. `cause` CONTROLLER: the refusal was of the control plane's
+    own choice (PrecheckError.ours), and the message says so rather than blame the job."""
     waiting = JobStatus.FINISHING if instance.purpose == Purpose.POST else JobStatus.PROVISIONING
+    if cause == FailureCause.CONTROLLER:
+        message = f"Respawn placed this VM where {instance.provider} refused it (not your job's spec): {message}"
     with transaction.atomic():
         _end_gang(instance.job_id, EndReason.FAILED, f"launch refused: {message}")
-        transition_job(instance.job_id, waiting, JobStatus.FAILED, message="launch refused by the cloud",
-                       failure_cause=FailureCause.PRECHECKS, failure_message=message[:8000])
+        transition_job(instance.job_id, waiting, JobStatus.FAILED, message=f"launch refused by {instance.provider}",
+                       failure_cause=cause, failure_message=message[:8000])
 
 
 def _end_gang(job_id: int, end_reason: str, message: str) -> None:

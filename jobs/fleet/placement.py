@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from statistics import fmean
 
@@ -28,13 +28,14 @@ from jobs.fleet.policies.rates import (Lifetime, RateEstimate, RatePrior, estima
 from jobs.drills.counting import caused_by_drill, not_drilled
 from jobs.fleet.providers.base import Placement
 from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
-from jobs.money import costs
+from jobs.money import costs, downtime
 
 LIFETIME_WINDOW = timedelta(days=30)
 EVENT_WINDOW = timedelta(hours=2)
 DEFAULT_CHECKPOINT_COST_S = 10.0
 DEFAULT_RESTART_S = 360.0  # boot + restore before anything is measured ("Can't Be Late" uses 6 min)
 DEFAULT_WORK_S = 3600.0
+MIN_RECORD_S = 60.0  # wall time on a market before the job's own record there replaces the model
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
 # What the estimates every team's placement shares learn from: what the control plane saw
 # (a VM silent past its deadline), or a preemption the cloud confirmed. An agent's word
@@ -58,8 +59,21 @@ class Choice:
 
 
 def default_zone(provider: str, region: str) -> str:
-    """A region-wide quote is placed in the region's first zone."""
+    """A region-wide quote is placed in the region's first zone (local: the first zone the
+    local provider is configured with; its price book prices on-demand region-wide)."""
+    if provider == "local":
+        return local_zones()[0]
     return {"aws": f"{region}a", "gcp": f"{region}-a", "azure": "1"}.get(provider, region)
+
+
+def local_zones() -> tuple[str, ...]:
+    """The zones the local provider is configured with (its default: local-a..c)."""
+    from dataclasses import fields
+
+    from jobs.fleet.providers.local import LocalConfig
+
+    default = next(f.default for f in fields(LocalConfig) if f.name == "zones")
+    return tuple(settings.RESPAWN["PROVIDER_CONFIG"].get("local", {}).get("zones") or default)
 
 
 def priced_placements(job: Job, market: str, now) -> list[PricedPlacement]:
@@ -112,11 +126,38 @@ def rate_for(key: tuple, found: dict[tuple, list[Lifetime]]) -> RateEstimate:
 
 
 def placement_events(now) -> list[PlacementEvent]:
-    """Capacity errors and preemptions of the last hours, for the back-off rules."""
+    """Capacity errors and preemptions of the last hours, for the back-off rules; a
+    preemption whose notice save committed in time is marked `saved` (it lost no work)."""
     recent = Instance.objects.filter(ended_at__gte=now - EVENT_WINDOW).filter(
         Q(end_reason=EndReason.CAPACITY_ERROR) | SEEN_INTERRUPTED)
+    saved = set(InterruptionEvent.objects.filter(kind=InterruptionKind.NOTICE, checkpoint_saved=True,
+                                                 instance__in=recent).values_list("instance_id", flat=True))
     return [PlacementEvent(key=_key(i), kind="capacity_error" if i.end_reason == EndReason.CAPACITY_ERROR
-                           else "preempted", at=i.ended_at.timestamp()) for i in recent]
+                           else "preempted", at=i.ended_at.timestamp(), saved=i.pk in saved) for i in recent]
+
+
+@dataclass(frozen=True)
+class OwnRecord:
+    """What the job's own VMs showed, which placement trusts over priors: its downtime per
+    interruption, and per market the share of its VMs' wall time that became kept work."""
+
+    restart_s: float
+    kept_fraction: dict[str, float]
+
+
+def own_record(job: Job, now) -> OwnRecord:
+    done = [d.total_s for d in downtime.job_downtime(job.pk, now)[1] if not d.ongoing]
+    wall, kept = defaultdict(float), defaultdict(float)
+    try:
+        work = costs.job_cost(job.pk, now).work
+    except costs.CostError:  # a price book that cannot price the job: nothing learnt, priors it is
+        work = {}
+    markets = dict(job.instances.filter(pk__in=list(work)).values_list("pk", "market"))
+    for pk, w in work.items():
+        wall[markets[pk]] += ((w.billed_to or now) - w.billed_from).total_seconds()
+        kept[markets[pk]] += w.steps_kept * float(w.seconds_per_step)
+    return OwnRecord(restart_s=fmean(done) if done else DEFAULT_RESTART_S,
+                     kept_fraction={m: min(kept[m] / s, 1.0) for m, s in wall.items() if s >= MIN_RECORD_S})
 
 
 def seconds_per_step(job: Job) -> float | None:
@@ -149,26 +190,52 @@ def choose(job: Job, now=None, leaving: Instance | None = None) -> Choice:
     now = now or timezone.now()
     found = lifetimes(now)
     events = placement_events(now)
-    markets = _markets(job, now, found)
+    record = own_record(job, now)
+    markets = _markets(job, now, found, record)
     if markets is None:
-        return Choice(None, "waiting: spot has no capacity now and the deadline's slack still covers waiting")
-    priced = [p for m in markets for p in priced_placements(job, m, now)]
-    by_key = {_key(p.placement): p for p in priced}
-    options = [Option(provider=p.placement.provider, region=p.placement.region, zone=p.placement.zone,
-                      instance_type=p.placement.instance_type, market=p.placement.market,
-                      price_per_hour=float(p.usd_per_hour), rate=rate_for(_key(p.placement), found))
-               for p in priced]
-    decision: PlacementDecision = choose_placement(
-        options, work_s=remaining_work_s(job), now=now.timestamp(), nodes=job.nodes, restart_s=DEFAULT_RESTART_S,
-        checkpoint_cost_s=checkpoint_cost_s(job), events=events, just_preempted=(leaving.provider, leaving.zone) if leaving else _just_preempted(job),
-        max_price_per_hour=float(job.max_price_per_hour) if job.max_price_per_hour is not None else None)
+        return Choice(None, "waiting: spot has no capacity now and the deadline's slack still covers waiting; "
+                            + next_try(None, now))
+    just_preempted = (leaving.provider, leaving.zone) if leaving else _just_preempted(job)
+    decision, by_key = _decide(job, markets, now, found, events, record, just_preempted)
+    if decision.chosen is None and markets == [Market.SPOT] and job.on_demand_after_preemptions is not None:
+        # The job allows on-demand: with no spot placement to be had now, it goes on there
+        # rather than wait (its preemption count alone would have sent it there later).
+        waited = _waiting_reason(decision)
+        decision, by_key = _decide(job, [Market.ON_DEMAND], now, found, events, record, just_preempted)
+        if decision.chosen is not None:
+            return Choice(by_key[decision.chosen.key], f"on-demand, the job's fallback: spot has none now ({waited})")
     if decision.chosen is None:
-        why = "; ".join(sorted({e.excluded for e in decision.ranked if e.excluded})) or "no allowed placement is priced"
-        return Choice(None, f"waiting: no placement available now ({why})")
+        return Choice(None, f"waiting: no placement available now ({_waiting_reason(decision)}); "
+                            f"{next_try(decision.retry_at, now)}")
     return Choice(by_key[decision.chosen.key], decision.reason)
 
 
-def _markets(job: Job, now, found) -> list[str] | None:
+def _decide(job: Job, markets: list[str], now, found, events, record: OwnRecord, just_preempted):
+    priced = [p for m in markets for p in priced_placements(job, m, now)]
+    options = [Option(provider=p.placement.provider, region=p.placement.region, zone=p.placement.zone,
+                      instance_type=p.placement.instance_type, market=p.placement.market,
+                      price_per_hour=float(p.usd_per_hour), rate=rate_for(_key(p.placement), found),
+                      kept_fraction=record.kept_fraction.get(p.placement.market))
+               for p in priced]
+    decision = choose_placement(
+        options, work_s=remaining_work_s(job), now=now.timestamp(), nodes=job.nodes, restart_s=record.restart_s,
+        checkpoint_cost_s=checkpoint_cost_s(job), events=events, just_preempted=just_preempted,
+        max_price_per_hour=float(job.max_price_per_hour) if job.max_price_per_hour is not None else None)
+    return decision, {_key(p.placement): p for p in priced}
+
+
+def _waiting_reason(decision: PlacementDecision) -> str:
+    return "; ".join(sorted({e.excluded for e in decision.ranked if e.excluded})) or "no allowed placement is priced"
+
+
+def next_try(at: float | None, now) -> str:
+    """'next try at 17:40:05 UTC': a back-off's end, else the next scheduling pass."""
+    when = datetime.fromtimestamp(at, UTC) if at is not None else now + timedelta(
+        seconds=settings.RECONCILE_INTERVAL_S)
+    return f"next try at {when:%H:%M:%S} UTC"
+
+
+def _markets(job: Job, now, found, record: OwnRecord) -> list[str] | None:
     """Which markets to consider: the job's fallback setting, or for a job with a
     deadline the deadline-aware rule (None: wait for spot)."""
     if job.on_demand_after_preemptions is not None and job.preemptions >= job.on_demand_after_preemptions:
@@ -183,7 +250,9 @@ def _markets(job: Job, now, found) -> list[str] | None:
     interval = checkpoint_interval(checkpoint_cost_s=cost, rate=rate).seconds
     clock = job_clock(job, now, spot_available=any(k not in blocked for k in spot_keys), cost=cost)
     overhead = spot_overhead_fraction(rate=rate, availability=estimate_availability(available_s=0, observed_s=0),
-                                      restart_s=DEFAULT_RESTART_S, checkpoint_cost_s=cost, interval_s=interval)
+                                      restart_s=record.restart_s, checkpoint_cost_s=cost, interval_s=interval)
+    if record.kept_fraction.get(Market.SPOT):  # the job's own record on spot: its overhead is known
+        overhead = 1 / record.kept_fraction[Market.SPOT] - 1
     chosen = market_policy.deadline_aware(clock, spot_overhead_fraction=overhead)
     return [chosen] if chosen else None
 
@@ -258,8 +327,9 @@ def interruption_rates(team_ids: list[int], now=None) -> list[dict]:
     for key in sorted(keys):
         rate = rate_for(key, found)
         seen = own.get(key, [])
+        shown = rate.median_per_hour if rate.median_per_hour is not None else rate.per_hour
         rows.append(dict(zip(("provider", "region", "zone", "instance_type", "market"), key),
-                         per_hour=rate.per_hour, mtbi_hours=None if math.isinf(rate.mtbi_hours) else rate.mtbi_hours,
+                         per_hour=shown, mean_per_hour=rate.per_hour, mtbi_hours=1 / shown if shown > 0 else None,
                          per_hour_low=rate.credible_per_hour[0], per_hour_high=rate.credible_per_hour[1],
                          usable_notice_fraction=rate.usable_notice_fraction,
                          events=sum(lt.interrupted for lt in seen), exposure_hours=sum(lt.hours for lt in seen),

@@ -41,11 +41,11 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import reduce
+from functools import cache, reduce
 from operator import or_
 
 from django.db import connection
-from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
+from django.db.models import Case, Count, Exists, F, Max, Min, OuterRef, Q, Sum, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -534,6 +534,23 @@ def month_jobs(team, start: dt.datetime, end: dt.datetime):
     return Job.objects.filter(team=team).filter(Exists(in_month))
 
 
+@cache
+def _cpu_types() -> frozenset[str]:
+    """Instance types without accelerators, by the shipped price book (local cpu-small)."""
+    from jobs.money.pricebook import load_price_book
+
+    return frozenset(e.instance_type for e in load_price_book().entries if e.accelerator_count == 0)
+
+
+def accelerators_by_job(jobs) -> dict[int, int]:
+    """Each job's accelerators per node as its GPU-hours count them: the job's
+    accelerator_count, but none for a job whose VMs are all of CPU types (a job asks for
+    a GPU by default; on the local provider it gets none). One query."""
+    accelerated = Instance.objects.filter(job=OuterRef("pk")).exclude(instance_type__in=_cpu_types())
+    return dict(jobs.annotate(counted=Case(When(Exists(accelerated), then=F("accelerator_count")), default=Value(0)))
+                .values_list("pk", "counted"))
+
+
 def month_sum(costs_by_job: dict[int, JobCost], accelerators: dict[int, int], label: str) -> MonthSum:
     total = MonthSum()
     for job_id, cost in costs_by_job.items():
@@ -549,7 +566,7 @@ def team_month_cost(team, month: str | None = None, now: dt.datetime | None = No
     billed in the month enters its ledger; only the month's share is reported."""
     now = now or timezone.now()
     label, start, end = parse_month(month, now)
-    accelerators = dict(month_jobs(team, start, end).values_list("pk", "accelerator_count"))
+    accelerators = accelerators_by_job(month_jobs(team, start, end))
     try:
         answers = job_costs(accelerators, now)
     except CostError as exc:

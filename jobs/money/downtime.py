@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from django.db.models import Min, Q
 
-from agents.protocol import CheckpointKind, Purpose
+from respawn.protocol import CheckpointKind, Purpose
 from jobs.core.choices import InterruptionKind
 from jobs.models import Checkpoint, Instance, MetricPoint, StepPoint, WorldSize
 

@@ -8,7 +8,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from agents.sourcetree import sha256_of
+from respawn.sourcetree import sha256_of
 
 TRAIN_SCRIPT = """\
 import json, os

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agents.metadata_server import MetadataServer
+from respawn.metadata_server import MetadataServer
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from jobs.core.choices import JobStatus
 from tests.conftest import ChildProcess
 from tests.factories import make_instance, make_job
 
-PLAIN = [sys.executable, "-m", "agents.examples.plain_pytorch"]
+PLAIN = [sys.executable, "-m", "respawn.examples.plain_pytorch"]
 
 
 def make_running_job(team_setup, tmp_path: Path, *, steps: int = 100_000, step_delay_s: float = 0.01, **fields):
@@ -35,7 +35,7 @@ class AgentProcess(ChildProcess):
         token_file.chmod(0o600)
         self.work_dir = tmp_path / f"{name}-work"
         argv = [
-            sys.executable, "-m", "agents", "run",
+            sys.executable, "-m", "respawn.agent", "run",
             "--control-plane-url", url,
             "--bootstrap-token-file", str(token_file),
             "--provider", provider,

@@ -18,7 +18,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-from agents import protocol
+from respawn import protocol
 from tests.emulators.serving import LocalHttpServer
 
 
@@ -27,7 +27,7 @@ def agent_argv(tmp_path: Path, url: str, *, register_timeout_s: float = 5) -> li
     token = tmp_path / "token"
     token.write_text("rsp_boot_x")
     token.chmod(0o600)
-    return [sys.executable, "-m", "agents", "run", "--control-plane-url", url, "--bootstrap-token-file", str(token), "--provider", "local",
+    return [sys.executable, "-m", "respawn.agent", "run", "--control-plane-url", url, "--bootstrap-token-file", str(token), "--provider", "local",
             "--metadata-url", "http://127.0.0.1:9", "--work-dir", str(tmp_path / "work"), "--tick-s", "0.05", "--backoff-base-s", "0.05",
             "--backoff-max-s", "0.2", "--register-timeout-s", str(register_timeout_s), "--drain-timeout-s", "10"]
 

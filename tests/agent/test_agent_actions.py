@@ -8,7 +8,7 @@ import sys
 import pytest
 from django.test import Client
 
-from agents.protocol import Action
+from respawn.protocol import Action
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, Job, LogChunk
@@ -107,7 +107,7 @@ def test_a_trainer_that_aborts_after_stopping_on_a_stop_request_ends_stopped_not
     # A gang's rank whose stop came from its peers (the coordinator), not from its agent: it
     # saved and said so, then gloo's teardown aborted the process (seen in CI: exit -6).
     job, setup = make_running_job(team_setup, tmp_path)
-    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import os; from agents import trainer; "
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import os; from respawn import trainer; "
                                                   "trainer.report(7, force=True, stopped=True); os.abort()"])
     instance, _ = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
     job.refresh_from_db()
@@ -175,9 +175,9 @@ def test_with_spare_on_rebalance_the_agent_reports_it_trains_on_and_hands_over_w
 
 def test_a_finished_library_job_reports_its_exported_artifact(team_setup, child_env, web_server, tmp_path, imds):
     job, setup = make_running_job(
-        team_setup, tmp_path, validation_model_factory="agents.examples.tiny:make_model", validation_batch_factory="agents.examples.tiny:validation_batch",
+        team_setup, tmp_path, validation_model_factory="respawn.examples.tiny:make_model", validation_batch_factory="respawn.examples.tiny:validation_batch",
     )
-    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-m", "agents.examples.tiny", "--steps", "60"])
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-m", "respawn.examples.tiny", "--steps", "60"])
     instance, agent = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
     assert instance.end_reason == EndReason.COMPLETED, agent.output()[-3000:]
     job.refresh_from_db()
@@ -194,7 +194,7 @@ SAVE_WINDOW_S = 0.001  # leaves half a millisecond to save: no real save fits
 def test_a_save_slower_than_the_window_is_reported_said_and_shown(team_setup, child_env, web_server, tmp_path, imds):
     owner = team_setup.people["admin"].user
     job = make_job(team_setup.team, owner, total_steps=100_000, status=JobStatus.PROVISIONING, checkpoint_uri=str(tmp_path / "ckpt"),
-                   command=[sys.executable, "-m", "agents.examples.tiny", "--steps", "100000", "--every-steps", "10", "--step-delay", "0.01"])
+                   command=[sys.executable, "-m", "respawn.examples.tiny", "--steps", "100000", "--every-steps", "10", "--step-delay", "0.01"])
     setup = make_instance(job, provider="aws", region="us-east-1", zone="us-east-1a")
     env = child_env | {"RESPAWN_NOTICE_WINDOW_S": str(SAVE_WINDOW_S)}
     agent = AgentProcess(env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
@@ -219,7 +219,7 @@ def test_a_run_whose_launcher_fails_after_the_final_commit_is_complete_not_faile
     # torchrun exits 1 when a rank aborts in its teardown after the gang's final commit: the
     # job is judged by what was committed, not by the launcher's exit code.
     job, setup = make_running_job(team_setup, tmp_path)
-    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import os; from agents.examples import tiny; "
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import os; from respawn.examples import tiny; "
                                                   "tiny.main(['--steps', '20']); os._exit(1)"])
     instance, agent = run_to_its_end(child_env, tmp_path, web_server, imds, setup)
     job.refresh_from_db()

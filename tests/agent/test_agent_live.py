@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agents.metadata_server import MetadataServer
+from respawn.metadata_server import MetadataServer
 from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
@@ -67,9 +67,9 @@ def test_library_checkpoints_are_validated_at_low_priority_and_reported(team_set
     imds = MetadataServer("aws").start()
     job, setup = make_running_job(
         team_setup, tmp_path, checkpoint_interval_s=4,
-        validation_model_factory="agents.examples.tiny:make_model", validation_batch_factory="agents.examples.tiny:validation_batch",
+        validation_model_factory="respawn.examples.tiny:make_model", validation_batch_factory="respawn.examples.tiny:validation_batch",
     )
-    job.command = [sys.executable, "-m", "agents.examples.tiny", "--steps", "100000", "--step-delay", "0.01"]
+    job.command = [sys.executable, "-m", "respawn.examples.tiny", "--steps", "100000", "--step-delay", "0.01"]
     job.save(update_fields=["command"])
     agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
     instance = setup.instance

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from agents import protocol
-from agents.agent import EXIT_INSTANCE_ENDED
+from respawn import protocol
+from respawn.agent import EXIT_INSTANCE_ENDED
 from tests.agent.live import PLAIN
 from tests.agent.standin import StandInControlPlane, agent_argv
 

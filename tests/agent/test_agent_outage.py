@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agents.journal import JOURNAL_NAME, _decode
-from agents.metadata_server import MetadataServer
+from respawn.journal import JOURNAL_NAME, _decode
+from respawn.metadata_server import MetadataServer
 from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, InterruptionEvent, LogChunk, MetricPoint, ProcessedEvent
 from tests.agent.live import AgentProcess, alive, make_running_job

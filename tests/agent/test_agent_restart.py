@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol
-from agents.agent import EXIT_INSTANCE_ENDED
-from agents.agent.session import SESSION_NAME
-from agents.checkpoint.reader import committed
-from agents.checkpoint.storage import open_storage
+from respawn import protocol
+from respawn.agent import EXIT_INSTANCE_ENDED
+from respawn.agent.session import SESSION_NAME
+from respawn.checkpoint.reader import committed
+from respawn.checkpoint.storage import open_storage
 from tests.agent.live import alive, children
 from tests.agent.standin import StandInControlPlane, agent_argv
 from tests.conftest import wait_until
@@ -67,7 +67,7 @@ def test_a_killed_agent_restarted_resumes_its_session_from_the_newest_checkpoint
     # The spec resumes from step 10 (as if an earlier instance committed it; this
     # trainer commits it first), older than what this instance commits before it is killed.
     resume_from = f"{tmp_path / 'ckpt'}/step-{EVERY:08d}"
-    command = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--every-steps", str(EVERY), "--step-delay", "0.02"]
+    command = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--every-steps", str(EVERY), "--step-delay", "0.02"]
     plane.register_answer = protocol.to_dict(protocol.RegisterAnswer(
         agent_token="standin-agent-token", job=job_spec(tmp_path, command, resume_from=resume_from, resume_step=EVERY)))
     work = tmp_path / "work"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from agents.metadata_server import MetadataServer
+from respawn.metadata_server import MetadataServer
 from jobs.core.choices import JobStatus
 from jobs.models import Job, SourceArchive
-from respawncli import workdir
+from respawn.cli import workdir
 from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 from tests.agent.live import AgentProcess
 from tests.conftest import wait_until

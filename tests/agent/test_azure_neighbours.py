@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 import pytest
 import requests
 
-from agents.metadata_server import MetadataServer
-from agents.notices import PREEMPT, AzureWatcher
-from agents.notices.azure import parse_preempt_events
+from respawn.metadata_server import MetadataServer
+from respawn.notices import PREEMPT, AzureWatcher
+from respawn.notices.azure import parse_preempt_events
 
 POLL = 0.05
 NOW = datetime(2026, 11, 29, 22, 0, tzinfo=timezone.utc)

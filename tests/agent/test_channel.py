@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from agents import protocol
-from agents.agent.channel import CheckpointsTail, LogTail, StatusReader, last_exception_line
+from respawn import protocol
+from respawn.agent.channel import CheckpointsTail, LogTail, StatusReader, last_exception_line
 
 GOOD = {"checkpoint_id": "5f0c7a8e-0000-4000-8000-000000000001", "step": 10, "uri": "/c/step-10", "bytes": 5, "manifest_digest": "xxh3_128:ab", "kind": "notice"}
 

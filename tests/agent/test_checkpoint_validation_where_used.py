@@ -1,6 +1,6 @@
 """A notice checkpoint the next VM resumes from, and the final checkpoint a run
 exports, are validated where they are used and the verdict reaches the control
-plane: real agents, real trainers (agents.examples.tiny), the real control plane.
+plane: real agents, real trainers (respawn.examples.tiny), the real control plane.
 Before, neither was ever validated by the agent (a notice save has the CPU, the
 final one ends the VM) and both stayed `pending` forever."""
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from agents import protocol
-from agents.metadata_server import MetadataServer
+from respawn import protocol
+from respawn.metadata_server import MetadataServer
 from jobs.core.choices import JobStatus
 from jobs.models import Checkpoint, Instance, Job
 from tests.agent.live import AgentProcess, make_running_job
@@ -19,7 +19,7 @@ from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
-TINY = [sys.executable, "-m", "agents.examples.tiny", "--step-delay", "0.01"]
+TINY = [sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.01"]
 
 
 def run_agent(child_env, tmp_path, web_server, bootstrap_token: str, name: str, until, what: str, *, notice: bool):
@@ -41,8 +41,8 @@ def run_agent(child_env, tmp_path, web_server, bootstrap_token: str, name: str, 
 def test_the_resumed_notice_checkpoint_and_the_exported_final_one_are_validated(team_setup, child_env, web_server,
                                                                                 tmp_path):
     job, first = make_running_job(
-        team_setup, tmp_path, validation_model_factory="agents.examples.tiny:make_model",
-        validation_batch_factory="agents.examples.tiny:validation_batch")
+        team_setup, tmp_path, validation_model_factory="respawn.examples.tiny:make_model",
+        validation_batch_factory="respawn.examples.tiny:validation_batch")
     Job.objects.filter(pk=job.pk).update(command=[*TINY, "--steps", "100000"])
     progressed = lambda: Instance.objects.get(pk=first.instance.pk).last_step > 30  # noqa: E731
     agent = run_agent(child_env, tmp_path, web_server, first.bootstrap_token, "first", progressed, "training progress",

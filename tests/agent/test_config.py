@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agents.__main__ import build_parser
-from agents.agent.config import ConfigError, config_from_args
+from respawn.agent.__main__ import build_parser
+from respawn.agent.config import ConfigError, config_from_args
 
 
 def parse(*argv):
@@ -60,5 +60,5 @@ def test_bad_settings_name_what_is_wrong(tmp_path, argv, message):
 
 
 def test_the_console_script_exits_2_with_the_reason(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "agents", "run", "--control-plane-url", "cp.example", "--provider", "aws", "--work-dir", str(tmp_path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "RESPAWN_BOOTSTRAP_TOKEN": "x"}, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "respawn.agent", "run", "--control-plane-url", "cp.example", "--provider", "aws", "--work-dir", str(tmp_path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "RESPAWN_BOOTSTRAP_TOKEN": "x"}, timeout=60)
     assert result.returncode == 2 and "must start with http:// or https://" in result.stderr

@@ -1,4 +1,4 @@
-"""The trainer in a container image, under a real podman (agents.agent.container):
+"""The trainer in a container image, under a real podman (respawn.agent.container):
 the job's environment and paths reach it, SIGTERM reaches it, its exit status comes
 back, a kill leaves no container behind; and the agent turns an image that cannot be
 pulled or started into the job's setup failure, with the reason."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol
-from agents.agent import container
+from respawn import protocol
+from respawn.agent import container
 from tests.agent.containers import IMAGE, podman  # noqa: F401  (a fixture)
 from tests.agent.standin import StandInControlPlane, agent_argv
 

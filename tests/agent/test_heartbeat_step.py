@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agents import protocol
+from respawn import protocol
 from tests.agent.standin import StandInControlPlane, agent_argv
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from agents.journal import JOURNAL_NAME, Journal
+from respawn.journal import JOURNAL_NAME, Journal
 
 
 def drain(journal):
@@ -65,7 +65,7 @@ def test_the_journal_is_private_to_the_agent(tmp_path):
 
 
 def test_a_fully_delivered_journal_starts_afresh_and_stays_correct(tmp_path, monkeypatch):
-    monkeypatch.setattr("agents.journal.COMPACT_AT_BYTES", 100)
+    monkeypatch.setattr("respawn.journal.COMPACT_AT_BYTES", 100)
     journal = Journal(str(tmp_path))
     for n in range(5):
         journal.append("logs", {"n": n, "padding": "x" * 40})

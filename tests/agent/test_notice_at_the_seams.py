@@ -36,10 +36,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.agent.supervisor import descendants
-from agents.checkpoint import layout
-from agents.metadata_server import MetadataServer
-from agents.protocol import Action
+from respawn.agent.supervisor import descendants
+from respawn.checkpoint import layout
+from respawn.metadata_server import MetadataServer
+from respawn.protocol import Action
 from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.e2e
 
 STEPS = 240
 LONG_STEP_S = 3.0  # the deadline-passes cell's steps: longer than its notice's whole window
-LOOP = "agents.examples.loader_workers"
+LOOP = "respawn.examples.loader_workers"
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,9 @@ class Script:
 
             leaves = jax.tree.flatten_with_path(jax.tree.map(_raw, saved(uri, STEPS)[0]))[0]
             return {jax.tree_util.keystr(path): torch.from_numpy(leaf.copy()) for path, leaf in leaves}
+        if self.needs == "accelerate":  # save_state's files, written deterministically: their digests
+            files = json.loads((uri / layout.step_dir(STEPS) / layout.MANIFEST).read_text())["files"]
+            return {name: entry["digest"] for name, entry in files.items() if name.endswith((".safetensors", ".bin"))}
         return final_state(uri, STEPS)["model"]
 
 
@@ -100,10 +103,10 @@ def scripts() -> dict[str, Script]:
                          (("--workers", "2", "--persistent-workers"), "persistent-workers")):
         cases[f"loop-{tag}"] = Script(LOOP, workers)
         cases[f"loop-torchrun-2-ranks-{tag}"] = Script(LOOP, workers, ranks=2)
-        cases[f"hf-{tag}"] = Script("agents.examples.hf_trainer", workers, needs="transformers")
-        cases[f"lightning-{tag}"] = Script("agents.examples.lightning_module", workers, needs="lightning")
-        cases[f"accelerate-{tag}"] = Script("agents.examples.accelerate_loop", workers, needs="accelerate")
-    cases["jax-orbax"] = Script("agents.examples.jax_flax", needs="orbax.checkpoint")
+        cases[f"hf-{tag}"] = Script("respawn.examples.hf_trainer", workers, needs="transformers")
+        cases[f"lightning-{tag}"] = Script("respawn.examples.lightning_module", workers, needs="lightning")
+        cases[f"accelerate-{tag}"] = Script("respawn.examples.accelerate_loop", workers, needs="accelerate")
+    cases["jax-orbax"] = Script("respawn.examples.jax_flax", needs="orbax.checkpoint")
     return cases
 
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 
 import pytest
 
-from agents.metadata_server import MetadataServer
-from agents.notices import AwsWatcher, AzureWatcher, GcpWatcher
-from agents.notices.base import NoticeEvent, PREEMPT, utcnow
+from respawn.metadata_server import MetadataServer
+from respawn.notices import AwsWatcher, AzureWatcher, GcpWatcher
+from respawn.notices.base import NoticeEvent, PREEMPT, utcnow
 
 POLL = 0.05
 DEFAULT_S = 25.0

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.notices.aws import parse_instance_action, parse_rebalance
-from agents.notices.azure import parse_preempt_events
-from agents.notices.base import PayloadError
-from agents.notices.gcp import parse_preempted
+from respawn.notices.aws import parse_instance_action, parse_rebalance
+from respawn.notices.azure import parse_preempt_events
+from respawn.notices.base import PayloadError
+from respawn.notices.gcp import parse_preempted
 
 NOW = datetime(2026, 11, 29, 22, 0, tzinfo=timezone.utc)
 json_values = st.recursive(

@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 import requests
 
-from agents.metadata_server import CannedAnswer, MetadataServer
-from agents.notices import PREEMPT, REBALANCE, AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, sigterm
-from agents.protocol import NoticeSource
+from respawn.metadata_server import CannedAnswer, MetadataServer
+from respawn.notices import PREEMPT, REBALANCE, AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, sigterm
+from respawn.protocol import NoticeSource
 from jobs.fleet.providers.gcp import vm_id  # how GcpProvider names a VM (no SDK import)
 
 POLL = 0.05

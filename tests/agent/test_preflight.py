@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e  # four real training runs per case
 
 def preflight(tmp_path, *command, steps=150):
     return subprocess.run(
-        [sys.executable, "-m", "agents", "preflight", "--steps", str(steps), "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20", "--run-timeout-s", "120", "--work-dir", str(tmp_path / "preflight"), "--", *command],
+        [sys.executable, "-m", "respawn.agent", "preflight", "--steps", str(steps), "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20", "--run-timeout-s", "120", "--work-dir", str(tmp_path / "preflight"), "--", *command],
         capture_output=True, text=True, timeout=300,
     )
 
@@ -22,11 +22,11 @@ def preflight(tmp_path, *command, steps=150):
 @pytest.mark.parametrize(
     "command",
     [
-        [sys.executable, "-m", "agents.examples.plain_pytorch", "--step-delay-s", "0.005"],
-        [sys.executable, "-m", "agents.examples.tiny", "--step-delay", "0.005"],
+        [sys.executable, "-m", "respawn.examples.plain_pytorch", "--step-delay-s", "0.005"],
+        [sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.005"],
         # The notice reaches the loop and not its loader workers (a signal to the process
         # group killed them, and preflight failed the script for it).
-        [sys.executable, "-m", "agents.examples.loader_workers", "--workers", "2", "--steps", "80", "--step-delay", "0.02",
+        [sys.executable, "-m", "respawn.examples.loader_workers", "--workers", "2", "--steps", "80", "--step-delay", "0.02",
          "--order", "/dev/null"],
     ],
     ids=["plain_pytorch", "library_tiny", "loader_workers"],
@@ -45,5 +45,5 @@ def test_preflight_fails_a_script_that_forgets_its_optimizer_state(tmp_path):
 
 
 def test_preflight_without_a_command_says_how_to_give_one(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "agents", "preflight"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "respawn.agent", "preflight"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "after `--`" in result.stdout

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from agents import protocol
+from respawn import protocol
 from tests.agent.standin import StandInControlPlane, agent_argv
 
 TRAINER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

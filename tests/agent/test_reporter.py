@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-from agents.agent.client import ControlPlaneClient
-from agents.agent.reporter import Backoff, Reporter
-from agents.journal import Journal
-from agents.protocol import Heartbeat, LogBatch
+from respawn.agent.client import ControlPlaneClient
+from respawn.agent.reporter import Backoff, Reporter
+from respawn.journal import Journal
+from respawn.protocol import Heartbeat, LogBatch
 from tests.agent.standin import StandInControlPlane
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agents import protocol
-from agents.agent.lifecycle import check_job_spec
-from agents.agent.supervisor import trainer_env
+from respawn import protocol
+from respawn.agent.lifecycle import check_job_spec
+from respawn.agent.supervisor import trainer_env
 
 
 def test_the_trainer_gets_the_secret_env_beside_the_env():

@@ -1,4 +1,4 @@
-"""The source archive's format (agents/sourcetree.py, respawncli/workdir.py): the same tree
+"""The source archive's format (agents/respawn/sourcetree.py, agents/respawn/cli/workdir.py): the same tree
 gives the same bytes, ignore files are honoured as git would, and unpacking refuses
 every entry that could land outside the directory or is no plain file, directory or
 link within it."""
@@ -10,9 +10,9 @@ import tracemalloc
 
 import pytest
 
-from agents.sourcetree import BadArchive, unpack
-from respawncli import workdir
-from respawncli.errors import CliError
+from respawn.sourcetree import BadArchive, unpack
+from respawn.cli import workdir
+from respawn.cli.errors import CliError
 from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 
 

@@ -13,8 +13,8 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from agents import protocol
-from agents.agent.channel import MetricsTail
+from respawn import protocol
+from respawn.agent.channel import MetricsTail
 from jobs.core.choices import JobStatus
 from jobs.models import Checkpoint, Instance, LogChunk, MetricPoint, StepPoint
 from tests.agent.live import AgentProcess
@@ -24,7 +24,7 @@ from tests.factories import make_instance, make_job
 
 STEPS = 300
 # A trainer that reports every step through the helper library and ends well.
-TRAINER = ("import time\nfrom agents import trainer\nprint('training', flush=True)\n"
+TRAINER = ("import time\nfrom respawn import trainer\nprint('training', flush=True)\n"
            f"for step in range(1, {STEPS} + 1):\n"
            "    trainer.report(step, 2.0 / step, 1000.0)\n"
            "    time.sleep(0.005)\n")
@@ -86,7 +86,7 @@ def test_unreadable_or_unusable_lines_are_skipped_and_a_diverged_loss_is_none(tm
 def test_a_script_without_the_library_reports_every_step_the_same_way(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     env = {**os.environ, protocol.ENV_METRICS_FILE: str(metrics), protocol.ENV_CHECKPOINT_URI: str(tmp_path / "ckpt")}
-    subprocess.run([sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", "20"], env=env, check=True,
+    subprocess.run([sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", "20"], env=env, check=True,
                    capture_output=True, timeout=120)
     points = MetricsTail(str(metrics)).batch().points
     assert [p.step for p in points] == list(range(1, 21)) and all(p.loss is not None for p in points)

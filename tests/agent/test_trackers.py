@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol, trackers
-from agents.agent.supervisor import trainer_env
+from respawn import protocol, trackers
+from respawn.agent.supervisor import trainer_env
 from tests.agent.standin import StandInControlPlane, agent_argv
 
 STEPS = 45
@@ -74,7 +74,7 @@ def run_one_vm(tmp_path: Path, n: int, resume: dict | None, *, preempt_after: in
     """One VM's agent to its end; the checkpoint it committed last (the next VM's resume point)."""
     job = protocol.JobSpec(
         job_id=7, instance_id=n, run_id=RUN_ID, env=tracker_env(tmp_path), checkpoint_uri=str(tmp_path / "ckpt"),
-        command=[sys.executable, "-m", "agents.examples.plain_pytorch", "--steps", str(STEPS), "--step-delay-s", "0.05"],
+        command=[sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", str(STEPS), "--step-delay-s", "0.05"],
         resume_from=resume["uri"] if resume else None, resume_step=resume["step"] if resume else None,
         heartbeat_interval_s=0.2, validation=protocol.ValidationSpec(enabled=False),
     )
@@ -140,7 +140,7 @@ def test_the_trainer_gets_the_job_run_identity_but_never_over_the_jobs_own():
 def test_a_gangs_other_ranks_wait_for_rank_0s_mlflow_run_instead_of_making_their_own(tmp_path):
     pytest.importorskip("mlflow")
     env = {**os.environ, **tracker_env(tmp_path), protocol.ENV_RUN_ID: RUN_ID}
-    resolve = [sys.executable, "-m", "agents.trackers", "mlflow-run"]
+    resolve = [sys.executable, "-m", "respawn.trackers", "mlflow-run"]
     waiters = [subprocess.Popen([*resolve, "--wait"], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
     made = subprocess.run(resolve, env=env, stdout=subprocess.PIPE, text=True, timeout=120, check=True).stdout.strip()
     assert {waiter.communicate(timeout=120)[0].strip() for waiter in waiters} == {made}
@@ -150,6 +150,6 @@ def test_a_gangs_other_ranks_wait_for_rank_0s_mlflow_run_instead_of_making_their
 def test_without_mlflow_beside_the_agent_the_reason_is_said(tmp_path):
     env = {**os.environ, **tracker_env(tmp_path), protocol.ENV_RUN_ID: RUN_ID, "PYTHONPATH": str(tmp_path)}
     (tmp_path / "mlflow.py").write_text("raise ImportError('no mlflow here')\n")
-    done = subprocess.run([sys.executable, "-m", "agents.trackers", "mlflow-run"], env=env, capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "respawn.trackers", "mlflow-run"], env=env, capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 3 and "mlflow is not installed" in done.stderr and done.stdout == ""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agents import protocol
-from agents.agent.supervisor import trainer_env
+from respawn import protocol
+from respawn.agent.supervisor import trainer_env
 
 
 def test_the_trainer_gets_the_channel_and_gang_variables_but_not_the_bootstrap_token():

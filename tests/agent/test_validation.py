@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from agents import protocol
-from agents.agent.validation import DEFAULT_COMMAND, Validator
+from respawn import protocol
+from respawn.agent.validation import DEFAULT_COMMAND, Validator
 
 FAKE = Path(__file__).parent / "scripts" / "fake_validate.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +56,8 @@ def test_a_failed_check_is_reported_as_an_error_with_its_cause():
 def test_the_real_validator_reports_the_jobs_failing_eval_fn_as_an_error_naming_it(tmp_path):
     """The agent's own command line (DEFAULT_COMMAND, the job's eval_fn filled in) against
     a real checkpoint: the exception line reaches the report."""
-    from agents.checkpoint import CheckpointConfig, Checkpointer
-    from agents.examples import tiny
+    from respawn.checkpoint import CheckpointConfig, Checkpointer
+    from respawn.examples import tiny
 
     root = str(tmp_path / "ckpt")
     state = tiny.build()

@@ -4,7 +4,7 @@ import uuid
 
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 
 
 class AgentClient:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import FailureCause, InstanceState, JobStatus
 from jobs.models import Instance
 from tests.agent_api.helpers import AgentClient

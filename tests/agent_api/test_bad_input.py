@@ -9,7 +9,7 @@ from django.apps import apps
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import JobStatus
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job, make_team_with_members

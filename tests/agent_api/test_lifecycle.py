@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri

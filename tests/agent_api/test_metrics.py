@@ -8,7 +8,7 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Job, StepPoint
 from tests.agent_api.helpers import AgentClient, checkpoint_report

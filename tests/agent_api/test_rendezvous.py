@@ -4,7 +4,7 @@ address, which on a cloud is known only once rank 0 registers."""
 import pytest
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import JobStatus
 from jobs.core.services import GANG_PORT
 from tests.agent_api.helpers import AgentClient

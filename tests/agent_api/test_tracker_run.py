@@ -1,5 +1,5 @@
 """Every VM of a job is handed the same experiment-tracker run id at register, and no two
-jobs share one (agents/trackers.py makes the trackers' variables of it)."""
+jobs share one (agents/respawn/trackers.py makes the trackers' variables of it)."""
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Instance

@@ -4,7 +4,7 @@ eval_fn reaches the VM, a check that failed is recorded `error` with its cause (
 
 import pytest
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import JobStatus
 from jobs.models import Checkpoint, Job, JobEvent
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
@@ -61,3 +61,35 @@ def test_a_malformed_eval_fn_is_refused_naming_the_field(setup):
         "validation_eval_fn": "perplexity"}, format="json")
     assert response.status_code == 400
     assert response.json()["errors"] == {"validation_eval_fn": ["validation_eval_fn must look like 'package.module:function'"]}
+
+
+def test_a_checkpoint_no_validator_will_judge_is_recorded_skipped_saying_why_not_pending_forever(setup, settings):
+    import uuid
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.core.choices import EndReason, InstanceState
+    from jobs.core.services import expire_pending_validations
+    from jobs.core.transitions import end_instance
+    from jobs.models import Instance
+
+    job = make_job(setup.team, setup.people["member"].user, validation_model_factory="m:model",
+                   validation_batch_factory="m:batch")
+    ended = make_instance(job, state=InstanceState.RUNNING, registered=True).instance
+    live = make_instance(job, state=InstanceState.RUNNING, registered=True, rank=1).instance
+
+    def saved(instance):
+        return Checkpoint.objects.create(checkpoint_id=uuid.uuid4(), job=job, instance=instance, step=100, uri="u",
+                                         bytes=1, manifest_digest="d", committed_at=timezone.now())
+
+    orphaned, still_judged = saved(ended), saved(live)
+    end_instance(ended, EndReason.PREEMPTED, message="preempted")
+    now = timezone.now()
+    assert expire_pending_validations(now, batch=10) == 0  # within its grace window a late verdict may come
+    later = now + timedelta(seconds=settings.RESPAWN["FENCE_GRACE_S"] + 1)
+    assert Instance.objects.get(pk=ended.pk).ended_at < later
+    assert expire_pending_validations(later, batch=10) == 1
+    orphaned.refresh_from_db(), still_judged.refresh_from_db()
+    assert orphaned.validation == "skipped" and "its VM ended before a verdict came" in orphaned.validation_message
+    assert still_judged.validation == "pending"  # its VM lives: its validator may still report

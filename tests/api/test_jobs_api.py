@@ -123,3 +123,15 @@ def test_the_schema_says_which_fields_a_job_takes_and_how_its_team_is_named(clie
     assert schema["JobRequest"]["additionalProperties"] is False
     assert schema["JobRequest"]["properties"]["team"]["oneOf"] == [{"type": "integer"}, {"type": "string"}]
     assert schema["Job"]["properties"]["team"]["type"] == "integer"
+
+
+def test_validation_is_enabled_only_for_a_job_that_names_what_to_validate_with(setup, settings):
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    client = client_for(setup.people["member"])
+    spec = {"team": setup.team.pk, "name": "plain", "command": ["python", "train.py"], "allowed_clouds": ["local"]}
+    without = client.post("/api/v1/jobs/", spec, format="json")
+    assert without.status_code == 201, without.content
+    assert without.json()["validation_enabled"] is False
+    factories = {"validation_model_factory": "m:model", "validation_batch_factory": "m:batch"}
+    with_them = client.post("/api/v1/jobs/", {**spec, **factories}, format="json")
+    assert with_them.json()["validation_enabled"] is True

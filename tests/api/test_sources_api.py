@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 from jobs.models import Job, SourceArchive
-from respawncli import workdir
+from respawn.cli import workdir
 from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for

@@ -22,7 +22,7 @@ from tests.factories import make_job, make_team_with_members
 STEPS, STEP_DELAY_S = 240, 0.03
 # Checkpoints of a few MiB, so a persist takes long enough to be killed in the middle of.
 TINY_HIDDEN = "1024"
-TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 # Seconds; generous because the box is shared: the outcome is awaited, never the clock asserted.
 JOB_TIMEOUT_S = 240
 STACK_ENV = {
@@ -56,8 +56,8 @@ def create_job(checkpoint_uri: Path, *, step_delay_s: float = STEP_DELAY_S, **fi
     return make_job(setup.team, setup.people["member"].user, command=command, total_steps=STEPS,
                     checkpoint_uri=str(checkpoint_uri), checkpoint_interval_s=1.0, allowed_clouds=["local"],
                     instance_types=["cpu-small"], env={"TINY_HIDDEN": TINY_HIDDEN},
-                    validation_model_factory="agents.examples.tiny:make_model",
-                    validation_batch_factory="agents.examples.tiny:validation_batch", **fields)
+                    validation_model_factory="respawn.examples.tiny:make_model",
+                    validation_batch_factory="respawn.examples.tiny:validation_batch", **fields)
 
 
 def provider(env: dict) -> LocalProvider:
@@ -86,7 +86,7 @@ def wait_running(job: Job, proc: ChildProcess, *, after: set[int] = frozenset())
 
 
 def process_of(env: dict, instance: Instance, module: str) -> int:
-    """Pid of the VM's process running `python -m <module>` (the agent: "agents", the trainer: its module)."""
+    """Pid of the VM's process running `python -m <module>` (the agent: "respawn.agent", the trainer: its module)."""
     for pid in provider(env).processes(instance.provider_instance_id):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")

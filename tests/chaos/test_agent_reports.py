@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs import tasks
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent, ServiceBeat

@@ -87,7 +87,7 @@ def test_redis_restarted_empty_loses_queued_messages_and_the_database_makes_up_f
                    what="a first committed checkpoint", proc=worker)
         worker.stop()  # messages now wait in Redis
         # The trainer dies: the web records the failure and queues "schedule a replacement".
-        os.kill(stack.process_of(env, first, "agents.examples.tiny"), signal.SIGKILL)
+        os.kill(stack.process_of(env, first, "respawn.examples.tiny"), signal.SIGKILL)
         wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING, timeout=60,
                    what="the job to wait for a replacement", proc=beat)
         queue, queue_key = redis_server.client(), os.environ["RESPAWN_BROKER_KEY_PREFIX"] + "celery"

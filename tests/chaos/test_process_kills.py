@@ -53,7 +53,7 @@ def test_killed_trainer_mid_persist_agent_and_worker_mid_reconcile_end_with_the_
         first = stack.wait_running(job, worker)
         wait_until(lambda: Checkpoint.objects.filter(instance=first).exists(), timeout=120,
                    what="a first committed checkpoint", proc=worker)
-        trainer = stack.process_of(stack_env, first, "agents.examples.tiny")
+        trainer = stack.process_of(stack_env, first, "respawn.examples.tiny")
         torn = kill_mid_persist(trainer, storage)
         wait_until(lambda: died(trainer), timeout=10, what="the killed trainer to be gone")
         assert not (storage / torn / "MANIFEST.json").exists(), f"{torn} was committed before the kill landed"
@@ -62,7 +62,7 @@ def test_killed_trainer_mid_persist_agent_and_worker_mid_reconcile_end_with_the_
         resumed_at = second.resume_checkpoint.step
         wait_until(lambda: Instance.objects.get(pk=second.pk).last_step >= resumed_at + 20, timeout=120,
                    what="the replacement to train past its resume step", proc=worker)
-        os.kill(stack.process_of(stack_env, second, "agents"), signal.SIGKILL)
+        os.kill(stack.process_of(stack_env, second, "respawn.agent"), signal.SIGKILL)
         # The worker is SIGKILLed as it takes the first reconcile that finds the instance silent (dying inside it).
         deadline = Instance.objects.get(pk=second.pk).heartbeat_deadline
         wait_until(lambda: timezone.now() > deadline, timeout=60, what="the silent instance's deadline", proc=worker)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.checkpoint import CheckpointConfig
-from agents.examples import tiny
+from respawn.checkpoint import CheckpointConfig
+from respawn.examples import tiny
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 from torch import nn
 
-from agents.examples import tiny
+from respawn.examples import tiny
 
 
 def wide_model() -> nn.Module:
@@ -20,6 +20,6 @@ def eval_fn_that_gives_nan(model, batch) -> float:
 
 
 def narrow_dcp_model() -> nn.Module:
-    from agents.examples import dcp_loop
+    from respawn.examples import dcp_loop
 
     return dcp_loop.make_model(width=32)

@@ -42,7 +42,7 @@ def wait_all(pids: list[int]) -> list[int]:
 def run_gang(world: int, body, timeout_s: float = 60) -> list[int]:
     """`body(rank)` on `world` forked ranks joined in a gloo group (torch.distributed's
     default one, with the checkpoint library's short timeout); their exit codes."""
-    from agents.checkpoint.distributed import init_process_group, leave_process_group
+    from respawn.checkpoint.distributed import init_process_group, leave_process_group
 
     def run(rank: int, port: int) -> None:
         init_process_group("gloo", timeout_s=timeout_s, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)

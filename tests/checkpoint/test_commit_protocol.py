@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.checkpoint import (
+from respawn.checkpoint import (
     Checkpointer,
     ConfigError,
     CorruptCheckpointError,
@@ -21,11 +21,11 @@ from agents.checkpoint import (
     ValidationSettings,
     validate,
 )
-from agents.checkpoint import layout
-from agents.checkpoint.reader import CheckpointRef, committed, load
-from agents.checkpoint.storage import UnknownSchemeError, open_storage
-from agents.checkpoint.storage.local import LocalStorage
-from agents.examples import tiny
+from respawn.checkpoint import layout
+from respawn.checkpoint.reader import CheckpointRef, committed, load
+from respawn.checkpoint.storage import UnknownSchemeError, open_storage
+from respawn.checkpoint.storage.local import LocalStorage
+from respawn.examples import tiny
 
 from .conftest import ROOT_DIR, config, train
 from .test_eval_fn import validate_cli
@@ -147,7 +147,7 @@ def test_a_starved_validator_still_finds_the_checkpoint_it_started_on(root, stat
     train(state, data, ckpt, 0, 5)
     ckpt.wait()
     uri = f"{root}/{layout.step_dir(5)}"
-    validator = subprocess.Popen([sys.executable, "-m", "agents.checkpoint.validate", uri], cwd=ROOT_DIR,
+    validator = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.validate", uri], cwd=ROOT_DIR,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup
 
-from agents.checkpoint import Checkpointer, layout
-from agents.checkpoint.reader import CheckpointRef
-from agents.checkpoint.storage.local import LocalStorage
-from agents.examples import tiny
+from respawn.checkpoint import Checkpointer, layout
+from respawn.checkpoint.reader import CheckpointRef
+from respawn.checkpoint.storage.local import LocalStorage
+from respawn.examples import tiny
 
 from .conftest import config
 from .ranks import fork_ranks, wait_all

@@ -13,14 +13,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agents.checkpoint import Checkpointer, EvalError, TrainState, ValidationSettings, layout
-from agents.checkpoint.validation import default_loss
-from agents.examples import tiny_lm
+from respawn.checkpoint import Checkpointer, EvalError, TrainState, ValidationSettings, layout
+from respawn.checkpoint.validation import default_loss
+from respawn.examples import tiny_lm
 
 from .conftest import ROOT_DIR, config
 
-LM = ValidationSettings("agents.examples.tiny_lm:make_model", "agents.examples.tiny_lm:validation_batch", 1e-5)
-DICT_LM = ValidationSettings("agents.examples.tiny_lm:make_dict_model", "agents.examples.tiny_lm:labelled_batch", 1e-5)
+LM = ValidationSettings("respawn.examples.tiny_lm:make_model", "respawn.examples.tiny_lm:validation_batch", 1e-5)
+DICT_LM = ValidationSettings("respawn.examples.tiny_lm:make_dict_model", "respawn.examples.tiny_lm:labelled_batch", 1e-5)
 RAISES = "tests.checkpoint.factories:eval_fn_that_raises"
 NAN = "tests.checkpoint.factories:eval_fn_that_gives_nan"
 
@@ -46,7 +46,7 @@ def train_lm(root: str, validation: ValidationSettings, steps: int = 10, dict_ou
 
 
 def validate_cli(uri: str, *args: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "agents.checkpoint.validate", uri, *args], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "respawn.checkpoint.validate", uri, *args], capture_output=True,
                           text=True, cwd=ROOT_DIR, timeout=120)
     return done.returncode, json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -79,7 +79,7 @@ def test_a_causal_lm_checkpoint_validates_in_a_separate_process(tmp_path, settin
 
 def test_the_users_eval_fn_is_the_loss_at_save_and_at_validation(tmp_path):
     root = str(tmp_path / "ckpt")
-    state = train_lm(root, ValidationSettings(LM.model_factory, LM.batch_factory, 1e-5, "agents.examples.tiny_lm:perplexity"))
+    state = train_lm(root, ValidationSettings(LM.model_factory, LM.batch_factory, 1e-5, "respawn.examples.tiny_lm:perplexity"))
     with torch.no_grad():
         expected = tiny_lm.perplexity(state.model.eval(), tiny_lm.validation_batch())
     stored = json.loads(Path(root, layout.step_dir(10), layout.STATE).read_text())
@@ -127,6 +127,6 @@ def test_an_eval_fn_that_gives_nan_is_an_error_and_a_fixed_one_validates_the_sam
 def test_a_checkpoint_of_another_model_is_an_error_not_invalid(tmp_path):
     root = str(tmp_path / "ckpt")
     train_lm(root, LM)
-    code, verdict = validate_cli(f"{root}/{layout.step_dir(10)}", "--model-factory", "agents.examples.tiny:make_model",
-                                 "--batch-factory", "agents.examples.tiny:validation_batch")
+    code, verdict = validate_cli(f"{root}/{layout.step_dir(10)}", "--model-factory", "respawn.examples.tiny:make_model",
+                                 "--batch-factory", "respawn.examples.tiny:validation_batch")
     assert (code, verdict["result"]) == (2, "error") and "does not fit the model" in verdict["message"]

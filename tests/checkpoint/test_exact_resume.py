@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from agents.examples import crash_trials
+from respawn.examples import crash_trials
 
 TRIALS_PER_MODE = 8
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from agents.checkpoint import init_process_group, leave_process_group
-from agents.checkpoint import layout
-from agents.checkpoint.reader import CheckpointRef, committed, load
-from agents.checkpoint.storage.local import LocalStorage
-from agents.examples import tiny_gang
+from respawn.checkpoint import init_process_group, leave_process_group
+from respawn.checkpoint import layout
+from respawn.checkpoint.reader import CheckpointRef, committed, load
+from respawn.checkpoint.storage.local import LocalStorage
+from respawn.examples import tiny_gang
 
 from .conftest import config
 from .ranks import fork_ranks, wait_all

@@ -1,5 +1,5 @@
 """Exact resume with DataLoader workers (issue 18 item 2): a real trainer
-(agents.examples.loader_workers, num_workers=2, dropout) is SIGKILLed mid-run and
+(respawn.examples.loader_workers, num_workers=2, dropout) is SIGKILLed mid-run and
 resumed; the batches it trains on must be the uninterrupted run's, in the same order,
 none repeated or skipped, and its final weights bitwise the same. The plain
 DataLoader whose iterator is made after load_latest() is run alike, to show the trap
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.checkpoint import layout
+from respawn.checkpoint import layout
 
 from .conftest import ROOT_DIR
 
@@ -26,7 +26,7 @@ STEPS = 60  # 5 epochs of 12 batches: kills land in different epochs
 
 def launch(tmp: Path, name: str, *args: str) -> subprocess.Popen:
     tmp.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "agents.examples.loader_workers", "--uri", str(tmp / "ckpt"), "--steps", str(STEPS),
+    argv = [sys.executable, "-m", "respawn.examples.loader_workers", "--uri", str(tmp / "ckpt"), "--steps", str(STEPS),
             "--order", str(tmp / f"{name}.order"), "--weights", str(tmp / f"{name}.pt"), *args]
     return subprocess.Popen(argv, cwd=ROOT_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its workers are in its process group: one kill takes all
@@ -96,7 +96,7 @@ def test_the_plain_dataloader_made_after_load_latest_loses_the_dropout_trajector
 def test_the_loader_never_draws_from_the_global_rng_and_a_plain_one_given_a_generator_neither():
     from torch.utils.data import DataLoader
 
-    from agents.checkpoint import ResumableLoader, ResumableSampler
+    from respawn.checkpoint import ResumableLoader, ResumableSampler
 
     data = torch.arange(32)
     before = torch.get_rng_state()
@@ -112,7 +112,7 @@ def test_the_loader_never_draws_from_the_global_rng_and_a_plain_one_given_a_gene
 
 
 def test_the_agent_and_the_checkpoint_package_import_neither_torchdata_nor_transformers():
-    probe = ("import sys, agents.__main__, agents.agent.lifecycle, agents.checkpoint; "
+    probe = ("import sys, respawn.agent.__main__, respawn.agent.lifecycle, respawn.checkpoint; "
              "print(sorted(m for m in ('torchdata', 'transformers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT_DIR, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr

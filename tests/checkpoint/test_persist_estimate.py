@@ -9,9 +9,9 @@ import json
 import torch
 from torch import nn
 
-from agents import protocol
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState
-from agents.checkpoint.persist import CHUNK_BYTES
+from respawn import protocol
+from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState
+from respawn.checkpoint.persist import CHUNK_BYTES
 from tests.conftest import wait_until
 
 PACED_OVER_S = 3.0

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from agents.checkpoint import layout
+from respawn.checkpoint import layout
 
 from .conftest import ROOT_DIR
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents import protocol, trainer
-from agents.checkpoint import CheckpointConfig, Checkpointer, ConfigError, TrainState
-from agents.checkpoint.reader import committed
-from agents.checkpoint.storage.local import LocalStorage
+from respawn import protocol, trainer
+from respawn.checkpoint import CheckpointConfig, Checkpointer, ConfigError, TrainState
+from respawn.checkpoint.reader import committed
+from respawn.checkpoint.storage.local import LocalStorage
 
-from agents.examples import tiny
+from respawn.examples import tiny
 
 from .conftest import config, train
 

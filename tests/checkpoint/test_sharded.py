@@ -1,4 +1,4 @@
-"""Sharded and replicated gang state through torch.distributed.checkpoint (agents/checkpoint/sharded.py):
+"""Sharded and replicated gang state through torch.distributed.checkpoint (agents/respawn/checkpoint/sharded.py):
 gangs of forked gloo ranks on CPU, DDP and FSDP2 (`fully_shard` on a CPU DeviceMesh)."""
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from agents.checkpoint import CheckpointConfig, IncompatibleCheckpointError, ShardedCheckpointer, ValidationSettings, layout, manifest
-from agents.checkpoint.sampler import ResumableSampler
-from agents.checkpoint.validation import default_loss
-from agents.examples import dcp_loop
+from respawn.checkpoint import CheckpointConfig, IncompatibleCheckpointError, ShardedCheckpointer, ValidationSettings, layout, manifest
+from respawn.checkpoint.sampler import ResumableSampler
+from respawn.checkpoint.validation import default_loss
+from respawn.examples import dcp_loop
 
 from .ranks import run_gang as gang
 from .test_eval_fn import RAISES, validate_cli
 
-VALIDATION = ValidationSettings("agents.examples.dcp_loop:make_model", "agents.examples.dcp_loop:validation_batch")
+VALIDATION = ValidationSettings("respawn.examples.dcp_loop:make_model", "respawn.examples.dcp_loop:validation_batch")
 
 
 def write(tmp: Path, wrap: str, world: int, steps: int, *, uri: str | None = None, global_batch: int = 8,

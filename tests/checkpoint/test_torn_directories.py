@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.checkpoint import Checkpointer, layout, manifest
-from agents.checkpoint.reader import committed
-from agents.checkpoint.storage.local import TMP_MARKER, LocalStorage
-from agents.examples import tiny
-from agents.examples.crash_trials import leftovers
+from respawn.checkpoint import Checkpointer, layout, manifest
+from respawn.checkpoint.reader import committed
+from respawn.checkpoint.storage.local import TMP_MARKER, LocalStorage
+from respawn.examples import tiny
+from respawn.examples.crash_trials import leftovers
 
 from .conftest import ROOT_DIR, config
 
@@ -28,10 +28,10 @@ WAIT_S = 120
 
 
 def tiny_run(root: Path, steps: int, every_steps: int, step_delay: float = 0.0, prelude: str = "") -> subprocess.Popen:
-    """`python -m agents.examples.tiny` as a user runs it, after `prelude` (Python)."""
+    """`python -m respawn.examples.tiny` as a user runs it, after `prelude` (Python)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")} | {"TINY_HIDDEN": str(WIDE_HIDDEN)}
     argv = ["--uri", str(root), "--steps", str(steps), "--every-steps", str(every_steps), "--step-delay", str(step_delay)]
-    code = f"{prelude}\nimport sys\nfrom agents.examples import tiny\nsys.exit(tiny.main({argv!r}))"
+    code = f"{prelude}\nimport sys\nfrom respawn.examples import tiny\nsys.exit(tiny.main({argv!r}))"
     return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT_DIR, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -81,35 +81,54 @@ def test_a_save_killed_while_its_files_are_temporary_is_deleted_once_a_newer_che
     assert [ref.step for ref in committed(LocalStorage(str(root)))][-1] == torn_step + 1
 
 
+def dies_in(cls: str, method: str, when: str, before: bool) -> str:
+    """A prelude patching `cls.method` (cls a dotted path) so that the process SIGKILLs
+    itself there when `when` (an expression over `self` and `args`, read on entry)
+    holds: before the real call, or right after it."""
+    module, name = cls.rsplit(".", 1)
+    return f"""
+import os, signal
+from {module} import {name}
+real = {name}.{method}
+def dying(self, *args):
+    due = {when}
+    if due and {before}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = real(self, *args)
+    if due:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+{name}.{method} = dying
+"""
+
+
 # Dies the moment rotation has deleted an old checkpoint's manifest (only rotation deletes
 # a manifest that exists): the directory is left half-deleted, as a preemption there would.
-DIE_IN_ROTATION = """
-import os, signal
-from agents.checkpoint.storage.local import LocalStorage
-delete_prefix = LocalStorage.delete_prefix
-def delete_then_die(self, prefix):
-    existed = prefix.endswith("/MANIFEST.json") and self.exists(prefix)
-    delete_prefix(self, prefix)
-    if existed:
-        os.kill(os.getpid(), signal.SIGKILL)
-LocalStorage.delete_prefix = delete_then_die
-"""
+DIE_IN_ROTATION = dies_in("respawn.checkpoint.storage.local.LocalStorage", "delete_prefix",
+                          'args[0].endswith("/MANIFEST.json") and self.exists(args[0])', before=False)
+
+
+def killed_in_a_30_step_run(root: Path, prelude: str) -> None:
+    run = tiny_run(root, 30, every_steps=10, prelude=prelude)
+    run.communicate(timeout=WAIT_S)
+    assert run.returncode == -signal.SIGKILL
+
+
+def restarted_after_training_is_over(root: Path) -> None:
+    """The restart only loads (and validates) step 30 and finishes: no new commit sweeps."""
+    finish(tiny_run(root, 30, every_steps=10))
+    assert leftovers(str(root)) == []
 
 
 def test_a_directory_half_deleted_by_a_kill_in_the_last_commits_rotation_is_deleted_on_the_next_start(tmp_path):
     root = tmp_path / "ckpt"
-    run = tiny_run(root, 30, every_steps=10, prelude=DIE_IN_ROTATION)
-    run.communicate(timeout=WAIT_S)
-    assert run.returncode == -signal.SIGKILL
+    killed_in_a_30_step_run(root, DIE_IN_ROTATION)
     half_deleted = root / layout.step_dir(10)
     assert half_deleted.exists() and not (half_deleted / layout.MANIFEST).exists()
     assert (root / layout.LATEST).read_text() == layout.step_dir(30)
 
-    # Training is over: the restart only loads step 30 and finishes (no new commit).
-    finish(tiny_run(root, 30, every_steps=10))
-
+    restarted_after_training_is_over(root)
     assert not half_deleted.exists()
-    assert leftovers(str(root)) == []
 
 
 def test_a_live_writers_directory_survives_another_process_starting_and_its_save_commits(tmp_path, monkeypatch):
@@ -130,3 +149,19 @@ def test_a_live_writers_directory_survives_another_process_starting_and_its_save
     finally:
         run.kill()
         run.communicate(timeout=WAIT_S)
+
+
+# Dies between writing a checkpoint's verdict and renaming it into place: the final
+# checkpoint is committed, so no commit will sweep its folder again.
+DIE_BEFORE_VERDICT_RENAME = dies_in("respawn.checkpoint.storage.local.LocalWriter", "close",
+                                    f"self._final.name == {layout.VALIDATION!r}", before=True)
+
+
+def test_a_verdict_killed_before_its_rename_leaves_no_temp_file_once_the_resumed_run_ends(tmp_path):
+    root = tmp_path / "ckpt"
+    killed_in_a_30_step_run(root, DIE_BEFORE_VERDICT_RENAME)
+    final = root / layout.step_dir(30)
+    assert [p.name for p in final.glob(f"{layout.VALIDATION}{TMP_MARKER}*")], "the kill left no verdict temp file"
+
+    restarted_after_training_is_over(root)  # it validates and exports step 30 again
+    assert (final / layout.VALIDATION).exists()

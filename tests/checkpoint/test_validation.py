@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agents.checkpoint import Checkpointer, ExportRefusedError, export_weights, validate
-from agents.checkpoint import layout, manifest
-from agents.checkpoint.reader import CheckpointRef
-from agents.checkpoint.storage.local import LocalStorage
-from agents.examples import tiny
+from respawn.checkpoint import Checkpointer, ExportRefusedError, export_weights, validate
+from respawn.checkpoint import layout, manifest
+from respawn.checkpoint.reader import CheckpointRef
+from respawn.checkpoint.storage.local import LocalStorage
+from respawn.examples import tiny
 
 from .conftest import ROOT_DIR, config, train
 
@@ -121,12 +121,12 @@ def test_finish_validates_the_final_checkpoint_then_exports_safetensors_with_dig
 def test_the_validate_command_prints_a_json_verdict_in_a_separate_process(root, state, data):
     weights_after(state, data, root, 5, tiny.VALIDATION)
     uri = f"{root}/{layout.step_dir(5)}"
-    done = subprocess.run([sys.executable, "-m", "agents.checkpoint.validate", uri], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "respawn.checkpoint.validate", uri], capture_output=True, text=True,
                           cwd=ROOT_DIR, timeout=120)
     assert done.returncode == 0, done.stderr
     verdict = json.loads(done.stdout)
     assert verdict["result"] == "valid" and verdict["loss"] == pytest.approx(verdict["reference_loss"], abs=1e-6)
     tamper_and_reseal(root, 5)
-    done = subprocess.run([sys.executable, "-m", "agents.checkpoint.validate", uri], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "respawn.checkpoint.validate", uri], capture_output=True, text=True,
                           cwd=ROOT_DIR, timeout=120)
     assert done.returncode == 1 and json.loads(done.stdout)["result"] == "invalid"

@@ -209,6 +209,9 @@ def test_logs_follow_gives_up_after_max_wait_with_exit_1(cli):
     job = make_job(cli.setup.team, cli.setup.people["member"].user, status=JobStatus.RUNNING)
     result = cli("logs", str(job.pk), "--follow", "--poll", "0.1", "--max-wait", "0.3")
     assert result.returncode == 1 and "still running" in result.stderr
+    # A job with no output yet is not silent: the follower says so once, first.
+    assert result.stderr.startswith(f"-- job {job.pk} is running: nothing printed yet") and result.stdout == ""
+    assert result.stderr.count("nothing printed yet") == 1
 
 
 def test_tokens_create_list_and_revoke(cli):
@@ -238,7 +241,7 @@ def test_cost_shows_spent_savings_and_each_instance(cli):
 
 
 def test_the_cli_never_imports_django():
-    code = "import sys, respawncli.__main__, respawncli.commands; print('django' in sys.modules)"
+    code = "import sys, respawn.cli.__main__, respawn.cli.commands; print('django' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert result.stdout.strip() == "False", result.stderr
 
@@ -249,3 +252,17 @@ def test_help_shows_examples_and_exit_codes():
     assert "respawn submit job.yaml" in result.stdout and "exit codes" in result.stdout
     sub = subprocess.run([str(RESPAWN), "logs", "--help"], capture_output=True, text=True)
     assert sub.returncode == 0 and "--follow" in sub.stdout and "respawn logs 42 --follow" in sub.stdout
+
+
+def test_ls_names_the_team_and_a_pipe_cut_short_ends_quietly(cli):
+    user = cli.setup.people["member"].user
+    Job.objects.bulk_create([Job(team=cli.setup.team, owner=user, name=f"sweep-{i:04d}", command=["python", "t.py"],
+                                 total_steps=10, checkpoint_uri="/tmp/ckpt") for i in range(900)])
+    table = cli("ls", "--limit", "5")
+    assert table.returncode == 0, table.stderr
+    assert {line.split()[2] for line in table.stdout.splitlines()[1:6]} == {cli.setup.team.name}  # not its id
+    # More than a pipe holds (64 KiB), so the writer meets the reader gone.
+    cut = subprocess.run(f"'{RESPAWN}' ls --limit 1000 | head -n 2", shell=True, capture_output=True, text=True,
+                         env={**cli.base_env, "RESPAWN_URL": cli.url, "RESPAWN_TOKEN": cli.setup.people["member"].token},
+                         timeout=120)
+    assert len(cut.stdout.splitlines()) == 2 and cut.stderr == "", cut.stderr

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from respawncli.__main__ import main
+from respawn.cli.__main__ import main
 
 TOKEN = "rsp_plain_http_test_token"
 

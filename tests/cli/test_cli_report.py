@@ -17,6 +17,7 @@ def test_report_prints_the_months_and_jobs_and_gives_the_apis_csv_and_json(cli):
     assert re.search(r"(?m)^spent\s+\$1\.80$", table.stdout) and re.search(r"(?m)^saved\s+\$0\.53 \(23%\)$", table.stdout)
     assert re.search(r"(?m)^2026-03\s+\$1\.44\s", table.stdout)  # the month's share, as the team's month says
     assert re.search(rf"(?m)^{job.pk}\s+train-resnet\s", table.stdout) and "hand-1a" in table.stdout
+    assert table.stdout.startswith(f"team {cli.setup.team.name}, ")  # its name, not its id
 
     as_csv = cli("report", "--team", cli.setup.team.name, "--from", "2026-01", "--to", "2026-06", "--format", "csv", "--table", "months")
     assert as_csv.returncode == 0, as_csv.stderr

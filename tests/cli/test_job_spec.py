@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from jobs.api.serializers import JobSerializer
-from respawncli.jobspec import FIELDS, InvalidSpec, load_job_spec
+from respawn.cli.jobspec import FIELDS, InvalidSpec, load_job_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "job-spec.example.yaml"
 

@@ -96,12 +96,12 @@ def record(out: Path) -> dict:
     call_command("migrate", interactive=False, verbosity=0)
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, name="recorded-local-run",
-                   command=[sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS),
+                   command=[sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS),
                             "--step-delay", str(STEP_DELAY_S)],
                    total_steps=STEPS, checkpoint_uri=str(var / "ckpt"), checkpoint_interval_s=2.0,
                    allowed_clouds=["local"], instance_types=["cpu-small"],
-                   validation_model_factory="agents.examples.tiny:make_model",
-                   validation_batch_factory="agents.examples.tiny:validation_batch")
+                   validation_model_factory="respawn.examples.tiny:make_model",
+                   validation_batch_factory="respawn.examples.tiny:validation_batch")
     env = dict(os.environ)
     web = WebServer(env, var / "web.log").start()
     env["RESPAWN_API_URL"] = web.url

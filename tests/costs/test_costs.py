@@ -213,3 +213,16 @@ def test_settled_keys_follow_what_settled_money_depends_on(history):
     DiskPriceQuote.objects.create(provider="aws", region="hand-1", sku="P10 LRS", usd_per_month=D("73"),
                                   observed_at=T(1, 1))
     assert len({ended, released, costs.settled_keys([job.pk])[job.pk], None}) == 4
+
+
+def test_gpu_hours_count_no_gpu_for_a_job_on_cpu_vms(db):
+    from tests.factories import make_instance
+
+    setup = make_team_with_members()
+    owner = setup.people["member"].user
+    on_cpu = make_job(setup.team, owner, name="demo", accelerator_count=1)  # asks for a GPU, as jobs do by default
+    make_instance(on_cpu, provider="local", region="local", zone="local-a", instance_type="cpu-small")
+    on_gpu = make_job(setup.team, owner, name="gpu", accelerator_count=2)
+    make_instance(on_gpu, provider="aws", region="us-east-1", zone="us-east-1a", instance_type="g5.xlarge")
+    jobs = costs.month_jobs(setup.team, dt.datetime.min.replace(tzinfo=dt.UTC), NOW + dt.timedelta(days=3650))
+    assert costs.accelerators_by_job(jobs) == {on_cpu.pk: 0, on_gpu.pk: 2}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import re
 from collections import Counter
 from decimal import Decimal
 
@@ -192,6 +193,9 @@ def test_the_report_page_shows_the_rows_and_refuses_a_bad_month_by_name(world):
     page = browser.get(f"/teams/{setup.team.pk}/report/", RANGE).content.decode()
     assert all(f'data-job="{job.pk}"' in page for job in jobs) and 'id="report-cumulative"' in page
     assert "format=csv" in page
+    # The year's months that had jobs, and a word for the others (the CSV keeps all twelve).
+    assert re.findall(r'data-month="([0-9-]+)"', page) == list(BILLED_MONTHS)
+    assert "9 months of the range without a job are left out." in page
     bad = browser.get(f"/teams/{setup.team.pk}/report/", {"from": "2026-99"})
     assert bad.status_code == 400 and "from" in bad.content.decode()
     assert browser.get(f"/teams/{setup.other_team.pk}/report/").status_code in (403, 404)

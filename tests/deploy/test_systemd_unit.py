@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.agent import EXIT_INSTANCE_ENDED
+from respawn.agent import EXIT_INSTANCE_ENDED
 from jobs.fleet.agent_dist import AgentDist
 from jobs.fleet.providers.base import AGENT_BIN, AGENT_MARKER, render_user_data
 
@@ -22,7 +22,7 @@ URL = "https://cp.example.org/base%20path$HOME"
 VENV_AGENT = Path(sys.executable).with_name("respawn-agent")
 
 
-AGENT = AgentDist(version="0.1.0", wheel="respawn_agent-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
+AGENT = AgentDist(version="0.1.0", wheel="respawn_ml-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
                   requirements_sha256="cd" * 32)
 
 
@@ -41,7 +41,7 @@ def unit_text(script: str) -> str:
 
 def test_user_data_pins_the_wheel_and_never_names_an_index_package():
     script = rendered()
-    assert f"respawn_agent-0.1.0-py3-none-any.whl {'ab' * 32} {'cd' * 32}" in script
+    assert f"respawn_ml-0.1.0-py3-none-any.whl {'ab' * 32} {'cd' * 32}" in script
     assert "respawn[agent]" not in script and "pip install respawn" not in script
     assert '"--no-index", "--no-deps"' in script
     assert "systemctl daemon-reload" in script
@@ -106,7 +106,7 @@ def test_the_script_runs_writes_a_0600_token_and_starts_the_unit(tmp_path):
     assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(root / "var/lib/respawn").st_mode) == 0o700
     wrapper = (root / "usr/local/bin/respawn-agent").read_text()
-    assert f"export PYTHONPATH={root}/opt/respawn/lib" in wrapper and f"exec {bin_dir}/python3 -m agents" in wrapper
+    assert f"export PYTHONPATH={root}/opt/respawn/lib" in wrapper and f"exec {bin_dir}/python3 -m respawn.agent" in wrapper
     assert "Restart=on-failure" in (root / "etc/systemd/system/respawn-agent.service").read_text()
     assert (tmp_path / "systemctl.calls").read_text().splitlines() == ["daemon-reload", "enable --now respawn-agent.service"]
 
@@ -115,10 +115,10 @@ def test_without_systemd_the_script_becomes_the_units_command(tmp_path):
     """RESPAWN_NO_SYSTEMD (never set by a cloud) execs what ExecStart names, as its
     own process, so a test can play the VM with this very script."""
     root, bin_dir, env = scratch_vm(tmp_path)
-    # python3 as the agent's wrapper runs it (`python3 -m agents ARGS`) shows how it was called.
+    # python3 as the agent's wrapper runs it (`python3 -m respawn.agent ARGS`) shows how it was called.
     (bin_dir / "python3").unlink()
     (bin_dir / "python3").write_text(
-        '#!/bin/bash\nif [ "$1 $2" = "-m agents" ]; then shift 2; printf "%s\\n" "$@"; echo "pid $$ parent $PPID"; '
+        '#!/bin/bash\nif [ "$1 $2" = "-m respawn.agent" ]; then shift 2; printf "%s\\n" "$@"; echo "pid $$ parent $PPID"; '
         f'exit 0; fi\nexec {sys.executable} "$@"\n')
     (bin_dir / "python3").chmod(0o755)
     script = tmp_path / "user-data"

@@ -59,7 +59,7 @@ def test_the_snippet_passes_preflight_as_printed(page, framework, code, tmp_path
     script.write_text(code)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")} | {"PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "agents", "preflight", "--steps", str(STEPS), "--checkpoint-interval-s", "0.2",
+        [sys.executable, "-m", "respawn.agent", "preflight", "--steps", str(STEPS), "--checkpoint-interval-s", "0.2",
          "--notice-budget-s", "20", "--run-timeout-s", "200", "--framework", framework,
          "--work-dir", str(tmp_path / "preflight"), "--", sys.executable, str(script)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)  # cwd: what the script writes stays here

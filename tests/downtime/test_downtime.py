@@ -7,7 +7,7 @@ import uuid
 import pytest
 from rest_framework.test import APIClient
 
-from agents.protocol import CheckpointKind
+from respawn.protocol import CheckpointKind
 from jobs.core.choices import EndReason, InstanceState, InterruptionKind
 from jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
 from jobs.money.downtime import Timeline, job_downtime, split, total_s
@@ -119,6 +119,10 @@ def test_the_job_detail_answers_the_downtime(recorded):
     assert "interruptions" not in listed  # the list stays one query per page, not per job
 
 
+def noticed_at(job):
+    return job_downtime(job.pk, now=at(500))[1][0].interrupted
+
+
 def test_the_job_page_shows_the_total_and_each_interruptions_parts(recorded, client):
     setup, job, old, new, third = recorded
     client.force_login(setup.people["viewer"].user)
@@ -127,6 +131,8 @@ def test_the_job_page_shows_the_total_and_each_interruptions_parts(recorded, cli
     table = html.split('id="downtime-table"')[1].split("</table>")[0]
     rows = table.split("<tr>")[2:]
     assert f"#{old.pk} notice → #{new.pk}" in rows[0]
+    interrupted = rows[0].split("</td>")[0]  # as people read a moment, the machine-readable one beside it
+    assert f">{noticed_at(job):%Y-%m-%d %H:%M:%S} UTC</time>" in interrupted and "+00:00</time>" not in interrupted
     assert [c.split(">")[-1] for c in rows[0].split("</td>")[2:8]] == ["12", "8", "50", "5", "15", "90"]
     assert "(ongoing)" in rows[1]
     assert 'id="downtime"' in html

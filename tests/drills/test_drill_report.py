@@ -13,9 +13,9 @@ from jobs.core.choices import CheckpointKind, DrillStatus, InstanceState, Interr
 from jobs.drills import report
 from jobs.drills.models import Drill
 from jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
-from respawncli import commands
-from respawncli.__main__ import main
-from respawncli.errors import EXIT_FAILED, CliError
+from respawn.cli import commands
+from respawn.cli.__main__ import main
+from respawn.cli.errors import EXIT_FAILED, CliError
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 
@@ -76,7 +76,7 @@ def test_a_drill_still_recovering_is_not_judged(setup):
 
 
 class InProcessApi:
-    """What respawncli.api.Api does, through the DRF test client as `person`."""
+    """What respawn.cli.api.Api does, through the DRF test client as `person`."""
 
     def __init__(self, person):
         self.client = client_for(person)

@@ -7,7 +7,7 @@ A played VM is
   `userData` attribute, the Compute instance's `startup-script` metadata, the ARM
   VM's `customData`), written where cloud-init puts it and run through its own
   shebang, as root's boot would;
-- its metadata service: agents.metadata_server in the cloud's flavour, answering
+- its metadata service: respawn.metadata_server in the cloud's flavour, answering
   what the cloud's own would about the VM (EC2's instance id; Compute's numeric
   id, name and zone; ARM's vmId and name) and serving notices when a test asks;
 - a process session, powered off when the VM disappears from the cloud (a spot
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agents.metadata_server import MetadataServer
+from respawn.metadata_server import MetadataServer
 
 CLOUD_INIT_SCRIPT = "var/lib/cloud/instance/scripts/part-001"
 IMAGE_DIRS = ("etc/systemd/system", "usr/local/bin", "root", "tmp")  # what a VM image has before boot

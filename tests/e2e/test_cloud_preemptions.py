@@ -39,7 +39,7 @@ from tests.factories import make_job, make_team_with_members
 from tests.providers.conftest import moto_url  # noqa: F401  (a fixture: the session's moto server)
 
 STEPS, STEP_DELAY_S = 160, 0.02
-TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS)]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS)]
 NOTICE_DEADLINE_S = 10.0
 NOTICE_SOURCE = {"aws": "aws_imds", "gcp": "gcp_metadata", "azure": "azure_scheduled_events"}
 

@@ -6,7 +6,7 @@ the job finishes with bitwise the weights of a run that did the same by hand: 3 
 to the first resume checkpoint, 2 up to the second, then 3.
 
 Real processes throughout: gunicorn, a Celery worker and beat, three detached local
-"VMs", each running the agent, which runs its rank of `agents.examples.dcp_loop`
+"VMs", each running the agent, which runs its rank of `respawn.examples.dcp_loop`
 (DistributedDataParallel over gloo, sharded checkpoints)."""
 
 import json
@@ -28,7 +28,7 @@ from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
 STEPS, EVERY, NODES = 120, 10, 3
-TRAIN = [sys.executable, "-m", "agents.examples.dcp_loop", "--wrap", "ddp", "--steps", str(STEPS), "--every",
+TRAIN = [sys.executable, "-m", "respawn.examples.dcp_loop", "--wrap", "ddp", "--steps", str(STEPS), "--every",
          str(EVERY), "--global-batch", "6"]
 
 

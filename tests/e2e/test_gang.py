@@ -34,7 +34,7 @@ from tests.history import job_story
 
 STEPS, STEP_DELAY_S, EVERY_STEPS, NODES = 150, 0.03, 25, 2
 GLOO_ERROR = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:61625: Connection reset by peer"
-TRAIN = [sys.executable, "-m", "agents.examples.tiny_gang", "--steps", str(STEPS), "--every-steps", str(EVERY_STEPS)]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny_gang", "--steps", str(STEPS), "--every-steps", str(EVERY_STEPS)]
 
 
 def exported_digest(uri: Path) -> str:
@@ -66,8 +66,8 @@ def gang_job(child_env, web_server, tmp_path):
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES,
                    command=[*TRAIN, "--step-delay", str(STEP_DELAY_S)], total_steps=STEPS,
                    checkpoint_uri=str(tmp_path / "ckpt"), allowed_clouds=["local"], instance_types=["cpu-small"],
-                   validation_model_factory="agents.examples.tiny:make_model",
-                   validation_batch_factory="agents.examples.tiny:validation_batch")
+                   validation_model_factory="respawn.examples.tiny:make_model",
+                   validation_batch_factory="respawn.examples.tiny:validation_batch")
     with local_gang_stack(job, env, tmp_path) as running:
         yield running
 
@@ -161,7 +161,7 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
 
 
 def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db, django_capture_on_commit_callbacks):
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from jobs.fleet import orchestration
     from tests.factories import make_instance
@@ -185,7 +185,7 @@ def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db,
 
 
 def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from tests.factories import make_instance
 
@@ -237,7 +237,7 @@ def test_a_rank_failing_after_its_peer_was_found_gone_is_not_judged(db):
     reconciler had found the peer gone and moved the job to recovering. It was judged
     as the code's failure, an illegal recovering -> recovering move: a 500, resent
     until the survivor was marked lost."""
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from jobs.fleet import orchestration
     from tests.factories import make_instance
@@ -259,7 +259,7 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
     """Seen in CI: a rank's exit report, resent until after its instance had been marked
     lost and the gang relaunched, asked the new gang to stop; the new gang stopped and
     the job stayed `running` with nothing running it."""
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from tests.factories import make_instance
 
@@ -275,7 +275,7 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
 
 
 def test_a_running_job_whose_last_node_stops_unasked_is_recovered(db):
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from tests.factories import make_instance
 
@@ -293,7 +293,7 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     """Each rank's exit is decided in its own transaction. Rank 1's report arrives
     while rank 0's transaction is still open: without the job's lock each saw the
     other still live and neither succeeded the job."""
-    from agents.protocol import ExitReason
+    from respawn.protocol import ExitReason
     from jobs.core import services
     from tests.factories import make_instance
     from tests.overlap import in_overlapping_transactions

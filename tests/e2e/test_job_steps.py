@@ -12,7 +12,7 @@ import sys
 import pytest
 import requests
 
-from agents.metadata_server import CONTROL_PREFIX, MetadataServer
+from respawn.metadata_server import CONTROL_PREFIX, MetadataServer
 from jobs.core.choices import EndReason, JobStatus, Market, Purpose
 from jobs.core.services import create_job
 from jobs.fleet.providers.local import LocalConfig, LocalProvider

@@ -20,7 +20,7 @@ from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
 STEPS, STEP_DELAY_S = 2400, 0.03
-TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
 def reference_digest(tmp_path: Path) -> str:
@@ -36,8 +36,8 @@ def reference_digest(tmp_path: Path) -> str:
 def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_env, web_server, tmp_path):
     # 72 s of training on VMs that live 20 s, and the market reclaims exactly the first three:
     # however slowly a loaded machine trains, the job meets three preemptions and the fourth VM
-    # finishes (unlimited, a machine training at half speed met seven, and placement rightly put
-    # a job interrupted every 20 s on back-off).
+    # finishes (unlimited, a machine training at half speed met seven; tests/e2e/test_liveness.py
+    # drives a market without a limit to the end).
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
            "RESPAWN_LOCAL_PREEMPT_EVERY_S": "20", "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3", "RESPAWN_LOCAL_NOTICE_S": "8",
            "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}
@@ -45,8 +45,8 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
                    checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0, allowed_clouds=["local"],
                    instance_types=["cpu-small"],
-                   validation_model_factory="agents.examples.tiny:make_model",
-                   validation_batch_factory="agents.examples.tiny:validation_batch")
+                   validation_model_factory="respawn.examples.tiny:make_model",
+                   validation_batch_factory="respawn.examples.tiny:validation_batch")
     job = run_to_the_end(job, env, tmp_path)
     assert job.status == JobStatus.SUCCEEDED, (job.status, job.status_reason, job.failure_message)
     assert job.preemptions >= 3

@@ -22,7 +22,7 @@ from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
 STEPS, STEP_DELAY_S = 1200, 0.03
-TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
 def start(child_env: dict, tmp_path, market: dict, **job_fields) -> tuple[Job, WebServer, dict]:

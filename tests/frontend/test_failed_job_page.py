@@ -11,9 +11,9 @@ import pytest
 from django.test import Client
 from django.utils.html import escape
 
-from agents import protocol
-from agents.agent.channel import last_exception_line, output_tail
-from agents.agent.lifecycle import MAX_EXCEPTION_CHARS
+from respawn import protocol
+from respawn.agent.channel import last_exception_line, output_tail
+from respawn.agent.lifecycle import MAX_EXCEPTION_CHARS
 from jobs.core.choices import JobStatus
 from jobs.models import Job
 from tests.agent_api.helpers import AgentClient
@@ -31,7 +31,7 @@ raise ValueError(f"checkpoint does not fit the model: unexpected shapes {sizes}"
 
 
 def crash_report(tmp_path) -> protocol.ExitReport:
-    """The exit report the agent makes of a trainer that crashed (agents.agent.lifecycle._exit_report)."""
+    """The exit report the agent makes of a trainer that crashed (respawn.agent.lifecycle._exit_report)."""
     log = tmp_path / "trainer.log"
     with open(log, "wb") as out:
         code = subprocess.run([sys.executable, "-c", CRASHING_TRAINER], stdout=out, stderr=subprocess.STDOUT).returncode

@@ -79,3 +79,38 @@ def test_a_late_checkpoint_of_an_ended_instance_moves_the_settled_figure(db):
     checkpoint(b, 1400, at=T(3, 1, 2, 59), stall_s=36.0)  # reported in the fencing grace window
     after = client.get(f"/jobs/{job.pk}/status.json").json()["money"]["detail"]["waste"]["checkpoint_stalls"]
     assert (before, after) == ("0.00150000", "0.00870000")  # + 36 s at 0.72 $/h
+
+
+def test_spent_and_saved_add_up_to_on_demand_as_shown_however_small_the_figures():
+    import random
+
+    from respawn.vocabulary.money import money_figures
+
+    def amount(text: str) -> Decimal:
+        return Decimal(text.split(" ")[0].replace("$", "").replace(",", ""))
+
+    # The job: "spent $0.005 / on-demand $0.01 / savings $0.01 (56 %)".
+    assert money_figures("0.0046", "0.0058", "0.0104") == {
+        "spent": "$0.0046", "on_demand_baseline": "$0.0104", "savings": "$0.0058 (56%)"}
+    rng = random.Random(34)
+    for _ in range(2000):
+        spent = Decimal(rng.randrange(0, 10 ** rng.randrange(1, 12))).scaleb(-8)
+        baseline = Decimal(rng.randrange(0, 10 ** rng.randrange(1, 12))).scaleb(-8)
+        shown = money_figures(spent, baseline - spent, baseline)
+        assert amount(shown["spent"]) + amount(shown["savings"]) == amount(shown["on_demand_baseline"]), shown
+        assert abs(amount(shown["spent"]) - spent) <= max(Decimal("0.005"), spent / 10), (spent, shown)
+
+
+def test_the_artifact_path_is_shown_whole_with_a_button_that_copies_it(db):
+    import re
+
+    from tests.factories import make_job
+
+    setup = make_team_with_members()
+    member = setup.people["member"]
+    uri = "file:///var/lib/respawn/checkpoints/team-vision/job-0042/export/step-00004500/model.safetensors"
+    job = make_job(setup.team, member.user, artifact_uri=uri, artifact_digest="sha256:" + "ab" * 32)
+    html = signed_in(member).get(f"/jobs/{job.pk}/").content.decode()
+    shown = re.search(r'<code data-field="artifact" id="artifact-uri">([^<]*)</code>', html)
+    assert shown and shown[1] == uri  # the whole of it, nothing cut
+    assert '<button type="button" class="copy" data-copies="artifact-uri">Copy path</button>' in html

@@ -13,10 +13,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.checkpoint import manifest
-from agents.checkpoint.errors import CorruptCheckpointError
-from agents.checkpoint.manifest import FileEntry
-from agents.checkpoint.storage import open_storage
+from respawn.checkpoint import manifest
+from respawn.checkpoint.errors import CorruptCheckpointError
+from respawn.checkpoint.manifest import FileEntry
+from respawn.checkpoint.storage import open_storage
 
 CKPT = "job-1/step-00000007"
 json_values = st.recursive(

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from respawncli.jobspec import FIELDS, InvalidSpec, load_job_spec
+from respawn.cli.jobspec import FIELDS, InvalidSpec, load_job_spec
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, layout
-from agents.checkpoint.reader import CheckpointRef, load
-from agents.checkpoint.storage.local import LocalStorage
-from agents.examples.dcp_loop import first_difference
+from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState, layout
+from respawn.checkpoint.reader import CheckpointRef, load
+from respawn.checkpoint.storage.local import LocalStorage
+from respawn.examples.dcp_loop import first_difference
 
 from . import CUDA, on_host
 

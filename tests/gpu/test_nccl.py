@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, ShardedCheckpointer, TrainState
-from agents.checkpoint.distributed import init_process_group, leave_process_group
-from agents.examples import dcp_loop
+from respawn.checkpoint import CheckpointConfig, Checkpointer, ShardedCheckpointer, TrainState
+from respawn.checkpoint.distributed import init_process_group, leave_process_group
+from respawn.examples import dcp_loop
 from tests.checkpoint.ranks import free_port
 
 from . import CUDA, on_host

@@ -25,20 +25,20 @@ from torch import nn
 
 pytest.importorskip("accelerate")
 
-from agents.checkpoint import layout, manifest  # noqa: E402
-from agents.checkpoint.validation import has_meta_state, load_model_weights  # noqa: E402
+from respawn.checkpoint import layout, manifest  # noqa: E402
+from respawn.checkpoint.validation import has_meta_state, load_model_weights  # noqa: E402
 
 from .trials import (ROOT, kill_mid_save, newest_committed, preflight, reference_run_finished, reports, run,  # noqa: E402
                      start, wait_for)
 
-MODULE = "agents.examples.accelerate_loop"
+MODULE = "respawn.examples.accelerate_loop"
 ARGS = ("--steps", "30", "--every-steps", "5")
 # Bitwise equal after a resume; random_states_0.pkl is not compared: it holds the loader
 # generator's state, which the resumed run's fresh iterator (skip_first_batches) advanced
 # differently, and state.json names its own checkpoint id.
 COMPARED = ("model.safetensors", "optimizer.bin", "scheduler.bin")
-FACTORIES = {"RESPAWN_MODEL_FACTORY": "agents.examples.tiny_lm:make_model",
-             "RESPAWN_BATCH_FACTORY": "agents.examples.tiny_lm:validation_batch"}
+FACTORIES = {"RESPAWN_MODEL_FACTORY": "respawn.examples.tiny_lm:make_model",
+             "RESPAWN_BATCH_FACTORY": "respawn.examples.tiny_lm:validation_batch"}
 RAISES = "tests.checkpoint.factories:eval_fn_that_raises"
 NAN = "tests.checkpoint.factories:eval_fn_that_gives_nan"
 
@@ -54,7 +54,7 @@ def tree(uri) -> list:
 
 def validate(uri: str, *args: str) -> tuple[int, dict]:
     """The agent's validator process on checkpoint `uri`: its exit code and verdict."""
-    done = subprocess.run([sys.executable, "-m", "agents.checkpoint.validate", uri, *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "respawn.checkpoint.validate", uri, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     return done.returncode, json.loads(done.stdout.splitlines()[-1])
 
@@ -116,8 +116,8 @@ def test_the_validator_process_checks_an_accelerate_checkpoint(uninterrupted):
     assert (code, verdict["result"]) == (2, "error") and "labels out of range" in verdict["message"], verdict
     code, verdict = validate(uri, *job, f"--eval-fn={NAN}")
     assert (code, verdict["result"]) == (2, "error") and "not a finite number" in verdict["message"], verdict
-    code, verdict = validate(uri, "--no-record", "--model-factory", "agents.examples.tiny:make_model",
-                             "--batch-factory", "agents.examples.tiny:validation_batch")
+    code, verdict = validate(uri, "--no-record", "--model-factory", "respawn.examples.tiny:make_model",
+                             "--batch-factory", "respawn.examples.tiny:validation_batch")
     assert (code, verdict["result"]) == (2, "error") and "does not fit the model" in verdict["message"], verdict
     assert tree(uninterrupted) == before
 
@@ -197,7 +197,7 @@ def test_a_notice_save_past_its_deadline_commits_nothing_and_says_so(uninterrupt
 
 def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):
     uri = tmp_path / "ckpt"
-    assert run("agents.examples.tiny", uri, "--steps", "3")[0] == 0
+    assert run("respawn.examples.tiny", uri, "--steps", "3")[0] == 0
     before = tree(uri)
     code, out = run(MODULE, uri, *ARGS)
     assert code != 0
@@ -206,7 +206,7 @@ def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):
 
 
 def test_the_validators_reader_of_accelerate_checkpoints_imports_no_accelerate():
-    probe = "import sys, agents.integrations.accelerate; print('accelerate' in sys.modules)"
+    probe = "import sys, respawn.integrations.accelerate; print('accelerate' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 

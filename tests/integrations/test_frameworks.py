@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState
-from agents.examples import tiny_lm
+from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState
+from respawn.examples import tiny_lm
 
 from .trials import (ROOT, differing, final_state, kill_mid_save, newest_committed, preflight, reference_run_finished,
                      reports, run, start, wait_for)
@@ -45,8 +45,8 @@ class Framework:
 
 
 FRAMEWORKS = {
-    "hf": Framework("hf", "agents.examples.hf_trainer", "lightning", "was written by the Lightning integration (lightning)"),
-    "lightning": Framework("lightning", "agents.examples.lightning_module", "hf",
+    "hf": Framework("hf", "respawn.examples.hf_trainer", "lightning", "was written by the Lightning integration (lightning)"),
+    "lightning": Framework("lightning", "respawn.examples.lightning_module", "hf",
                            "was written by the Hugging Face Trainer integration (hf)"),
 }
 
@@ -135,8 +135,8 @@ def test_another_frameworks_checkpoint_is_refused_and_kept(framework, tmp_path):
 
 
 def test_the_agent_and_the_checkpoint_library_import_no_framework():
-    probe = ("import sys, agents.__main__, agents.agent.lifecycle, agents.checkpoint.checkpointer, "
-             "agents.checkpoint.validate, agents.integrations; "
+    probe = ("import sys, respawn.agent.__main__, respawn.agent.lifecycle, respawn.checkpoint.checkpointer, "
+             "respawn.checkpoint.validate, respawn.integrations; "
              "print(sorted(m for m in ('transformers', 'accelerate', 'lightning', 'pytorch_lightning') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr
@@ -144,8 +144,8 @@ def test_the_agent_and_the_checkpoint_library_import_no_framework():
 
 def test_hf_checkpoints_are_validated_with_the_models_own_loss(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    monkeypatch.setenv("RESPAWN_MODEL_FACTORY", "agents.examples.hf_trainer:make_model")
-    monkeypatch.setenv("RESPAWN_BATCH_FACTORY", "agents.examples.hf_trainer:validation_batch")
+    monkeypatch.setenv("RESPAWN_MODEL_FACTORY", "respawn.examples.hf_trainer:make_model")
+    monkeypatch.setenv("RESPAWN_BATCH_FACTORY", "respawn.examples.hf_trainer:validation_batch")
     uri = tmp_path / "ckpt"
     code, out = run(FRAMEWORKS["hf"].module, uri, "--steps", "12", "--every-steps", "6", keep_env=("RESPAWN_MODEL_FACTORY", "RESPAWN_BATCH_FACTORY"))
     assert code == 0, out

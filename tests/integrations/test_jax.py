@@ -1,7 +1,7 @@
-"""JAX / Flax / optax with Orbax under agents.integrations.jax (issue 18 item 5): real
+"""JAX / Flax / optax with Orbax under respawn.integrations.jax (issue 18 item 5): real
 processes, real signals, CPU JAX.
 
-The example (agents/examples/jax_flax.py) is run uninterrupted, stopped by SIGTERM and
+The example (agents/respawn/examples/jax_flax.py) is run uninterrupted, stopped by SIGTERM and
 resumed, SIGKILLed while a save is being written and resumed: the resumed runs end
 bitwise equal to the uninterrupted one (params, optimizer state, PRNG key) with the
 same data position. The agent's validator process validates a JAX checkpoint with the
@@ -20,14 +20,14 @@ import pytest
 
 pytest.importorskip("orbax.checkpoint")
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, TrainState, layout  # noqa: E402
-from agents.checkpoint.reader import ref_from_uri  # noqa: E402
-from agents.examples import jax_flax, tiny  # noqa: E402
-from agents.integrations.jax import load_checkpoint, restore_state  # noqa: E402
+from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState, layout  # noqa: E402
+from respawn.checkpoint.reader import ref_from_uri  # noqa: E402
+from respawn.examples import jax_flax, tiny  # noqa: E402
+from respawn.integrations.jax import load_checkpoint, restore_state  # noqa: E402
 
 from .trials import ROOT, kill_mid_save, newest_committed, reference_run_finished, reports, run, start, wait_for  # noqa: E402
 
-MODULE = "agents.examples.jax_flax"
+MODULE = "respawn.examples.jax_flax"
 STEPS = 30
 ARGS = ("--steps", str(STEPS), "--every-steps", "8")
 
@@ -104,7 +104,7 @@ def test_sigkill_mid_save_resumes_from_the_previous_commit(uninterrupted, tmp_pa
 def test_the_validator_process_checks_a_jax_checkpoint_with_the_scripts_eval_fn(uninterrupted):
     uri = f"{uninterrupted}/{layout.step_dir(STEPS)}"
     assert saved(uninterrupted, STEPS)[1]["reference_loss"] > 0
-    validate = [sys.executable, "-m", "agents.checkpoint.validate", uri, "--no-record"]
+    validate = [sys.executable, "-m", "respawn.checkpoint.validate", uri, "--no-record"]
     proc = subprocess.run(validate, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["result"] == "valid"
@@ -121,7 +121,7 @@ def test_preflight_proves_the_jax_example_resumes(tmp_path):
     """`respawn-agent preflight --framework jax`: the four runs, the reference loss of every
     checkpoint compared, the checkpoints' framework checked."""
     proc = subprocess.run(
-        [sys.executable, "-m", "agents", "preflight", "--steps", "120", "--checkpoint-interval-s", "0.3",
+        [sys.executable, "-m", "respawn.agent", "preflight", "--steps", "120", "--checkpoint-interval-s", "0.3",
          "--notice-budget-s", "20", "--run-timeout-s", "200", "--framework", "jax", "--work-dir", str(tmp_path / "pf"),
          "--", sys.executable, "-m", MODULE, "--validate", "--step-delay", "0.02"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -129,7 +129,7 @@ def test_preflight_proves_the_jax_example_resumes(tmp_path):
     assert "same checkpoint reference loss at" in proc.stdout and "(jax checkpoints)" in proc.stdout
     # The same script checked as another kind fails, naming what wrote its checkpoints.
     proc = subprocess.run(
-        [sys.executable, "-m", "agents", "preflight", "--steps", "40", "--checkpoint-interval-s", "0.3",
+        [sys.executable, "-m", "respawn.agent", "preflight", "--steps", "40", "--checkpoint-interval-s", "0.3",
          "--framework", "torch", "--work-dir", str(tmp_path / "pf-torch"),
          "--", sys.executable, "-m", MODULE, "--step-delay", "0.5"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -152,7 +152,7 @@ def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):
 def test_the_agent_preflight_and_validator_import_no_jax():
     """jax is imported for a JAX checkpoint only, inside the validator process."""
     modules = ("jax", "flax", "optax", "orbax")
-    probe = ("import sys, agents.__main__, agents.agent.lifecycle, agents.agent.preflight, agents.checkpoint.validate, "
-             f"agents.integrations; print([m for m in {modules!r} if m in sys.modules])")
+    probe = ("import sys, respawn.agent.__main__, respawn.agent.lifecycle, respawn.agent.preflight, respawn.checkpoint.validate, "
+             f"respawn.integrations; print([m for m in {modules!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from agents.checkpoint import layout
-from agents.checkpoint.reader import committed, load, ref_from_uri
-from agents.checkpoint.storage.local import LocalStorage
+from respawn.checkpoint import layout
+from respawn.checkpoint.reader import committed, load, ref_from_uri
+from respawn.checkpoint.storage.local import LocalStorage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +81,7 @@ def kill_mid_save(module: str, uri: Path, *args: str) -> tuple[int, int]:
 def preflight(framework: str, work_dir: Path, *script_args: str) -> subprocess.CompletedProcess:
     """`respawn-agent preflight --framework <framework> -- <script_args>`: its four runs."""
     return subprocess.run(
-        [sys.executable, "-m", "agents", "preflight", "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20",
+        [sys.executable, "-m", "respawn.agent", "preflight", "--checkpoint-interval-s", "0.2", "--notice-budget-s", "20",
          "--run-timeout-s", "200", "--framework", framework, "--work-dir", str(work_dir), "--", *script_args],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
 

@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from agents.agent.config import SETTINGS_ENV
+from respawn.agent.config import SETTINGS_ENV
 from jobs.core import secret_env
 from jobs.fleet.providers.base import CloudState, PrecheckError
 from jobs.fleet.providers.local import LocalConfig, isolation_off_because

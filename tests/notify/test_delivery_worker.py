@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import Channel, DeliveryStatus, JobStatus
 from jobs.core.choices import NotificationKind as Kind
 from jobs.core.transitions import transition_job

@@ -11,7 +11,7 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import Channel, DeliveryStatus, EndReason, InstanceState, JobStatus
 from jobs.core.choices import NotificationKind as Kind
 from jobs.core.services import record_validation

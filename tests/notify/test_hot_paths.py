@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import Channel, JobStatus
 from jobs.core.choices import NotificationKind as Kind
 from jobs.fleet import orchestration

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 from django.db.models import F
 
-from agents.protocol import ExitReason
+from respawn.protocol import ExitReason
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState
 from jobs.fleet import orchestration

@@ -43,7 +43,7 @@ def test_a_vm_terminated_by_the_stopping_control_plane_ends_cancelled_then_and_c
         local_cloud, tmp_path, django_capture_on_commit_callbacks):
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], instance_types=["cpu-small"],
-                   command=[sys.executable, "-m", "agents.examples.tiny", "--step-delay", "0.02"],
+                   command=[sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.02"],
                    total_steps=100_000, checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0)
     with django_capture_on_commit_callbacks():  # its launch message: launched right here instead
         [instance_id] = orchestration.provision(job)

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents.protocol import Action
+from respawn.protocol import Action
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.fleet import orchestration

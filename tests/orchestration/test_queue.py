@@ -1,6 +1,8 @@
 """The team queue: priorities, GPU limits, and fairness between busy teams over
 simulated hours (placement on the local provider's price book)."""
 
+import re
+
 import pytest
 
 from jobs.core.choices import EndReason, InstanceState, JobStatus
@@ -75,4 +77,34 @@ def test_on_demand_after_n_preemptions(local_only, db):
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], on_demand_after_preemptions=2,
                    preemptions=2)
     orchestration.schedule()
-    assert Instance.objects.get(job=job).market == "on_demand"
+    instance = Instance.objects.get(job=job)
+    # The price book prices local on-demand region-wide: the VM goes to a zone the provider has.
+    assert (instance.market, instance.zone) == ("on_demand", "local-a")
+
+
+def test_a_launch_refused_for_a_zone_respawn_chose_is_not_blamed_on_the_jobs_spec(local_only, db, tmp_path):
+    local_only.RESPAWN = {**local_only.RESPAWN, "PROVIDER_CONFIG": {
+        **local_only.RESPAWN["PROVIDER_CONFIG"], "local": {"root": str(tmp_path / "vms")}}}
+    orchestration.provider_for.cache_clear()
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"])
+    orchestration.schedule()
+    Instance.objects.filter(job=job).update(zone="local")  # what the price book's region-wide quote gave before
+    orchestration.launch(Instance.objects.get(job=job).pk)
+    orchestration.provider_for.cache_clear()
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED and job.failure_cause == "controller"
+    assert "not your job's spec" in job.failure_message
+
+
+def test_every_waiting_job_says_why_and_when_it_is_tried_again(local_only, db):
+    setup = make_team_with_members()
+    Team.objects.filter(pk=setup.team.pk).update(max_concurrent_gpus=0)
+    held = make_job(setup.team, setup.people["member"].user, name="held", allowed_clouds=["local"])
+    other = make_team_with_members("other")
+    priced_out = make_job(other.team, other.people["member"].user, allowed_clouds=["local"], max_price_per_hour="0.01")
+    orchestration.schedule()
+    for job in (held, priced_out):
+        job.refresh_from_db()
+        assert job.status == JobStatus.QUEUED and re.search(r"; next try at \d\d:\d\d:\d\d UTC$", job.status_reason), \
+            job.status_reason

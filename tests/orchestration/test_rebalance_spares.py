@@ -11,8 +11,8 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from agents import protocol
-from agents.protocol import Action
+from respawn import protocol
+from respawn.protocol import Action
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.fleet import orchestration

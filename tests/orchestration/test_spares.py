@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from agents.protocol import Action
+from respawn.protocol import Action
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.core.transitions import end_instance

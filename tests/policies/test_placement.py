@@ -49,7 +49,40 @@ def test_on_demand_wins_when_spot_is_interrupted_too_often_to_progress():
                            interval_s=60) == float("inf")
     decision = choose_placement([hopeless, option("us-east-1a", market="on_demand", price=3.06)], **PLAN)
     assert decision.chosen.market == "on_demand"
-    assert decision.ranked[-1].excluded == "interrupted too often to make progress"
+    assert decision.ranked[-1].option == hopeless and decision.ranked[-1].cost == float("inf")
+
+
+def test_where_the_model_finds_every_placement_hopeless_the_least_bad_is_still_tried():
+    # The demo's market: a VM reclaimed every 2 minutes, and the prior's 6-minute restart.
+    every_2_min = [option("us-east-1a", price=0.3, per_hour=30.0), option("us-east-1b", price=0.3, per_hour=40.0)]
+    decision = choose_placement(every_2_min, **PLAN)
+    assert decision.chosen.zone == "us-east-1a"
+    assert "least-bad" in decision.reason
+
+
+def test_the_jobs_own_record_on_a_market_wins_over_the_model():
+    # Reclaimed every 2 minutes, but each notice save committed: the job kept 70 % of its VMs' time.
+    kept = Option(**{**{f: getattr(option("us-east-1a"), f) for f in Option.__slots__}, "rate": rate(30.0),
+                     "price_per_hour": 0.3, "kept_fraction": 0.7})
+    decision = choose_placement([kept, option("us-east-1a", market="on_demand", price=1.0)], **PLAN)
+    assert decision.chosen.market == "spot"
+    assert decision.ranked[0].wall_s == pytest.approx(PLAN["work_s"] / 0.7)
+
+
+def test_preemptions_whose_notice_save_committed_put_nothing_on_back_off():
+    key, now = TABLE[0].key, PLAN["now"]
+    saved = [PlacementEvent(key=key, kind="preempted", at=now - 60 * m, saved=True) for m in (1, 3, 5, 7)]
+    assert backoff_until(saved, key, now) is None
+    lost = [PlacementEvent(key=key, kind="preempted", at=now - 60 * m) for m in (1, 3, 5)]
+    assert backoff_until(lost, key, now) == now - 60 + 1800
+
+
+def test_a_job_held_by_back_off_is_told_when_it_ends():
+    now = PLAN["now"]
+    events = [PlacementEvent(key=o.key, kind="capacity_error", at=now - 60 * n) for n, o in enumerate(TABLE)]
+    decision = choose_placement(TABLE, events=events, **PLAN)
+    assert decision.chosen is None
+    assert decision.retry_at == now - 60 * 3 + 300  # the oldest error's back-off ends first
 
 
 def test_a_capacity_error_puts_a_placement_on_back_off_that_doubles_and_expires():

@@ -84,3 +84,17 @@ def test_on_demand_is_never_interrupted_and_availability_blends_its_prior():
     assert many == pytest.approx(0.25, abs=0.01)
     with pytest.raises(ValueError, match="available_s <= observed_s"):
         estimate_availability(available_s=2, observed_s=1)
+
+
+def test_the_point_estimate_people_read_lies_inside_its_interval_however_thin_the_evidence():
+    prior = RatePrior.from_bucket()
+    for events in range(6):
+        for hours in (0.01, 0.03, 0.1, 0.3, 1, 3, 10, 100, 1000):
+            lives = ([Lifetime(hours=hours / events, interrupted=True)] * events if events
+                     else [Lifetime(hours=hours, interrupted=False)])
+            est = estimate_rate(lives, prior)
+            low, high = est.credible_per_hour
+            assert low <= est.median_per_hour <= high, (events, hours, est)
+    # The figures: one interruption in 6 minutes. The mean, for expected cost, is past the interval.
+    thin = estimate_rate([Lifetime(hours=0.1, interrupted=True)], prior)
+    assert thin.per_hour > thin.credible_per_hour[1]

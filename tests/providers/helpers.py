@@ -37,7 +37,7 @@ class MotoRecorder:
         return found
 
 
-AGENT = AgentDist(version="0.1.0", wheel="respawn_agent-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
+AGENT = AgentDist(version="0.1.0", wheel="respawn_ml-0.1.0-py3-none-any.whl", wheel_sha256="ab" * 32,
                   requirements_sha256="cd" * 32)
 USER_DATA = render_user_data(control_plane_url="http://127.0.0.1:8000", bootstrap_token="boot-tok-1", provider="test",
                              agent=AGENT)

@@ -1,5 +1,5 @@
 """A job's trainer that checks what it was given and tries what a hostile one would,
-printing names and outcomes, never a value; then trains agents.examples.tiny."""
+printing names and outcomes, never a value; then trains respawn.examples.tiny."""
 
 import hashlib
 import os
@@ -17,4 +17,4 @@ for path in private:
         print(f"read {path}: {type(exc).__name__}", flush=True)
 if got != want_digest:
     sys.exit(3)
-os.execv(sys.executable, [sys.executable, "-m", "agents.examples.tiny", "--steps", "30", "--step-delay", "0.02"])
+os.execv(sys.executable, [sys.executable, "-m", "respawn.examples.tiny", "--steps", "30", "--step-delay", "0.02"])

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core import services
 from jobs.core.choices import EndReason, InstanceState, JobStatus
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, LogChunk

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import InstanceState
 from jobs.fleet import orchestration
 from jobs.fleet.placement import placement_events

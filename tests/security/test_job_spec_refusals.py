@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 
 from jobs.models import Job
-from respawncli.jobspec import InvalidSpec, load_job_spec
+from respawn.cli.jobspec import InvalidSpec, load_job_spec
 from tests.api.clients import client_for
 
 GOOD = {"name": "refused", "command": ["python", "train.py"]}

@@ -11,7 +11,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Instance
 from tests.agent_api.helpers import AgentClient, checkpoint_report

@@ -7,7 +7,7 @@ from __future__ import annotations
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents import protocol
+from respawn import protocol
 from jobs.core.choices import InstanceState
 from jobs.fleet.orchestration import bootstrap_token_for
 from jobs.people.tokens import hash_token

@@ -16,7 +16,7 @@ from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_job
 from tests.security.leaks import tokens_in, tokens_in_database, tokens_in_files
 
-TRAIN = [sys.executable, "-m", "agents.examples.tiny", "--steps", "40", "--step-delay", "0.02"]
+TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", "40", "--step-delay", "0.02"]
 
 
 def people_use_their_tokens(url: str, person) -> list[str]:
@@ -50,8 +50,8 @@ def test_no_process_logs_a_token_over_a_whole_job(team_setup, child_env, tmp_pat
     env["RESPAWN_API_URL"] = web.url
     job = make_job(team_setup.team, person.user, command=TRAIN, total_steps=40, checkpoint_uri=str(tmp_path / "ckpt"),
                    checkpoint_interval_s=1.0, allowed_clouds=["local"], instance_types=["cpu-small"],
-                   validation_model_factory="agents.examples.tiny:make_model",
-                   validation_batch_factory="agents.examples.tiny:validation_batch")
+                   validation_model_factory="respawn.examples.tiny:make_model",
+                   validation_batch_factory="respawn.examples.tiny:validation_batch")
     worker, beat = start_worker_and_beat(env, tmp_path, concurrency=2, loglevel="DEBUG")
     try:
         sent = people_use_their_tokens(web.url, person)

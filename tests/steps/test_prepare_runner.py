@@ -1,4 +1,4 @@
-"""The prepare step's runner (agents.agent.prepare) against real local storage, with
+"""The prepare step's runner (respawn.agent.prepare) against real local storage, with
 the prepare command a real process. It runs the command once per content key, and
 a later run with the same key fetches the stored outputs instead. (The runner is
 called in-process: a process of its own would spend most of each test importing torch.)"""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.agent.prepare import MANIFEST, main
+from respawn.agent.prepare import MANIFEST, main
 from tests.conftest import ROOT
 
 PREPARE = [sys.executable, "-m", "tests.steps.programs", "prepare"]

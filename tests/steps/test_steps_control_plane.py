@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol
+from respawn import protocol
 from jobs.core import services
 from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus, Market, Purpose
 from jobs.core.transitions import end_instance
 from jobs.fleet import orchestration
 from jobs.models import Instance, Job
-from respawncli.jobspec import InvalidSpec, load_job_spec
+from respawn.cli.jobspec import InvalidSpec, load_job_spec
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members

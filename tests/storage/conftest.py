@@ -163,7 +163,7 @@ def backend(request):
 
 @pytest.fixture
 def storage(backend, request, tmp_path):
-    from agents.checkpoint.storage import open_storage
+    from respawn.checkpoint.storage import open_storage
 
     if backend == "local":
         return open_storage(str(tmp_path / "ckpt"))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.checkpoint import CheckpointConfig, Checkpointer, layout
-from agents.checkpoint.reader import committed
-from agents.checkpoint.storage import open_storage
-from agents.examples import tiny
+from respawn.checkpoint import CheckpointConfig, Checkpointer, layout
+from respawn.checkpoint.reader import committed
+from respawn.checkpoint.storage import open_storage
+from respawn.examples import tiny
 
 from .conftest import CLOUD_BACKENDS
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from agents.checkpoint.storage import StorageError, UnknownSchemeError, open_storage
-from agents.checkpoint.storage.gcs import GCSStorage
-from agents.checkpoint.storage.objectstore import PartedUploadConfig
+from respawn.checkpoint.storage import StorageError, UnknownSchemeError, open_storage
+from respawn.checkpoint.storage.gcs import GCSStorage
+from respawn.checkpoint.storage.objectstore import PartedUploadConfig
 
 from .conftest import CLOUD_BACKENDS, SCHEMES
 from .test_conformance import MULTIPART_BYTES, random_bytes, write_in_uneven_chunks
@@ -155,7 +155,7 @@ def test_azure_a_blob_leased_by_someone_else_fails_the_writer_and_keeps_the_old_
 
 @pytest.mark.parametrize("backend", ["s3"])
 def test_an_object_past_the_part_limit_is_refused_and_not_published(backend, cloud_uri):
-    from agents.checkpoint.storage.s3 import S3Storage
+    from respawn.checkpoint.storage.s3 import S3Storage
 
     storage = S3Storage(cloud_uri, PartedUploadConfig(part_size=5 * MIB, max_concurrency=2))
     writer = storage.open_writer("job/data")

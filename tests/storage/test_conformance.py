@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from agents.checkpoint.storage import StorageError
+from respawn.checkpoint.storage import StorageError
 
 MIB = 1024 * 1024
 # Above 2 parts at the default 8 MiB part / chunk size, so each backend's
@@ -52,7 +52,7 @@ def test_a_background_writer_takes_page_aligned_and_unaligned_spans_alike(storag
     whatever mix of alignments they came in, and the caller may reuse each span at once."""
     import torch
 
-    from agents.checkpoint.snapshot import PAGE, _page_aligned
+    from respawn.checkpoint.snapshot import PAGE, _page_aligned
 
     data = random_bytes(3 * MIB + 5 * PAGE + 17)
     aligned = _page_aligned(len(data))

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from agents.checkpoint import layout, manifest
-from agents.checkpoint.storage import open_storage
+from respawn.checkpoint import layout, manifest
+from respawn.checkpoint.storage import open_storage
 from tests.checkpoint.test_eval_fn import validate_cli
 from tests.checkpoint.test_sharded import VALIDATION, global_batches, resume, resumed_batches, write
 

@@ -178,9 +178,9 @@
     setField(figures, "waste", money.waste_display);
     setField(figures, "waste-parts", money.waste_parts_display);
     setField(figures, "preemptions", `${job.preemptions}`);
-    const artifact = job.artifact_uri ? `${job.artifact_uri} (${job.artifact_digest})` : "–";
-    setField(figures, "artifact", artifact);
-    figures.querySelector('[data-field="artifact"]').title = job.artifact_uri ? artifact : "";
+    setField(figures, "artifact", job.artifact_uri || "–");
+    setField(figures, "artifact-digest", job.artifact_uri ? job.artifact_digest : "");
+    figures.querySelector('button[data-copies="artifact-uri"]').hidden = !job.artifact_uri;
     const costError = document.querySelector('[data-field="cost-error"]');
     costError.hidden = !money.cost_error;
     costError.textContent = money.cost_error || "";
@@ -245,6 +245,20 @@
   });
   live.now();
 
+  for (const button of document.querySelectorAll("button[data-copies]")) {
+    // The whole path, as the page shows it, onto the clipboard (the page writes no text of its own there).
+    button.addEventListener("click", async () => {
+      const text = document.getElementById(button.dataset.copies).textContent;
+      try {
+        await navigator.clipboard.writeText(text);
+        button.textContent = "Copied";
+      } catch (error) {
+        getSelection().selectAllChildren(document.getElementById(button.dataset.copies));
+        button.textContent = "Selected: press Ctrl+C";
+      }
+      setTimeout(() => { button.textContent = "Copy path"; }, 2000);
+    });
+  }
   const cancel = document.getElementById("cancel-form");
   cancel.addEventListener("submit", async (event) => {
     event.preventDefault();

@@ -52,6 +52,9 @@ class IntervalDecision:
     checkpoint_cost_s: float
     unnoticed_mtbi_s: float
     young_daly_s: float
+    mtbi_s: float | None = None
+    """Mean time between interruptions of any kind there (the noticed ones cost only their
+    downtime; M above counts the others), so the page can say both."""
 
 
 def daly_interval(cost_s: float, mtbi_s: float) -> float:
@@ -72,7 +75,8 @@ def checkpoint_interval(*, checkpoint_cost_s: float, rate: RateEstimate,
     per_hour = rate.unnoticed_per_hour
     mtbi_s = 3600 / per_hour if per_hour > 0 else math.inf
     young_daly = daly_interval(checkpoint_cost_s, mtbi_s)
-    inputs = dict(checkpoint_cost_s=checkpoint_cost_s, unnoticed_mtbi_s=mtbi_s, young_daly_s=young_daly)
+    inputs = dict(checkpoint_cost_s=checkpoint_cost_s, unnoticed_mtbi_s=mtbi_s, young_daly_s=young_daly,
+                  mtbi_s=3600 / rate.per_hour if rate.per_hour > 0 else math.inf)
     if override is not None:
         if override.steps is not None:
             if not seconds_per_step or seconds_per_step <= 0:

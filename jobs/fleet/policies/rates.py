@@ -108,6 +108,11 @@ class RateEstimate:
     prior_per_hour: float
     credible_per_hour: tuple[float, float] | None = None
     """The rate's equal-tailed 90 % credible interval, (low, high) per hour; None when not computed."""
+    median_per_hour: float | None = None
+    """The posterior median: the point estimate people read beside the interval, which it always
+    lies inside. The mean (`per_hour`, what expected cost needs) may not: on thin evidence the
+    mixture's heavy component pulls it past the interval's top (one event in 6 min: mean 0.24/h,
+    90 % interval 0.00035-0.025/h)."""
 
     @property
     def mtbi_hours(self) -> float:
@@ -140,6 +145,7 @@ def estimate_rate(lifetimes, prior: RatePrior) -> RateEstimate:
         exposure_hours=exposure,
         prior_per_hour=prior.per_hour,
         credible_per_hour=(_quantile(posterior, tail), _quantile(posterior, 1 - tail)),
+        median_per_hour=_quantile(posterior, 0.5),
     )
 
 

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from agents.agent import EXIT_INSTANCE_ENDED
+from respawn.agent import EXIT_INSTANCE_ENDED
 from jobs.core.choices import Market
 
 TAG_JOB = "respawn:job"
@@ -87,6 +87,14 @@ class PrecheckError(ProviderError):
     """Quota, credentials or an invalid spec: fail the job with the cloud's message."""
 
     kind = "prechecks"
+    # Refusals of what the control plane chose or built (the zone it placed a VM in, the
+    # launch request), never of the user's credentials, quota or spec: the job's failure
+    # is the controller's, and the user is not told to fix their job.
+    OURS = frozenset({"InvalidZone", "InvalidRequest"})
+
+    @property
+    def ours(self) -> bool:
+        return self.code in self.OURS
 
 
 class TransientError(ProviderError):
@@ -262,7 +270,7 @@ def agent_argv(*, control_plane_url: str, provider: str) -> list[str]:
 
 def render_agent_unit(*, control_plane_url: str, provider: str, env: dict[str, str] | None = None) -> str:
     """The systemd unit that keeps the agent running: restarted when it fails (it
-    resumes its session: agents.agent.session), a bounded number of times so a
+    resumes its session: respawn.agent.session), a bounded number of times so a
     broken agent does not spin forever, and not once its instance has ended."""
     argv = agent_argv(control_plane_url=control_plane_url, provider=provider)
     environment = [f"Environment={systemd_quote(f'{name}={value}')}" for name, value in (env or {}).items()]
@@ -336,7 +344,7 @@ def render_user_data(*, control_plane_url: str, bootstrap_token: str, provider: 
             "RESPAWN_INSTALLER",
             # systemd's PATH may lack the image's python3 (e.g. /opt/conda/bin): pin its path.
             'py=$(command -v python3)',
-            f"printf '#!/bin/bash\\nexport PYTHONPATH=%q${{PYTHONPATH:+:$PYTHONPATH}}\\nexec %q -m agents \"$@\"\\n' "
+            f"printf '#!/bin/bash\\nexport PYTHONPATH=%q${{PYTHONPATH:+:$PYTHONPATH}}\\nexec %q -m respawn.agent \"$@\"\\n' "
             f'{w(AGENT_LIB)} "$py" > {w(AGENT_BIN)}',
             f"chmod 755 {w(AGENT_BIN)}",
             f"cat > {w(AGENT_UNIT)} <<'RESPAWN_UNIT'",

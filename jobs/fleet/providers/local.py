@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import agents
-from agents.agent.config import SETTINGS_ENV
+import respawn
+from respawn.agent.config import SETTINGS_ENV
 from jobs.core.choices import Market
 from jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, LaunchRequest, PrecheckError, Provider
 from jobs.fleet.providers.local_market import MarketConfig, SpotMarket
@@ -68,11 +68,11 @@ class LocalConfig:
     """Interpreter that runs the VM supervisor (and, by default, the agent); its directory comes first
     on the VM's PATH, so `python` in a job's command is this one."""
     agent_command: tuple[str, ...] = ()
-    """The agent's program; `run` and its flags are appended. Empty: (python, "-m", "agents")."""
+    """The agent's program; `run` and its flags are appended. Empty: (python, "-m", "respawn.agent")."""
     agent_env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for the agent, e.g. {"RESPAWN_HEARTBEAT_INTERVAL_S": "1"}. The VM inherits
     none of the launching process's environment beyond PATH, LANG, LC_ALL, TZ and the agent's own
-    settings (agents.agent.config.SETTINGS_ENV); it does inherit its working directory."""
+    settings (respawn.agent.config.SETTINGS_ENV); it does inherit its working directory."""
     zones: tuple[str, ...] = ("local-a", "local-b", "local-c")
     """Zones a placement may name (the price book lists local-a..c)."""
     market_mode: str = "none"
@@ -315,7 +315,7 @@ class LocalProvider(Provider):
             launched_at=now,
             control_plane_url=request.control_plane_url,
             bootstrap_token=request.bootstrap_token,
-            agent_command=list(config.agent_command or (config.python, "-m", "agents")),
+            agent_command=list(config.agent_command or (config.python, "-m", "respawn.agent")),
             agent_env=self._vm_env(vm),
             run_as=[config.vm_id_base + request.instance_id, config.vm_id_base + request.job_id] if self.isolates else None,
             preempt_after_s=delay,
@@ -446,7 +446,7 @@ def isolation_off_because(config: LocalConfig) -> str:
         return ""
     program = (config.agent_command or (config.python,))[0]
     program = Path(shutil.which(program, path=vm_path(config)) or program).absolute()
-    for needed in (program, program.resolve(), Path(agents.__file__).resolve().parent):
+    for needed in (program, program.resolve(), Path(respawn.__file__).resolve().parent):
         unreachable = _first_unsearchable(needed)
         if unreachable:
             return (f"{needed} is out of other users' reach ({unreachable} lacks the search bit for others): "

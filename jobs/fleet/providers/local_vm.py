@@ -11,7 +11,7 @@ once; the supervisor lives on in its own session, so the process that launched i
 
 - writes the bootstrap token to a 0600 file (what a cloud's user data does),
   the VM user's when the spec names one (`run_as`),
-- serves an IMDS-compatible endpoint (agents.metadata_server, AWS flavour; its
+- serves an IMDS-compatible endpoint (respawn.metadata_server, AWS flavour; its
   instance id is the VM's id) on a free port of 127.0.0.1,
 - runs `respawn-agent run ... --provider local --metadata-url URL` as its child
   (which dies with it: PR_SET_PDEATHSIG), with the spec's environment only, as the
@@ -48,8 +48,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agents.agent.supervisor import die_with_parent
-from agents.metadata_server import MetadataServer
+from respawn.agent.supervisor import die_with_parent
+from respawn.metadata_server import MetadataServer
 
 log = logging.getLogger("respawn.local_vm")
 
@@ -73,7 +73,7 @@ class VmSpec:
     control_plane_url: str
     bootstrap_token: str
     agent_command: list[str]
-    """The agent's program, e.g. [python, "-m", "agents"]; `run` and its flags are appended."""
+    """The agent's program, e.g. [python, "-m", "respawn.agent"]; `run` and its flags are appended."""
     agent_env: dict[str, str] = field(default_factory=dict)
     """The agent's whole environment."""
     run_as: list[int] | None = None

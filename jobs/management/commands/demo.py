@@ -42,11 +42,11 @@ def seed_demo() -> tuple[User, str, Job]:
         team=team, owner=user, name="demo: tiny classifier",
         # A sleep per step stretches the tiny model's training over about ten minutes,
         # so the simulated spot market (_serve) preempts it a few times while you watch.
-        command=[sys.executable, "-m", "agents.examples.tiny", "--step-delay", "0.1"],
+        command=[sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.1"],
         total_steps=4500, checkpoint_interval_s=10, allowed_clouds=["local"], instance_types=["cpu-small"],
         checkpoint_uri=str(settings.RESPAWN["DEFAULT_CHECKPOINT_URI"]),
-        validation_model_factory="agents.examples.tiny:make_model",
-        validation_batch_factory="agents.examples.tiny:validation_batch",
+        validation_model_factory="respawn.examples.tiny:make_model",
+        validation_batch_factory="respawn.examples.tiny:validation_batch",
     )
     return user, token, job
 

@@ -1,7 +1,7 @@
 """The plain PyTorch example with a classic bug: its checkpoints leave out the
 optimizer state, so a resumed run restarts Adam's moments from zero."""
 
-import agents.examples.plain_pytorch as example
+import respawn.examples.plain_pytorch as example
 
 saved_with_optimizer = example.checkpoint_payload
 

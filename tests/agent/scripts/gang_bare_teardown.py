@@ -8,8 +8,8 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from agents.checkpoint import CheckpointConfig, init_process_group
-from agents.examples import tiny_gang
+from respawn.checkpoint import CheckpointConfig, init_process_group
+from respawn.examples import tiny_gang
 
 
 def main() -> None:
