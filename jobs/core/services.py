@@ -23,7 +23,7 @@ from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.core.signals import checkpoint_invalid
 from jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
-from jobs.drills.counting import caused_by_drill
+from jobs.core.drilled import caused_by_drill
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize, failure_message
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from jobs.fleet.policies.expected_cost import (Option, PlacementDecision, Placem
 from jobs.fleet.policies.interval import IntervalDecision, IntervalOverride, checkpoint_interval
 from jobs.fleet.policies.rates import (Lifetime, RateEstimate, RatePrior, estimate_availability, estimate_rate,
                                        on_demand_rate)
-from jobs.drills.counting import caused_by_drill, not_drilled
+from jobs.core.drilled import caused_by_drill, not_drilled
 from jobs.fleet.providers.base import Placement
 from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from jobs.money import costs, downtime

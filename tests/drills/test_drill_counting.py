@@ -11,7 +11,7 @@ from jobs.core.choices import DrillStatus, EndReason, InstanceState, Interruptio
 from jobs.core.services import after_instance_ended
 from jobs.core.transitions import end_instance
 from jobs.drills import services
-from jobs.drills.counting import caused_by_drill
+from jobs.core.drilled import caused_by_drill
 from jobs.drills.models import Drill
 from jobs.fleet import placement
 from jobs.fleet.providers.base import MissingPermission, TransientError

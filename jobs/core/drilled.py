@@ -1,12 +1,12 @@
 """Telling a drill's interruption from a preemption, for the counters, the learned
-interruption rates and the back-off. Only the drill table: the core imports this."""
+interruption rates and the back-off. The core and the fleet ask it (the drill table is one of jobs.models)."""
 
 from __future__ import annotations
 
 from django.db.models import Q
 
 from jobs.core.choices import DrillStatus
-from jobs.drills.models import Drill
+from jobs.models import Drill
 
 
 def caused_by_drill(instance_id: int | None) -> bool:
