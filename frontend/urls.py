@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import invitations, notifications, report, team_settings, token_pages, views
+from frontend import drills, invitations, notifications, report, team_settings, token_pages, views
 from frontend.login import login_view
 
 urlpatterns = [
@@ -14,6 +14,7 @@ urlpatterns = [
     path("jobs/<int:pk>/status.json", views.job_json, name="job-json"),
     path("jobs/<int:pk>/log.json", views.job_log_json, name="job-log-json"),
     path("jobs/<int:pk>/cancel/", views.job_cancel, name="job-cancel"),
+    path("jobs/<int:pk>/drill/", drills.job_drill, name="job-drill"),
     path("teams/<int:pk>/", views.team_page, name="team"),
     path("teams/<int:pk>/status.json", views.team_json, name="team-json"),
     path("teams/<int:pk>/report/", report.report_page, name="team-report-page"),

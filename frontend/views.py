@@ -18,7 +18,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from frontend import access, money, reads, selectors, story
+from frontend import access, drills, money, reads, selectors, story
 from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm, configured_clouds
 from jobs.core import trackers
 from jobs.core.services import cancel_job
@@ -135,7 +135,8 @@ def job_page(request, pk: int):
     downtime_s, interruptions = downtime.job_downtime(pk, now)
     return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval,
                 save_warning=story.save_fit_warning(fit), tracker_links=tracker_links, downtime_s=downtime_s,
-                interruptions=interruptions)
+                interruptions=interruptions, may_drill=can(request.user, "job.drill", job["team_id"]),
+                drill=drills.latest_report(pk))
 
 
 @json_view

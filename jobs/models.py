@@ -708,3 +708,6 @@ class DeliveryAttempt(models.Model):
 
     class Meta:
         ordering = ["started_at", "id"]
+
+
+from jobs.drills.models import Drill  # noqa: E402,F401  (a table of this app, in the drills subsystem)

@@ -77,6 +77,13 @@ def terminate_instance(instance_id: int) -> None:
     orchestration.terminate(instance_id)
 
 
+@shared_task(name="jobs.tasks.run_drill", ignore_result=True, **CLOUD_RETRY)
+def run_drill(drill_id: int) -> None:
+    from jobs.drills.services import run_drill as interrupt_for_drill
+
+    interrupt_for_drill(drill_id)
+
+
 @shared_task(name="jobs.tasks.launch_spare", ignore_result=True)
 def launch_spare(instance_id: int) -> None:
     orchestration.launch_spare(instance_id)

@@ -2,6 +2,7 @@ from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from jobs.api import agent, audit, costs, dist, invitations, notifications, report, sources, teamadmin, tokens, views
+from jobs.drills.api import JobDrillsView, JobDrillView
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -21,6 +22,8 @@ people_urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="auth-token"),
     path("interruption-rates/", views.InterruptionRateView.as_view(), name="interruption-rates"),
     path("jobs/<int:pk>/cost/", costs.JobCostView.as_view(), name="job-cost"),
+    path("jobs/<int:pk>/drill/", JobDrillView.as_view(), name="job-drill"),
+    path("jobs/<int:pk>/drills/", JobDrillsView.as_view(), name="job-drills"),
     path("teams/<int:pk>/cost/", costs.TeamCostView.as_view(), name="team-cost"),
     path("teams/<int:pk>/report/", report.TeamReportView.as_view(), name="team-report"),
     path("teams/<int:team_pk>/limits/", teamadmin.TeamLimitsView.as_view(), name="team-limits"),

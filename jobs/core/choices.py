@@ -98,7 +98,10 @@ class InterruptionKind:
     PREEMPTED = "preempted"
     LOST = "lost"
     CAPACITY_ERROR = "capacity_error"
-    ALL = (NOTICE, PREEMPTED, LOST, CAPACITY_ERROR)
+    # A member interrupted the instance on purpose (jobs.drills): the notice or reclaim that
+    # follows is recorded under its own kind as well, and none of it counts as a preemption.
+    DRILL = "drill"
+    ALL = (NOTICE, PREEMPTED, LOST, CAPACITY_ERROR, DRILL)
     CHOICES = [(k, k) for k in ALL]
 
 
@@ -139,6 +142,33 @@ class AuditAction:
     MEMBER_REMOVED = "member.removed"
     TOKEN_CREATED = "token.created"
     TOKEN_REVOKED = "token.revoked"
+    JOB_DRILLED = "job.drilled"
     ALL = (JOB_SUBMITTED, JOB_CANCELLED, LIMITS_CHANGED, MEMBER_INVITED, INVITATION_DECLINED, MEMBER_ADDED,
-           MEMBER_ROLE_CHANGED, MEMBER_REMOVED, TOKEN_CREATED, TOKEN_REVOKED)
+           MEMBER_ROLE_CHANGED, MEMBER_REMOVED, TOKEN_CREATED, TOKEN_REVOKED, JOB_DRILLED)
     CHOICES = [(a, a) for a in ALL]
+
+
+class DrillStatus:
+    """A drill (jobs.drills): asked for, sent to the cloud, then judged from what followed."""
+
+    REQUESTED = "requested"  # recorded by the web request; a worker calls the cloud
+    SENDING = "sending"  # a worker claimed it and is calling the cloud
+    SENT = "sent"  # the cloud accepted the interruption: the job is recovering from it
+    REFUSED = "refused"  # never sent: a missing permission, no live VM, a cloud that cannot
+    PASSED = "passed"
+    FAILED = "failed"
+    ALL = (REQUESTED, SENDING, SENT, REFUSED, PASSED, FAILED)
+    # Sent (or being sent) to the cloud: the instance's interruption is the drill's, not a preemption.
+    INTERRUPTING = frozenset({SENDING, SENT, PASSED, FAILED})
+    OPEN = frozenset({REQUESTED, SENDING, SENT})
+    CHOICES = [(s, s) for s in ALL]
+
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        REQUESTED: frozenset({SENDING, REFUSED}),
+        # Back to requested when the cloud call failed transiently and is retried.
+        SENDING: frozenset({SENT, REFUSED, REQUESTED}),
+        SENT: frozenset({PASSED, FAILED}),
+        REFUSED: frozenset(),
+        PASSED: frozenset(),
+        FAILED: frozenset(),
+    }

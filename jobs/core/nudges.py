@@ -18,6 +18,7 @@ CHECK_GANG_FAILURE = "jobs.tasks.check_gang_failure"
 CHECK_ELASTIC_GANG = "jobs.tasks.check_elastic_gang"
 LAUNCH_SPARE = "jobs.tasks.launch_spare"
 DELIVER_NOTIFICATION = "jobs.tasks.deliver_notification"
+RUN_DRILL = "jobs.tasks.run_drill"
 
 
 def send(task: str, *args) -> None:

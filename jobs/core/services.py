@@ -23,6 +23,7 @@ from jobs.core.audit import audit_job_cancelled, audit_job_submitted
 from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
 from jobs.core.signals import checkpoint_invalid
 from jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
+from jobs.core.drilled import caused_by_drill
 from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize, failure_message
 
 log = logging.getLogger(__name__)
@@ -438,7 +439,7 @@ def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str
     elif end_reason in (EndReason.PREEMPTED, EndReason.LOST, EndReason.CAPACITY_ERROR):
         if go_on_with_survivors(job, end_reason, instance_id):
             return True
-        _after_interruption(job, end_reason)
+        _after_interruption(job, end_reason, instance_id)
     else:
         _after_stop(job)
     return False
@@ -497,7 +498,7 @@ def go_on_with_survivors(job: Job, end_reason: str, instance_id: int | None) -> 
                               "trains on at least; the gang is relaunched whole")
         return False
     regroup(job, survivors, f"{what}: the gang goes on with {len(survivors)} of {job.nodes} nodes", after=instance_id)
-    if end_reason in (EndReason.PREEMPTED, EndReason.LOST):
+    if end_reason in (EndReason.PREEMPTED, EndReason.LOST) and not caused_by_drill(instance_id):
         # The job's row last, after the instances': the order a heartbeat locks them in.
         Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
     return True
@@ -612,7 +613,8 @@ def promote_spares(job: Job, spares: list[Instance]) -> None:
         Instance.objects.filter(pk=spare.pk).update(
             standby_for=None, **({"resume_checkpoint": resume, "last_step": resume.step if resume else 0}
                                  if spare.state == InstanceState.RUNNING else {}))
-    interrupted = any(old.end_reason in (EndReason.PREEMPTED, EndReason.LOST) for old in olds)
+    interrupted = any(old.end_reason in (EndReason.PREEMPTED, EndReason.LOST) and not caused_by_drill(old.pk)
+                      for old in olds)
     counted = {"preemptions": F("preemptions") + 1} if interrupted else {}
     transition_job(job.pk, job.status, JobStatus.RECOVERING,
                    message=", ".join(f"instance {old.pk} {old.end_reason}" for old in olds), **counted)
@@ -795,11 +797,13 @@ def _after_post_instance(job: Job, signature: str, output_tail: str, setup_failu
         nudge_schedule()
 
 
-def _after_interruption(job: Job, end_reason: str) -> None:
+def _after_interruption(job: Job, end_reason: str, instance_id: int | None = None) -> None:
     # Stop the rest of a gang: no collective can go on with a node gone.
     request_action(job.pk, Action.STOP if end_reason == EndReason.LOST else Action.CHECKPOINT_AND_STOP)
     if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
-        counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.CAPACITY_ERROR else {}
+        # A drill's interruption is recovered from like any other, and counted as none.
+        counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.CAPACITY_ERROR and \
+            not caused_by_drill(instance_id) else {}
         if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {end_reason}", **counted):
             nudge_schedule()
 

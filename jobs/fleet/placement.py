@@ -25,6 +25,7 @@ from jobs.fleet.policies.expected_cost import (Option, PlacementDecision, Placem
 from jobs.fleet.policies.interval import IntervalDecision, IntervalOverride, checkpoint_interval
 from jobs.fleet.policies.rates import (Lifetime, RateEstimate, RatePrior, estimate_availability, estimate_rate,
                                        on_demand_rate)
+from jobs.core.drilled import caused_by_drill, not_drilled
 from jobs.fleet.providers.base import Placement
 from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from jobs.money import costs, downtime
@@ -40,7 +41,9 @@ INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
 # (a VM silent past its deadline), or a preemption the cloud confirmed. An agent's word
 # that it was preempted alone moves only its own job's next placement (_just_preempted):
 # any VM can say it (jobs.fleet.orchestration.confirm_claimed_preemptions).
-SEEN_INTERRUPTED = Q(end_reason=EndReason.LOST) | Q(end_reason=EndReason.PREEMPTED, preemption_confirmed=True)
+# A drill's interruption (jobs.drills) is neither: it was asked for, the market did not do it.
+SEEN_INTERRUPTED = (Q(end_reason=EndReason.LOST) | Q(end_reason=EndReason.PREEMPTED, preemption_confirmed=True)) \
+    & not_drilled()
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,8 @@ def remaining_work_s(job: Job) -> float:
 
 def _just_preempted(job: Job) -> tuple[str, str] | None:
     last = job.instances.exclude(ended_at=None).order_by("-ended_at").first()
-    return (last.provider, last.zone) if last and last.end_reason in INTERRUPTED else None
+    drilled = last is not None and caused_by_drill(last.pk)  # a drill says nothing of its zone
+    return (last.provider, last.zone) if last and last.end_reason in INTERRUPTED and not drilled else None
 
 
 def choose(job: Job, now=None, leaving: Instance | None = None) -> Choice:

@@ -14,6 +14,7 @@ PERMISSIONS: dict[str, str] = {
     "job.view": Role.VIEWER,
     "job.create": Role.MEMBER,
     "job.cancel": Role.MEMBER,
+    "job.drill": Role.MEMBER,  # interrupt one of its VMs on purpose (jobs.drills)
     "instance.view": Role.VIEWER,
     "checkpoint.view": Role.VIEWER,
     "interruption.view": Role.VIEWER,

@@ -17,6 +17,9 @@ ENDPOINTS = [
     ("jobs-detail", "get", "/api/v1/jobs/{job}/", "job.view", 200),
     ("jobs-events", "get", "/api/v1/jobs/{job}/events/", "job.view", 200),
     ("jobs-cancel", "post", "/api/v1/jobs/{job}/cancel/", "job.cancel", 202),
+    # The matrix's job is queued: whoever may drill it is let through to "nothing runs to drill".
+    ("jobs-drill", "post", "/api/v1/jobs/{job}/drill/", "job.drill", 409),
+    ("jobs-drills", "get", "/api/v1/jobs/{job}/drills/", "job.view", 200),
     ("instances-list", "get", "/api/v1/instances/", "instance.view", 200),
     ("instances-detail", "get", "/api/v1/instances/{instance}/", "instance.view", 200),
     ("checkpoints-list", "get", "/api/v1/checkpoints/", "checkpoint.view", 200),

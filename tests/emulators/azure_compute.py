@@ -55,7 +55,10 @@ class AzureComputeEmulator(JsonHttpEmulator):
         self.route("GET", VM_PATH + r"/(?P<name>[^/]+)/instanceView", self._instance_view)
         self.route("DELETE", VM_PATH + r"/(?P<name>[^/]+)", self._delete)
         self.route("POST", VM_PATH + r"/(?P<name>[^/]+)/start", self._start)
+        self.route("POST", VM_PATH + r"/(?P<name>[^/]+)/simulateEviction", self._simulate_eviction)
         self.route("GET", VM_PATH, self._list)
+        self.deletes: list[tuple[str, dict[str, str]]] = []  # (name, query) of every DELETE
+        self._denied: set[str] = set()
         self.route("GET", r"/subscriptions/(?P<sub>[^/]+)/providers/Microsoft\.Compute/locations/[^/]+/operations/(?P<op>[^/]+)", self._operation)
 
     def stop(self) -> None:
@@ -79,6 +82,12 @@ class AzureComputeEmulator(JsonHttpEmulator):
             else:
                 del self.vms[name]
                 self.power.pop(name, None)
+
+    def deny(self, action: str) -> None:
+        """Answer the call needing `action` (e.g. "Microsoft.Compute/virtualMachines/simulateEviction/action")
+        403 AuthorizationFailed, as ARM does for a caller whose role lacks it."""
+        with self.lock:
+            self._denied.add(action)
 
     def custom_data(self, name: str) -> str:
         """The boot script a created VM would run (to run it locally, as the VM would)."""
@@ -119,7 +128,23 @@ class AzureComputeEmulator(JsonHttpEmulator):
     def _instance_view(self, m, query, body):
         return (200, self._view(m["name"]), {}) if m["name"] in self.vms else _not_found(m["name"])
 
+    def _simulate_eviction(self, m, query, body):
+        """ARM accepts (204) and evicts the Spot VM by its policy (after its Preempt event,
+        which is the metadata emulator's business)."""
+        action = "Microsoft.Compute/virtualMachines/simulateEviction/action"
+        if action in self._denied:
+            return _authorization_failed(action, m)
+        if m["name"] not in self.vms:
+            return _not_found(m["name"])
+        if self.vms[m["name"]]["properties"].get("priority") != "Spot":
+            return _error(409, "OperationNotAllowed", "Simulate eviction is only supported for Spot VMs.")
+        self.evict(m["name"])
+        return 204, None, {}
+
     def _delete(self, m, query, body):
+        if "Microsoft.Compute/virtualMachines/delete" in self._denied:
+            return _authorization_failed("Microsoft.Compute/virtualMachines/delete", m)
+        self.deletes.append((m["name"], query))
         if m["name"] not in self.vms:
             return 204, None, {}
         self.vms[m["name"]]["properties"]["provisioningState"] = "Deleting"
@@ -179,6 +204,11 @@ class AzureComputeEmulator(JsonHttpEmulator):
 
 def _error(status: int, code: str, message: str):
     return status, {"error": {"code": code, "message": message}}, {}
+
+
+def _authorization_failed(action: str, m):
+    return _error(403, "AuthorizationFailed", f"The client 'respawn' does not have authorization to perform action "
+                                              f"'{action}' over scope '{m.string}' or the scope is invalid.")
 
 
 def _not_found(name: str):

@@ -48,6 +48,9 @@ class GcpComputeEmulator(JsonHttpEmulator):
         self.route("GET", r"/compute/v1/projects/(?P<project>[^/]+)/aggregated/instances", self._aggregated)
         self.route("GET", ZONE_PATH + r"/operations/(?P<op>[^/]+)", self._operation)
         self.route("POST", ZONE_PATH + r"/operations/(?P<op>[^/]+)/wait", self._operation)
+        self.route("POST", ZONE_PATH + r"/instances/(?P<name>[^/]+)/simulateMaintenanceEvent", self._maintenance)
+        self.maintenance_events: list[tuple[str, str]] = []
+        self._denied: set[str] = set()
 
     # --- the test's side ---
 
@@ -66,6 +69,12 @@ class GcpComputeEmulator(JsonHttpEmulator):
                 vm["status"] = "TERMINATED"
             else:
                 del self.instances[(zone, name)]
+
+    def deny(self, permission: str) -> None:
+        """Answer the call needing `permission` (e.g. "compute.instances.simulateMaintenanceEvent")
+        403 forbidden, as Compute does for a caller whose roles lack it."""
+        with self.lock:
+            self._denied.add(permission)
 
     def startup_script(self, zone: str, name: str) -> str:
         """The boot script a launched VM would run (to run it locally, as the VM would)."""
@@ -114,7 +123,24 @@ class GcpComputeEmulator(JsonHttpEmulator):
         vm = self.instances.get((m["zone"], m["name"]))
         return (200, vm, {}) if vm else _not_found(m)
 
+    def _maintenance(self, m, query, body):
+        """A simulated host maintenance: a Spot VM is preempted by it (its ACPI notice is the
+        metadata emulator's business); a standard VM migrates, which changes nothing here."""
+        if "compute.instances.simulateMaintenanceEvent" in self._denied:
+            return _forbidden("compute.instances.simulateMaintenanceEvent", m)
+        vm = self.instances.get((m["zone"], m["name"]))
+        if vm is None:
+            return _not_found(m)
+        self.maintenance_events.append((m["zone"], m["name"]))
+        if vm.get("scheduling", {}).get("provisioningModel") == "SPOT":
+            self.preempt(m["zone"], m["name"])
+        op = self._new_operation(m["project"], m["zone"], "simulateMaintenanceEvent", m["name"])
+        op["status"] = "DONE"
+        return 200, op, {}
+
     def _delete(self, m, query, body):
+        if "compute.instances.delete" in self._denied:
+            return _forbidden("compute.instances.delete", m)
         if self.instances.pop((m["zone"], m["name"]), None) is None:
             return _not_found(m)
         op = self._new_operation(m["project"], m["zone"], "delete", m["name"])
@@ -195,6 +221,10 @@ def _matches(vm: dict, filter_expression: str) -> bool:
 
 def _error(status: int, reason: str, message: str):
     return status, {"error": {"code": status, "message": message, "errors": [{"reason": reason, "message": message}]}}, {}
+
+
+def _forbidden(permission: str, m):
+    return _error(403, "forbidden", f"Required '{permission}' permission for '{m.string}'")
 
 
 def _not_found(m):

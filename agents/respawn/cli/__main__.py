@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
                              ("cost", commands.cost, "what a job has cost, what on-demand would have, the savings")):
         command(name, func, help, f"respawn {name} 42").add_argument("job", type=int, help="job id")
 
+    p = command("drill", commands.drill,
+                "interrupt a running VM of a job through its own cloud, on purpose, and see the recovery (members "
+                "of the job's team); with --report, the job's drills and how each went",
+                "respawn drill 42 --node 1 --without-notice")
+    p.add_argument("job", type=int, help="job id")
+    p.add_argument("--node", type=int, default=0, metavar="RANK", help="the node to interrupt (default 0)")
+    p.add_argument("--without-notice", action="store_true", help="a hard reclaim, with no notice first")
+    p.add_argument("--report", action="store_true", help="drill nothing: show the job's drills, newest first")
+
     p = command("report", commands.report,
                 "a team's savings report: spend against on-demand for the same work, per month and per job, "
                 "waste by kind, interruptions per zone, cumulative savings (the job pages' figures)",

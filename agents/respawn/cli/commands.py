@@ -195,6 +195,54 @@ def cancel(args) -> int:
     return EXIT_OK
 
 
+DRILL_PHASES = [("notice seen", "notice_seen_after_s"), ("save committed", "save_committed_after_s"),
+                ("replacement requested", "replacement_requested_after_s"),
+                ("replacement booted", "replacement_booted_after_s"), ("validated", "validated_after_s"),
+                ("training again", "training_again_after_s")]
+
+
+def drill(args) -> int:
+    """Ask for a drill (the control plane's worker interrupts the VM), or with --report show
+    the job's drills: each phase in seconds after the interruption, and the verdict."""
+    client = api(args)
+    if args.report:
+        drills = client.get(f"jobs/{args.job}/drills/")
+        if args.json:
+            print_json(drills)
+        for one in [] if args.json else drills:
+            print(drill_words(one))
+        if not drills and not args.json:
+            print(f"job {args.job} has had no drill")
+        return EXIT_OK
+    try:
+        made = client.post(f"jobs/{args.job}/drill/", {"node": args.node, "without_notice": args.without_notice})
+    except CliError as e:
+        if e.exit_code == EXIT_FAILED:  # 409: nothing running to drill, or a drill in flight
+            raise CliError(f"job {args.job} cannot be drilled now: {e.message}") from e
+        raise
+    if args.json:
+        print_json(made)
+    else:
+        how = "with its cloud's notice" if made["with_notice"] else "without notice"
+        print(f"drill {made['id']} of job {args.job}: node {made['rank']} is interrupted {how}; "
+              f"`respawn drill {args.job} --report` shows how the recovery went")
+    return EXIT_OK
+
+
+def drill_words(one: dict) -> str:
+    verdict = {True: "PASSED", False: "FAILED", None: one["status"]}[one["passed"]]
+    lines = [f"drill {one['id']} (node {one['rank']}, {'with' if one['with_notice'] else 'without'} notice, by "
+             f"{one['requested_by']}): {verdict}" + (f": {one['cause']}" if one["cause"] else "")]
+    for label, key in DRILL_PHASES:
+        if one[key] is not None:
+            lines.append(f"  {label} after {one[key]:.1f} s")
+    if one["steps_lost"] is not None:
+        lines.append(f"  steps lost: {one['steps_lost']}")
+    if one["window_s"] is not None:
+        lines.append(f"  notice window: {one['window_s']:.0f} s")
+    return "\n".join(lines)
+
+
 def logs(args) -> int:
     """Print the job's output; with --follow keep reading until the job has ended,
     riding out dropped connections (for --retry-for seconds) from the last line printed."""

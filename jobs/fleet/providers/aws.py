@@ -8,6 +8,7 @@ moto, or after the token's own window has passed).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from jobs.core.choices import Market
-from jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CloudInstance, CloudState, LaunchRequest, PrecheckError,
-                                       Provider, TransientError)
-from jobs.fleet.providers.errors import ErrorCodes
+from jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CloudInstance, CloudState, DrillUnsupported,
+                                       LaunchRequest, PrecheckError, Provider, TransientError)
+from jobs.fleet.providers.errors import ErrorCodes, naming_permission
 from jobs.fleet.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
@@ -53,6 +54,13 @@ ERROR_CODES = ErrorCodes(
 )
 
 NOT_FOUND = "InvalidInstanceID.NotFound"
+# What AWS answers a call its caller has no permission for (FIS, EC2).
+ACCESS_DENIED = ("AccessDeniedException", "AccessDenied", "UnauthorizedOperation")
+# A drill through FIS: with a notice, the spot interruption itself (its notice, two minutes,
+# then the reclaim: FIS's shortest); without one, the instance terminated at once.
+FIS_NOTICE = {"actionId": "aws:ec2:send-spot-instance-interruptions", "resourceType": "aws:ec2:spot-instance",
+              "parameters": {"durationBeforeInterruption": "PT2M"}}
+FIS_RECLAIM = {"actionId": "aws:ec2:terminate-instances", "resourceType": "aws:ec2:instance", "parameters": {}}
 # States in which the VM still exists or bills; a launch must not add a second one.
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 STATE_MAP = {
@@ -90,6 +98,12 @@ class AwsConfig:
     """Attempts per call, the first included: botocore retries throttling and 5xx itself."""
     list_page_size: int = 500
     """Instances per DescribeInstances page when listing ours (EC2 allows 5 to 1000)."""
+    fis_role_arn: str = ""
+    """Drills (optional): the IAM role AWS Fault Injection Service assumes to interrupt a VM
+    (ec2:SendSpotInstanceInterruptions, ec2:TerminateInstances, ec2:DescribeInstances on
+    our instances); docs/deploy.md. Empty: drills are refused on AWS, naming this setting."""
+    fis_endpoint_url: str | None = None
+    """FIS endpoint override, e.g. an emulator; None for the real FIS endpoint."""
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -120,17 +134,21 @@ class AwsProvider(Provider):
 
     def __init__(self, config: AwsConfig):
         self.config = config
-        creds = config.credentials
+        self._ec2 = self._client("ec2", config.endpoint_url)
+        self._fis = self._client("fis", config.fis_endpoint_url)  # drills only
+
+    def _client(self, service: str, endpoint_url: str | None):
+        creds = self.config.credentials
         # A session of its own: boto3's module-level default session caches the
         # credentials it first found and is not safe to share between worker threads.
-        self._ec2 = boto3.session.Session().client(
-            "ec2",
-            region_name=config.region,
-            endpoint_url=config.endpoint_url,
+        return boto3.session.Session().client(
+            service,
+            region_name=self.config.region,
+            endpoint_url=endpoint_url,
             aws_access_key_id=creds.access_key_id if creds else None,
             aws_secret_access_key=creds.secret_access_key if creds else None,
             aws_session_token=creds.session_token if creds else None,
-            config=Config(retries={"mode": "standard", "total_max_attempts": config.max_attempts}),
+            config=Config(retries={"mode": "standard", "total_max_attempts": self.config.max_attempts}),
         )
 
     def launch(self, request: LaunchRequest) -> str:
@@ -182,6 +200,34 @@ class AwsProvider(Provider):
         except PrecheckError as exc:
             if exc.code != NOT_FOUND:
                 raise
+
+    def interrupt(self, provider_instance_id: str, *, with_notice: bool) -> str:
+        """Through AWS Fault Injection Service: an experiment template naming this one
+        instance, then the experiment started; returns the experiment's id."""
+        if not self.config.fis_role_arn:
+            raise DrillUnsupported("drills on AWS run through Fault Injection Service, which needs a role to assume: "
+                                   "set the AWS provider's fis_role_arn (docs/deploy.md)", code="NoFisRole")
+        with translated_errors():
+            reply = self._ec2.describe_instances(InstanceIds=[provider_instance_id])
+        owner = reply["Reservations"][0]["OwnerId"]
+        arn = f"arn:aws:ec2:{self.config.region}:{owner}:instance/{provider_instance_id}"
+        action = FIS_NOTICE if with_notice else FIS_RECLAIM
+        template = self._fis_call("fis:CreateExperimentTemplate", self._fis.create_experiment_template,
+                                  clientToken=str(uuid.uuid4()), roleArn=self.config.fis_role_arn,
+                                  description=f"respawn drill of {provider_instance_id}",
+                                  targets={"Instance": {"resourceType": action["resourceType"], "resourceArns": [arn],
+                                                        "selectionMode": "ALL"}},
+                                  actions={"interrupt": {"actionId": action["actionId"], "parameters": action["parameters"],
+                                                         "targets": {"Instances": "Instance"}}},
+                                  stopConditions=[{"source": "none"}], tags={"respawn:drill": provider_instance_id})
+        experiment = self._fis_call("fis:StartExperiment", self._fis.start_experiment, clientToken=str(uuid.uuid4()),
+                                    experimentTemplateId=template["experimentTemplate"]["id"])
+        return f"FIS experiment {experiment['experiment']['id']} ({action['actionId']})"
+
+    @staticmethod
+    def _fis_call(permission: str, call, **params) -> dict:
+        with naming_permission(permission, ACCESS_DENIED), translated_errors():
+            return call(**params)
 
     def describe(self, provider_instance_id: str) -> CloudInstance:
         try:

@@ -19,7 +19,7 @@ from typing import Any
 from jobs.core.choices import Market
 from jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CapacityError, CloudInstance, CloudState, LaunchRequest,
                                        PrecheckError, Provider, TransientError)
-from jobs.fleet.providers.errors import ErrorCodes
+from jobs.fleet.providers.errors import ErrorCodes, naming_permission
 from jobs.fleet.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
@@ -49,6 +49,8 @@ ERROR_CODES = ErrorCodes(
 )
 
 EVICTION_POLICIES = ("Delete", "Deallocate")
+# What ARM answers a caller whose role lacks the action a call needs (403).
+ACCESS_DENIED = ("AuthorizationFailed", "LinkedAuthorizationFailed")
 DEFAULT_OS_DISK_TIER = "P10"
 # Managed disk tiers an OS disk may take: tier -> (storage account type, size in GiB).
 # A tier's price is per month whatever of it is used; the Retail Prices API names it
@@ -279,6 +281,21 @@ class AzureProvider(Provider):
         # Deleted with the VM, so terminating an evicted, deallocated VM ends its disk's billing too.
         return m.OSDisk(create_option="FromImage", delete_option="Delete", disk_size_gb=size_gib,
                         managed_disk=m.ManagedDiskParameters(storage_account_type=account_type))
+
+    def interrupt(self, provider_instance_id: str, *, with_notice: bool) -> str:
+        """With a notice: ARM's simulated eviction of a Spot VM (a Preempt scheduled event,
+        then the eviction by the VM's policy). Without: a forced delete, no event first."""
+        rg = self.config.resource_group
+        if with_notice:
+            permission = "Microsoft.Compute/virtualMachines/simulateEviction/action"
+            call = lambda: self._vms.simulate_eviction(rg, provider_instance_id)  # noqa: E731
+        else:
+            permission = "Microsoft.Compute/virtualMachines/delete"
+            call = lambda: self._vms.begin_delete(rg, provider_instance_id, force_deletion=True,  # noqa: E731
+                                                  polling=False)
+        with naming_permission(permission, ACCESS_DENIED), translated_errors():
+            call()
+        return "simulateEviction" if with_notice else "forced delete"
 
     def terminate(self, provider_instance_id: str) -> None:
         self._delete(provider_instance_id)

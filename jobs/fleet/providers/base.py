@@ -103,6 +103,19 @@ class TransientError(ProviderError):
     kind = "transient"
 
 
+class MissingPermission(PrecheckError):
+    """The cloud refused the call for lack of a permission (AccessDenied, 403): `permission`
+    names the one to grant, e.g. "fis:StartExperiment"."""
+
+    def __init__(self, message: str, *, permission: str, code: str = ""):
+        super().__init__(f"missing permission {permission}: {message}", code=code)
+        self.permission = permission
+
+
+class DrillUnsupported(PrecheckError):
+    """This provider cannot interrupt a VM on purpose (or not this way)."""
+
+
 class Provider(ABC):
     name: str
     # Whether a VM in CloudState.STOPPED still costs money (e.g. an Azure VM
@@ -138,6 +151,14 @@ class Provider(ABC):
     @abstractmethod
     def list_ours(self) -> list[CloudInstance]:
         """Every live VM carrying our tags/labels, whoever launched it."""
+
+    def interrupt(self, provider_instance_id: str, *, with_notice: bool) -> str:
+        """Interrupt the VM on purpose through the cloud's own API, as a reclaim would (a
+        drill, jobs.drills): with the cloud's own notice first, or without one (a hard
+        reclaim). Returns what the cloud named the interruption (an experiment id, an
+        operation), for the record. Raises MissingPermission when the cloud refuses it
+        for lack of the (optional) permission, DrillUnsupported when this cloud cannot."""
+        raise DrillUnsupported(f"the {self.name} provider cannot interrupt a VM on purpose", code="DrillUnsupported")
 
     def find_by_instance_id(self, instance_id: int) -> CloudInstance | None:
         for vm in self.list_ours():

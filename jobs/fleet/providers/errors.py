@@ -7,9 +7,11 @@ it (AWS's `RequestLimitExceeded` is throttling, `VcpuLimitExceeded` is quota).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from jobs.fleet.providers.base import CapacityError, PrecheckError, ProviderError, TransientError
+from jobs.fleet.providers.base import CapacityError, MissingPermission, PrecheckError, ProviderError, TransientError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,3 +43,15 @@ class ErrorCodes:
         if http_status is None or http_status == 429 or http_status >= 500:
             return TransientError(text, code=code)
         return PrecheckError(text, code=code)
+
+
+@contextmanager
+def naming_permission(permission: str, denied: Collection[str]) -> Iterator[None]:
+    """A refusal whose code is one of the cloud's access-denied codes (`denied`) is re-raised
+    as MissingPermission naming `permission`, the one the call inside needs."""
+    try:
+        yield
+    except PrecheckError as exc:
+        if exc.code in denied:
+            raise MissingPermission(str(exc), permission=permission, code=exc.code) from exc
+        raise

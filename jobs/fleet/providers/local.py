@@ -238,6 +238,17 @@ class LocalProvider(Provider):
                     vms.append(vm)
         return vms
 
+    def interrupt(self, provider_instance_id: str, *, with_notice: bool) -> str:
+        """A drill: the VM's supervisor serves the market's notice now (then SIGTERM and the
+        hard kill at the notice's deadline, as for a preemption), or with no notice kills
+        the VM at once. Asked of a VM that is not running, a PrecheckError."""
+        vm = self._vm(provider_instance_id)
+        if self.describe(provider_instance_id).state != CloudState.RUNNING:
+            raise PrecheckError(f"local VM {provider_instance_id} is not running", code="IncorrectInstanceState")
+        if vm.interrupt_requested() is None:
+            write_json_atomic(vm.interrupt_file, {"with_notice": with_notice, "requested_at": time.time()})
+        return "the market's notice now" if with_notice else "a hard reclaim"
+
     # --- beyond the interface ---------------------------------------------------------
     @property
     def isolates(self) -> bool:

@@ -17,7 +17,8 @@ once; the supervisor lives on in its own session, so the process that launched i
   (which dies with it: PR_SET_PDEATHSIG), with the spec's environment only, as the
   spec's user and group when it names them (the supervisor itself stays root, so
   the VM can neither signal it nor change the files the provider reads),
-- at the preemption time chosen by the market: serves the notice, sends SIGTERM to
+- at the preemption time chosen by the market, or at once when a drill asks for it
+  (`interrupt.json`: with a notice, or a hard reclaim with none): serves the notice, sends SIGTERM to
   the agent `sigterm_after_notice_s` later (a cloud's ACPI shutdown), and at the
   deadline kills every process of the VM,
 - on SIGTERM (the provider's terminate): SIGTERM to the agent, SIGKILL to the rest
@@ -27,7 +28,7 @@ It is a child subreaper, so whatever the agent or the trainer starts and orphans
 still counts as the VM's and is killed with it. Its end is written to `ended.json`.
 
 Files in VM_DIR: vm.json (spec, 0600: it carries the bootstrap token, like user
-data), pid.json, terminate.json (a terminate was requested), ended.json,
+data), pid.json, terminate.json (a terminate was requested), interrupt.json (a drill), ended.json,
 metadata-url, bootstrap-token, supervisor.log, agent.log, work/ (the agent's, and
 the VM's HOME; 0700).
 """
@@ -112,6 +113,7 @@ class VmDir:
         self.spec_file = self.path / "vm.json"
         self.pid_file = self.path / "pid.json"
         self.terminate_file = self.path / "terminate.json"
+        self.interrupt_file = self.path / "interrupt.json"
         self.ended_file = self.path / "ended.json"
         self.metadata_url_file = self.path / "metadata-url"
         self.token_file = self.path / "bootstrap-token"
@@ -145,6 +147,10 @@ class VmDir:
 
     def terminate_requested(self) -> dict | None:
         return read_json(self.terminate_file)
+
+    def interrupt_requested(self) -> dict | None:
+        """A drill's request (LocalProvider.interrupt): {"with_notice": bool, "requested_at": epoch s}."""
+        return read_json(self.interrupt_file)
 
 
 # --- processes ---------------------------------------------------------------------
@@ -336,6 +342,13 @@ class Supervisor:
                 self._signal_agent(signal.SIGTERM)
                 self._wait_agent(spec.terminate_grace_s)
                 return "terminated"
+            if deadline is None and self.vm.interrupt_requested() is not None:
+                # A drill: the market's notice now, or with no notice a hard reclaim (the
+                # caller's `finally` kills the whole VM at once, as a cloud's reclaim would).
+                if not self.vm.interrupt_requested().get("with_notice", True):
+                    log.info("VM %s: reclaimed without notice (a drill)", spec.vm_id)
+                    return "preempted"
+                notice_at = now
             if notice_at is not None and deadline is None and now >= notice_at:
                 metadata.schedule_notice(in_s=0.0, deadline_in_s=spec.notice_lead_s)
                 sigterm_at, deadline = now + spec.sigterm_after_notice_s, now + spec.notice_lead_s

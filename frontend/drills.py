@@ -1,0 +1,36 @@
+"""The job page's drill: a member's form posting a drill (the same service the API uses:
+intent recorded, a task queued), and the latest drill's report shown on the page."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from frontend import access
+from jobs.drills import report
+from jobs.drills.models import Drill
+from jobs.drills.services import DrillConflict, request_drill
+
+
+@require_POST
+@login_required
+def job_drill(request, pk: int):
+    job = access.scoped_job(request.user, pk, "job.drill")
+    raw = request.POST.get("node", "0")
+    if not (raw.isascii() and raw.isdigit() and int(raw) < job.nodes):
+        messages.error(request, f"node must be a whole number from 0 to {job.nodes - 1}")
+        return redirect("job", pk=job.pk)
+    try:
+        drill = request_drill(job, by=request.user, rank=int(raw), with_notice=not request.POST.get("without_notice"))
+    except DrillConflict as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.info(request, f"drill {drill.pk} requested: node {drill.rank} is interrupted through its cloud")
+    return redirect("job", pk=job.pk)
+
+
+def latest_report(job_id: int) -> dict | None:
+    drill = Drill.objects.filter(job_id=job_id).select_related("requested_by").first()
+    return report.as_report(report.refresh(drill)) if drill else None
