@@ -23,9 +23,9 @@ def refresh(drill: Drill) -> Drill:
     """Bring a sent drill's phases and verdict up to date (a no-op once judged)."""
     if drill.status != DrillStatus.SENT or drill.interrupted_at is None:
         return drill
-    found = _phases(drill)
+    found, notice, save = _phases(drill)
     changed = {name: value for name, value in found.items() if getattr(drill, name) != value}
-    verdict = _verdict(drill, found)
+    verdict = _verdict(drill, found, notice, save)
     if verdict is not None:
         passed, cause = verdict
         changed.update(cause=cause, finished_at=timezone.now())
@@ -39,7 +39,8 @@ def refresh(drill: Drill) -> Drill:
     return drill
 
 
-def _phases(drill: Drill) -> dict:
+def _phases(drill: Drill) -> tuple[dict, InterruptionEvent | None, Checkpoint | None]:
+    """The phases' moments and figures, with the notice and the notice save they came from."""
     since = drill.interrupted_at
     notice = InterruptionEvent.objects.filter(instance=drill.instance_id, kind=InterruptionKind.NOTICE,
                                               received_at__gte=since).order_by("received_at").first()
@@ -66,7 +67,7 @@ def _phases(drill: Drill) -> dict:
         found["training_again_at"] = first.time if first else None
         interrupted = Instance.objects.get(pk=drill.instance_id)
         found["steps_lost"] = max(0, interrupted.last_step - (resume.step if resume else 0))
-    return found
+    return found, notice, save
 
 
 def _window_s(notice: InterruptionEvent | None) -> float | None:
@@ -78,7 +79,8 @@ def _window_s(notice: InterruptionEvent | None) -> float | None:
     return float(settings.RESPAWN["NOTICE_BUDGET_S"])
 
 
-def _verdict(drill: Drill, found: dict) -> tuple[bool, str] | None:
+def _verdict(drill: Drill, found: dict, notice: InterruptionEvent | None,
+             save: Checkpoint | None) -> tuple[bool, str] | None:
     """(passed, cause) once the outcome is known; None while the recovery goes on."""
     job_status = Job.objects.filter(pk=drill.job_id).values_list("status", flat=True).first()
     if found["training_again_at"] is None:
@@ -91,17 +93,13 @@ def _verdict(drill: Drill, found: dict) -> tuple[bool, str] | None:
         return True, ""  # a hard reclaim: the recovery is the test; steps_lost says what it cost
     if found["notice_seen_at"] is None:
         return False, "no notice was seen: the agent never reported the cloud's notice (check the notice source)"
-    cause = _save_cause(drill, found)
+    cause = _save_cause(found, notice, save)
     return (not cause), cause
 
 
-def _save_cause(drill: Drill, found: dict) -> str:
+def _save_cause(found: dict, notice: InterruptionEvent, save: Checkpoint | None) -> str:
     """Why the notice save failed its window ('' when it met it)."""
     window = found["window_s"]
-    notice = InterruptionEvent.objects.filter(instance=drill.instance_id, kind=InterruptionKind.NOTICE,
-                                              received_at__gte=drill.interrupted_at).order_by("received_at").first()
-    save = Checkpoint.objects.filter(job=drill.job_id, kind=CheckpointKind.NOTICE,
-                                     committed_at__gte=drill.interrupted_at).order_by("committed_at").first()
     if save is None:
         return (f"no notice save was committed within the {window:.0f} s window: {found['steps_lost'] or 0} step(s) "
                 "since the newest checkpoint were lost")

@@ -26,11 +26,10 @@ import time
 from pathlib import Path
 
 from respawn import protocol, trackers
-from respawn.checkpoint.signals import start_ticks
+from respawn.checkpoint.signals import PR_SET_PDEATHSIG, start_ticks
 
 log = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1
 # Variables only the agent needs; the trainer (user code) must not see them.
 AGENT_ONLY_ENV = ("RESPAWN_BOOTSTRAP_TOKEN", "RESPAWN_BOOTSTRAP_TOKEN_FILE", "RESPAWN_AGENT_TOKEN")
 
