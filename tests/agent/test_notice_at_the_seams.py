@@ -44,7 +44,7 @@ from jobs.core.choices import EndReason, InstanceState
 from jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
-from tests.integrations.trials import ROOT, differing, final_state
+from tests.integrations.trials import ROOT, differing, final_state, standalone_env
 
 pytestmark = pytest.mark.e2e
 
@@ -120,9 +120,7 @@ CELLS = [(s, e) for s in SCRIPTS for e in EVENTS] if os.environ.get("RESPAWN_CON
 
 
 def run_argv(argv: list[str]) -> tuple[int, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(argv, cwd=ROOT, env=standalone_env(), capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
 
 

@@ -17,9 +17,15 @@ from respawn.checkpoint.storage.local import LocalStorage
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(module: str, uri: Path, *args: str, channel: Path | None = None, keep_env: tuple[str, ...] = ()) -> subprocess.Popen:
+def standalone_env(keep_env: tuple[str, ...] = ()) -> dict[str, str]:
+    """A training script's environment outside the agent: none of its RESPAWN_ variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_") or k in keep_env}
     env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start(module: str, uri: Path, *args: str, channel: Path | None = None, keep_env: tuple[str, ...] = ()) -> subprocess.Popen:
+    env = standalone_env(keep_env)
     if channel is not None:
         channel.mkdir(exist_ok=True)
         env["RESPAWN_STATUS_FILE"] = str(channel / "status.json")
