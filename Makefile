@@ -18,8 +18,9 @@ agent-wheel: $(STAMP)
 	$(BIN)/python manage.py build_agent_wheel
 
 # Two distributions, both editable: the trainer/agent library (agents/, import `respawn`)
-# and the control plane (this directory: jobs, frontend, controlplane) with the test tools.
-$(STAMP): pyproject.toml agents/pyproject.toml tests/emulators/package-lock.json
+# and the control plane (this directory: controlplane/, jobs/ and frontend/, import
+# `respawn_server`, `respawn_server.jobs`, `respawn_server.frontend`) with the test tools.
+$(STAMP): pyproject.toml setup.py agents/pyproject.toml tests/emulators/package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build on local disk; an unpinned torch would download a multi-GB CUDA build.

@@ -67,7 +67,7 @@ def recreate_database(url: str) -> None:
 
 def setup_django(url: str):
     os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "respawn_server.settings")
     os.environ.setdefault("RESPAWN_LOG_LEVEL", "WARNING")
     import django
 
@@ -81,8 +81,8 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from jobs.core.choices import Purpose
-    from jobs.models import Checkpoint, Instance, Job, Membership, MetricPoint, PriceQuote, Team
+    from respawn_server.jobs.core.choices import Purpose
+    from respawn_server.jobs.models import Checkpoint, Instance, Job, Membership, MetricPoint, PriceQuote, Team
 
     call_command("migrate", verbosity=0)  # seeds the price book
     # The history reaches back before the shipped book's date: the same prices, in force from a year ago.
@@ -183,7 +183,7 @@ def install_trivial_view() -> None:
     from django.urls import clear_url_caches, include, path
 
     urls = types.ModuleType("bench_dashboard_urls")
-    urls.urlpatterns = [path("bench/trivial", trivial), path("", include("controlplane.urls"))]
+    urls.urlpatterns = [path("bench/trivial", trivial), path("", include("respawn_server.urls"))]
     sys.modules[urls.__name__] = urls
     settings.ROOT_URLCONF = urls.__name__
     clear_url_caches()
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
     from django.test import Client
     from django.utils import timezone
 
-    from jobs.models import Instance, Job, MetricPoint, Team
+    from respawn_server.jobs.models import Instance, Job, MetricPoint, Team
 
     now = timezone.now()
     if not args.reuse:

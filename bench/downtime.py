@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> int:
 def control_plane(var_dir: Path, env: dict, port: int):
     """Web, worker and beat with `env`; on the way out they stop, and so does every local VM."""
     children = [_start(var_dir, env, name, argv) for name, argv in (
-        ("web", [sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"]),
-        ("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
+        ("web", [sys.executable, "-m", "gunicorn", "respawn_server.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"]),
+        ("worker", [sys.executable, "-m", "celery", "-A", "respawn_server", "worker", "--pool", "threads",
                     "--concurrency", "4", "--without-heartbeat", "--without-gossip", "--without-mingle"]),
-        ("beat", [sys.executable, "-m", "celery", "-A", "controlplane", "beat", "-s", str(var_dir / "beat")]))]
+        ("beat", [sys.executable, "-m", "celery", "-A", "respawn_server", "beat", "-s", str(var_dir / "beat")]))]
     try:
         yield
     finally:
@@ -126,7 +126,7 @@ def control_plane(var_dir: Path, env: dict, port: int):
 def _local_vms():
     from django.conf import settings
 
-    from jobs.fleet.providers.local import LocalConfig, LocalProvider
+    from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 
     return LocalProvider(LocalConfig(root=settings.PROVIDER_CONFIG["local"]["root"]))
 
@@ -171,7 +171,7 @@ def elastic_row(var_dir: Path, trials: int, time_limit_s: float) -> bool:
 def _team():
     from django.contrib.auth.models import User
 
-    from jobs.models import Membership, Team
+    from respawn_server.jobs.models import Membership, Team
 
     owner, _ = User.objects.get_or_create(username="bench")
     team, _ = Team.objects.get_or_create(name="bench")
@@ -186,9 +186,9 @@ def _kill_one_node(var_dir: Path, team, owner, *, elastic: bool, time_limit_s: f
     from django.db.models import Max
     from django.utils import timezone
 
-    from jobs.core.choices import InstanceState, JobStatus
-    from jobs.core.services import cancel_job
-    from jobs.models import Checkpoint, Instance, Job, StepPoint, WorldSize
+    from respawn_server.jobs.core.choices import InstanceState, JobStatus
+    from respawn_server.jobs.core.services import cancel_job
+    from respawn_server.jobs.models import Checkpoint, Instance, Job, StepPoint, WorldSize
 
     job = Job.objects.create(
         team=team, owner=owner, name=f"{'elastic' if elastic else 'whole'}-gang", nodes=NODES,
@@ -246,8 +246,8 @@ def _start(var_dir: Path, env: dict, name: str, argv: list[str]) -> subprocess.P
 
 
 def _run_job(var_dir: Path, time_limit_s: float):
-    from jobs.core.choices import JobStatus
-    from jobs.models import Job
+    from respawn_server.jobs.core.choices import JobStatus
+    from respawn_server.jobs.models import Job
 
     team, owner = _team()
     job = Job.objects.create(
@@ -266,8 +266,8 @@ def _run_job(var_dir: Path, time_limit_s: float):
 
 def measure(job) -> list[dict]:
     """Each noticed preemption whose slot a spare took over, from the database's records."""
-    from jobs.models import Instance, StepPoint
-    from jobs.money.downtime import job_downtime
+    from respawn_server.jobs.models import Instance, StepPoint
+    from respawn_server.jobs.money.downtime import job_downtime
 
     parts = {d.instance_id: {k: round(v, 2) for k, v in d.parts.items()}
              for d in job_downtime(job.pk, job.finished_at)[1]}

@@ -79,9 +79,9 @@ def make_agents(n: int) -> tuple[list[str], int]:
     from django.core.management import call_command
     from django.utils import timezone
 
-    from jobs.core.choices import InstanceState, JobStatus
-    from jobs.models import Instance, Job, Membership, Team
-    from jobs.people.tokens import AGENT_PREFIX, new_token
+    from respawn_server.jobs.core.choices import InstanceState, JobStatus
+    from respawn_server.jobs.models import Instance, Job, Membership, Team
+    from respawn_server.jobs.people.tokens import AGENT_PREFIX, new_token
 
     call_command("migrate", verbosity=0)
     team = Team.objects.create(name="bench", monthly_budget_usd=1_000_000, max_concurrent_gpus=n)
@@ -117,7 +117,7 @@ def start_web(args, log_path: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "DATABASE_URL": args.database_url, "RESPAWN_LOG_LEVEL": "WARNING",
            "RESPAWN_HEARTBEAT_INTERVAL_S": str(AGENT_INTERVAL_S), "RESPAWN_LOGIN_RATE": "1000/min",
            "DJANGO_SECURE_COOKIES": "false"}  # plain HTTP on loopback: a Secure cookie would never come back
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "respawn_server.wsgi", "-b", f"127.0.0.1:{port}",
                              "--workers", str(args.web_workers), "--threads", str(args.web_threads),
                              "--keep-alive", "30"], cwd=ROOT, env=env, stdout=open(log_path, "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)

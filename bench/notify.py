@@ -77,8 +77,8 @@ def dead_endpoint() -> socket.socket:
 
 
 def subscribe(team, matching: int, live_url: str, dead_url: str, other_url: str) -> None:
-    from jobs.core.choices import Channel, NotificationKind
-    from jobs.models import Subscription
+    from respawn_server.jobs.core.choices import Channel, NotificationKind
+    from respawn_server.jobs.models import Subscription
 
     others = [k for k in NotificationKind.SUBSCRIBABLE if k != NotificationKind.JOB_FAILED]
     rows = [Subscription(team=team, name="live", channel=Channel.SLACK, url=live_url,
@@ -107,7 +107,7 @@ def fail_jobs(url: str, tokens: list[str], every: float, until: float, failed: d
 
 
 def start_worker(env: dict, log_path: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "respawn_server", "worker", "--pool", "threads",
                              "--concurrency", "8", "--loglevel", "WARNING", "--without-heartbeat", "--without-gossip",
                              "--without-mingle"], cwd=ROOT, env=env, stdout=open(log_path, "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     setup_django(args.database_url)
     from django.db import connections
 
-    from jobs.models import Delivery, Job, Subscription, Team
+    from respawn_server.jobs.models import Delivery, Job, Subscription, Team
 
     tokens, _ = make_agents(args.agents + args.failing)
     jobs = list(Job.objects.order_by("pk").values_list("name", flat=True))

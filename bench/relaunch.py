@@ -50,7 +50,7 @@ def embedded_env(var_dir: Path) -> dict[str, str]:
     The VMs' agents point at a closed port: they boot and keep retrying register."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
     env.update(RESPAWN_VAR_DIR=str(var_dir), RESPAWN_LOCAL_MARKET="none", PYTHONUNBUFFERED="1",
-               RESPAWN_API_URL=f"http://127.0.0.1:{unused_port()}", DJANGO_SETTINGS_MODULE="controlplane.settings")
+               RESPAWN_API_URL=f"http://127.0.0.1:{unused_port()}", DJANGO_SETTINGS_MODULE="respawn_server.settings")
     return env
 
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     call_command("migrate", verbosity=0)
     worker_log = open(var_dir / "worker.log", "ab")
-    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool", "threads",
+    worker = subprocess.Popen([sys.executable, "-m", "celery", "-A", "respawn_server", "worker", "--pool", "threads",
                                "--concurrency", "4", "--loglevel", "INFO", "--without-heartbeat", "--without-gossip",
                                "--without-mingle"], cwd=ROOT, env=env, stdout=worker_log, stderr=subprocess.STDOUT,
                               start_new_session=True)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.wait(30)
         from django.conf import settings
 
-        from jobs.fleet.providers.local import LocalConfig, LocalProvider
+        from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 
         LocalProvider(LocalConfig(root=settings.PROVIDER_CONFIG["local"]["root"])).terminate_all()
     print(f"relaunches: {len(to_launched)} (embedded default: SQLite + filesystem broker, 1 worker; {var_dir})")
@@ -111,10 +111,10 @@ def run(args, worker: subprocess.Popen, var_dir: Path) -> tuple[list[float], lis
     from django.db import transaction
 
     from respawn.protocol import ExitReason
-    from jobs.core import services
-    from jobs.core.choices import InstanceState
-    from jobs.fleet.placement import refresh_interval
-    from jobs.models import Instance, InstanceEvent, Team
+    from respawn_server.jobs.core import services
+    from respawn_server.jobs.core.choices import InstanceState
+    from respawn_server.jobs.fleet.placement import refresh_interval
+    from respawn_server.jobs.models import Instance, InstanceEvent, Team
 
     team = Team.objects.create(name="bench")
     owner = User.objects.create_user(username="bench")
@@ -167,7 +167,7 @@ def age(instance_ids) -> None:
     timestamps by the same amount, so its recorded lifetime stays what it was)."""
     from django.db.models import F
 
-    from jobs.models import Instance
+    from respawn_server.jobs.models import Instance
 
     shift = AGE_BY
     Instance.objects.filter(pk__in=instance_ids).update(
@@ -177,7 +177,7 @@ def age(instance_ids) -> None:
 
 def _terminate_vm(instance) -> None:
     """The preempted VM's agent would have exited; end it so VMs do not pile up."""
-    from jobs.fleet.registry import provider_for
+    from respawn_server.jobs.fleet.registry import provider_for
 
     provider_for(instance.provider, instance.region).terminate(instance.provider_instance_id)
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jobs.fleet.policies import market  # noqa: E402
-from jobs.fleet.policies.expected_cost import spot_overhead_fraction  # noqa: E402
-from jobs.fleet.policies.interval import checkpoint_interval  # noqa: E402
-from jobs.fleet.policies.rates import Lifetime, RatePrior, estimate_availability, estimate_rate, on_demand_rate  # noqa: E402
-from jobs.money.ledger import InstanceInterval, PriceIndex, PriceQuote, build_ledger  # noqa: E402
-from jobs.money.pricebook import load_price_book  # noqa: E402
+from respawn_server.jobs.fleet.policies import market  # noqa: E402
+from respawn_server.jobs.fleet.policies.expected_cost import spot_overhead_fraction  # noqa: E402
+from respawn_server.jobs.fleet.policies.interval import checkpoint_interval  # noqa: E402
+from respawn_server.jobs.fleet.policies.rates import Lifetime, RatePrior, estimate_availability, estimate_rate, on_demand_rate  # noqa: E402
+from respawn_server.jobs.money.ledger import InstanceInterval, PriceIndex, PriceQuote, build_ledger  # noqa: E402
+from respawn_server.jobs.money.pricebook import load_price_book  # noqa: E402
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[1] / "data" / "spot-traces"
 OFFSETS = 20

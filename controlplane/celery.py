@@ -2,9 +2,9 @@ import os
 
 from celery import Celery
 
-from controlplane import broker
+from respawn_server import broker
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "respawn_server.settings")
 broker.install()
 
 app = Celery("respawn")

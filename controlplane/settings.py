@@ -13,7 +13,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RESPAWN_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 # The control plane's alone: the database, keys, queue and logs. Run as root, local VMs run
-# as users of their own (jobs.fleet.providers.local) and need the search bit to reach their
+# as users of their own (respawn_server.jobs.fleet.providers.local) and need the search bit to reach their
 # own directories in local-vms/ and checkpoints/; they can list nothing here, and every
 # other entry is 0600 or 0700.
 VAR_DIR.chmod(0o711 if os.geteuid() == 0 else 0o700)
@@ -75,13 +75,13 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "jobs",
-    "frontend",
+    "respawn_server.jobs",
+    "respawn_server.frontend",
 ]
 
 MIDDLEWARE = [
     # First, so that static files (answered by WhiteNoise below) carry the policy too.
-    "controlplane.csp.content_security_policy",
+    "respawn_server.csp.content_security_policy",
     "django.middleware.security.SecurityMiddleware",
     # Static files straight from gunicorn (no CDN, no separate server on a laptop).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -93,8 +93,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-ROOT_URLCONF = "controlplane.urls"
-WSGI_APPLICATION = "controlplane.wsgi.application"
+ROOT_URLCONF = "respawn_server.urls"
+WSGI_APPLICATION = "respawn_server.wsgi.application"
 
 TEMPLATES = [
     {
@@ -186,18 +186,18 @@ SECURE_CSP = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "jobs.people.auth.HashedTokenAuthentication",
+        "respawn_server.jobs.people.auth.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    # DRF's JSON parser, refusing bodies nested too deep to read (jobs.api.parsing).
-    "DEFAULT_PARSER_CLASSES": ["jobs.api.parsing.JSONParser", "rest_framework.parsers.FormParser",
+    # DRF's JSON parser, refusing bodies nested too deep to read (respawn_server.jobs.api.parsing).
+    "DEFAULT_PARSER_CLASSES": ["respawn_server.jobs.api.parsing.JSONParser", "rest_framework.parsers.FormParser",
                                "rest_framework.parsers.MultiPartParser"],
-    "DEFAULT_PAGINATION_CLASS": "jobs.api.pagination.BoundedLimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "respawn_server.jobs.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_FILTER_BACKENDS": ["jobs.api.filters.IdFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "jobs.api.schema.RespawnAutoSchema",
-    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "DEFAULT_FILTER_BACKENDS": ["respawn_server.jobs.api.filters.IdFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "respawn_server.jobs.api.schema.RespawnAutoSchema",
+    "EXCEPTION_HANDLER": "respawn_server.jobs.api.errors.exception_handler",
     # Per client address (login) and per person (minting tokens).
     "DEFAULT_THROTTLE_RATES": {
         "login": os.environ.get("RESPAWN_LOGIN_RATE", "20/min"),
@@ -229,9 +229,9 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "CheckpointKindEnum": "respawn.protocol.CheckpointKind.ALL",
-        "InterruptionKindEnum": "jobs.core.choices.InterruptionKind.CHOICES",
-        "DeliveryStatusEnum": "jobs.core.choices.DeliveryStatus.CHOICES",
-        "JobStatusEnum": "jobs.core.choices.JobStatus.CHOICES",
+        "InterruptionKindEnum": "respawn_server.jobs.core.choices.InterruptionKind.CHOICES",
+        "DeliveryStatusEnum": "respawn_server.jobs.core.choices.DeliveryStatus.CHOICES",
+        "JobStatusEnum": "respawn_server.jobs.core.choices.JobStatus.CHOICES",
     },
 }
 
@@ -272,7 +272,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 RECONCILE_INTERVAL_S = env_float("RESPAWN_RECONCILE_INTERVAL_S", 15.0)
 CELERY_BEAT_SCHEDULE = {
     "reconcile": {
-        "task": "jobs.tasks.reconcile",
+        "task": "respawn_server.jobs.tasks.reconcile",
         "schedule": timedelta(seconds=RECONCILE_INTERVAL_S),
         "options": {"expires": RECONCILE_INTERVAL_S},
     },
@@ -309,13 +309,13 @@ RESPAWN = {
     # How the agents (and the reconciler's health probe) reach the API.
     "API_URL": os.environ.get("RESPAWN_API_URL", "http://127.0.0.1:8000"),
     "DEFAULT_CHECKPOINT_URI": os.environ.get("RESPAWN_CHECKPOINT_URI", str(VAR_DIR / "checkpoints")),
-    # The agent's wheel and pinned requirements VMs install (jobs.fleet.agent_dist; manage.py build_agent_wheel).
+    # The agent's wheel and pinned requirements VMs install (respawn_server.jobs.fleet.agent_dist; manage.py build_agent_wheel).
     "AGENT_DIST_DIR": os.environ.get("RESPAWN_AGENT_DIST_DIR", str(VAR_DIR / "dist")),
-    # Jobs' uploaded source archives, one file per SHA-256 (jobs.core.sources), and the most
+    # Jobs' uploaded source archives, one file per SHA-256 (respawn_server.jobs.core.sources), and the most
     # bytes an archive, or the files it unpacks to, may hold (the CLI checks the same variable).
     "SOURCE_DIR": os.environ.get("RESPAWN_SOURCE_DIR", str(VAR_DIR / "sources")),
     "SOURCE_MAX_BYTES": int(os.environ.get("RESPAWN_SOURCE_MAX_BYTES", 100 * 1024 * 1024)),
-    # Encrypts jobs' secret env values (jobs.core.secret_env): Fernet keys, comma-separated,
+    # Encrypts jobs' secret env values (respawn_server.jobs.core.secret_env): Fernet keys, comma-separated,
     # the first encrypting; unset, a key made in SECRETS_KEY_FILE at first use.
     "SECRETS_KEY": secret_from_env_or_file("RESPAWN_SECRETS_KEY", ""),
     "SECRETS_KEY_FILE": str(VAR_DIR / "secrets.key"),
@@ -349,13 +349,13 @@ PRICE_REFRESH_S = env_float("RESPAWN_PRICE_REFRESH_S", 0.0)
 if PRICE_REFRESH_S > 0:
     for _cloud in (p for p in RESPAWN["PROVIDERS"] if p in ("aws", "azure", "gcp")):
         CELERY_BEAT_SCHEDULE[f"refresh-prices-{_cloud}"] = {
-            "task": "jobs.tasks.refresh_prices",
+            "task": "respawn_server.jobs.tasks.refresh_prices",
             "schedule": timedelta(seconds=PRICE_REFRESH_S),
             "args": (_cloud,),
             "options": {"expires": PRICE_REFRESH_S},
         }
 
-# Notifications (jobs.notify). Webhooks to loopback and private addresses are refused
+# Notifications (respawn_server.jobs.notify). Webhooks to loopback and private addresses are refused
 # unless allowed (a demo or test receiver on 127.0.0.1); link-local never (the metadata service).
 NOTIFY = {
     "ALLOW_PRIVATE": env_bool("RESPAWN_NOTIFY_ALLOW_PRIVATE", False),
@@ -376,7 +376,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
-                   "json": {"()": "controlplane.logging.JsonFormatter"}},
+                   "json": {"()": "respawn_server.logging.JsonFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
     # azure-core logs every HTTP request and response header at INFO: a worker's log

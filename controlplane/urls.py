@@ -5,9 +5,9 @@ from django.views.decorators.cache import never_cache
 from django.views.defaults import page_not_found
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from jobs.api.metrics import metrics_view
-from jobs.api.urls import agent_urlpatterns, people_urlpatterns
-from jobs.people.ratelimit import login_rate_limited
+from respawn_server.jobs.api.metrics import metrics_view
+from respawn_server.jobs.api.urls import agent_urlpatterns, people_urlpatterns
+from respawn_server.jobs.people.ratelimit import login_rate_limited
 
 
 @never_cache
@@ -36,5 +36,5 @@ urlpatterns = [
     # Split: its script is a file of its own, so the page runs under a policy with no inline code.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="frontend/api_docs.html"),
          name="api-docs"),
-    path("", include("frontend.urls")),
+    path("", include("respawn_server.frontend.urls")),
 ]

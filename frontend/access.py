@@ -1,5 +1,5 @@
 """Who may see what on the dashboard: every answer comes from the ONE permission
-table (`jobs.people.permissions`). Another team's object is a 404, as in the API; a role
+table (`respawn_server.jobs.people.permissions`). Another team's object is a 404, as in the API; a role
 too small for the action is a 403."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
-from frontend import reads
-from jobs.models import Job, Team
-from jobs.people.permissions import can, roles_of, visible_team_ids
+from respawn_server.frontend import reads
+from respawn_server.jobs.models import Job, Team
+from respawn_server.jobs.people.permissions import can, roles_of, visible_team_ids
 
 SESSION_TEAM = "respawn_team_id"
 

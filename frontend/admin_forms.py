@@ -9,10 +9,10 @@ from datetime import timedelta
 from django import forms
 from django.utils import timezone
 
-from frontend.forms import DashboardForm
-from jobs.api.teamadmin import AddMemberSerializer, TeamLimitsSerializer
-from jobs.api.tokens import ApiTokenSerializer
-from jobs.core.choices import Role
+from respawn_server.frontend.forms import DashboardForm
+from respawn_server.jobs.api.teamadmin import AddMemberSerializer, TeamLimitsSerializer
+from respawn_server.jobs.api.tokens import ApiTokenSerializer
+from respawn_server.jobs.core.choices import Role
 
 MAX_TOKEN_DAYS = 3650
 

@@ -2,4 +2,5 @@ from django.apps import AppConfig
 
 
 class FrontendConfig(AppConfig):
-    name = "frontend"
+    name = "respawn_server.frontend"
+    label = "frontend"

@@ -8,10 +8,10 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from frontend import access
-from jobs.drills import report
-from jobs.drills.models import Drill
-from jobs.drills.services import DrillConflict, request_drill
+from respawn_server.frontend import access
+from respawn_server.jobs.drills import report
+from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.drills.services import DrillConflict, request_drill
 
 
 @require_POST

@@ -9,8 +9,8 @@ import shlex
 from django import forms
 from django.conf import settings
 
-from jobs.api.serializers import KNOWN_CLOUDS, JobSerializer
-from jobs.core.choices import JobStatus
+from respawn_server.jobs.api.serializers import KNOWN_CLOUDS, JobSerializer
+from respawn_server.jobs.core.choices import JobStatus
 
 
 def configured_clouds() -> list[str]:

@@ -8,9 +8,9 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from frontend.views import page
-from jobs.models import Invitation
-from jobs.people.team_admin import accept_invitation, decline_invitation
+from respawn_server.frontend.views import page
+from respawn_server.jobs.models import Invitation
+from respawn_server.jobs.people.team_admin import accept_invitation, decline_invitation
 
 
 @login_required

@@ -1,5 +1,5 @@
-"""The dashboard's money: the ledger's figures (`jobs.money.costs`) in the API's format
-(`jobs.api.costs`), kept in the shared cache once they are settled, so a page that
+"""The dashboard's money: the ledger's figures (`respawn_server.jobs.money.costs`) in the API's format
+(`respawn_server.jobs.api.costs`), kept in the shared cache once they are settled, so a page that
 is polled every few seconds does not price a job's whole history each time.
 
 - A job's money is settled once none of its instances lives and no evicted VM's
@@ -26,10 +26,10 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.core.cache import cache
 
-from jobs.api.costs import job_cost_data, team_month_data
-from jobs.fleet.placement import interruption_rates
-from jobs.money import costs
-from jobs.money.curve import cost_curve
+from respawn_server.jobs.api.costs import job_cost_data, team_month_data
+from respawn_server.jobs.fleet.placement import interruption_rates
+from respawn_server.jobs.money import costs
+from respawn_server.jobs.money.curve import cost_curve
 from respawn.vocabulary.money import money_figures
 from respawn.vocabulary.money import usd as display_money
 
@@ -199,8 +199,8 @@ def placement_rates(team_id: int) -> list[dict]:
     """Placement's interruption-rate estimates where the team has some exposure, ready to
     show (the rate with its 90 % credible interval, the team's exposure as a duration),
     recomputed at most every RATES_TTL_S. The evidence is the team's own: no other
-    team's usage shows (jobs.fleet.placement.interruption_rates)."""
-    from frontend.selectors import display_duration  # selectors reads this module's money
+    team's usage shows (respawn_server.jobs.fleet.placement.interruption_rates)."""
+    from respawn_server.frontend.selectors import display_duration  # selectors reads this module's money
 
     key = RATES_KEY.format(team=team_id)
     rates = cache.get(key)

@@ -15,14 +15,14 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from frontend import access
-from frontend.forms import DashboardForm
-from frontend.views import page
-from jobs.api.notifications import SCOPES, SubscriptionSerializer, shown_url, visible_subscriptions
-from jobs.core.choices import Channel, NotificationKind
-from jobs.models import Delivery
-from jobs.notify import subscriptions
-from jobs.people.permissions import can
+from respawn_server.frontend import access
+from respawn_server.frontend.forms import DashboardForm
+from respawn_server.frontend.views import page
+from respawn_server.jobs.api.notifications import SCOPES, SubscriptionSerializer, shown_url, visible_subscriptions
+from respawn_server.jobs.core.choices import Channel, NotificationKind
+from respawn_server.jobs.models import Delivery
+from respawn_server.jobs.notify import subscriptions
+from respawn_server.jobs.people.permissions import can
 
 DELIVERIES_SHOWN = 50
 

@@ -26,10 +26,10 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db import connection, models
 
-from jobs.core.choices import InstanceState
-from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
                          MetricPoint, PriceQuote, StepPoint, Team, WorldSize)
-from jobs.money import costs
+from respawn_server.jobs.money import costs
 
 JOB, INSTANCE, CHECKPOINT = Job._meta.db_table, Instance._meta.db_table, Checkpoint._meta.db_table
 EVENT, INTERRUPTION, LOG = JobEvent._meta.db_table, InterruptionEvent._meta.db_table, LogChunk._meta.db_table
@@ -267,7 +267,7 @@ CURVE_INSTANCE_COLUMNS = ("id", "end_reason", "last_step", "resume_step", "resum
 
 
 def curve_instances(job_id: int) -> Read:
-    """What `frontend.story.loss_marks` marks on the loss curve, per instance in launch order."""
+    """What `respawn_server.frontend.story.loss_marks` marks on the loss curve, per instance in launch order."""
     return Read(f"SELECT i.id, i.end_reason, i.last_step, c.step, c.validation FROM {INSTANCE} i "
                 f"LEFT JOIN {CHECKPOINT} c ON c.id = i.resume_checkpoint_id WHERE i.job_id = %s "
                 "ORDER BY i.requested_at, i.id", [job_id], _named(*CURVE_INSTANCE_COLUMNS))
@@ -289,7 +289,7 @@ def newest_events(job_id: int, limit: int) -> Read:
 
 
 def world_sizes(job_id: int) -> Read:
-    """The job's world size over time (jobs.models.WorldSize), oldest first."""
+    """The job's world size over time (respawn_server.jobs.models.WorldSize), oldest first."""
     return Read(f"SELECT at, world_size, reason FROM {WORLD_SIZE} WHERE job_id = %s ORDER BY at, id", [job_id],
                 _named("at", "world_size", "reason"))
 

@@ -1,4 +1,4 @@
-"""The team's savings report page: the API's report (`jobs.api.report`), drawn as tables and a
+"""The team's savings report page: the API's report (`respawn_server.jobs.api.report`), drawn as tables and a
 cumulative savings chart, with the same figures offered as CSV and JSON."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from frontend import access
-from frontend.money import WASTE_PARTS
-from frontend.views import page
-from jobs.api.report import TABLES, report_data
-from jobs.money.report import ReportError, savings_report
+from respawn_server.frontend import access
+from respawn_server.frontend.money import WASTE_PARTS
+from respawn_server.frontend.views import page
+from respawn_server.jobs.api.report import TABLES, report_data
+from respawn_server.jobs.money.report import ReportError, savings_report
 from respawn.vocabulary.money import money_figures, usd
 
 

@@ -1,7 +1,7 @@
 """What the dashboard pages and their JSON status views show, read in a fixed
 number of queries per page whatever the number of jobs, instances or points.
 
-Money comes from `frontend.money` (the ledger's figures in the API's format, kept
+Money comes from `respawn_server.frontend.money` (the ledger's figures in the API's format, kept
 once settled), so a figure on a page is the API's figure."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from django.db.models import Exists, OuterRef
 from django.urls import reverse
 from django.utils import timezone
 
-from frontend import money as store
-from frontend import reads, story
-from frontend.money import display_money
-from jobs.core.choices import FailureCause, JobStatus, Market
-from jobs.models import PriceQuote, Team, failure_headline
-from jobs.money import costs
+from respawn_server.frontend import money as store
+from respawn_server.frontend import reads, story
+from respawn_server.frontend.money import display_money
+from respawn_server.jobs.core.choices import FailureCause, JobStatus, Market
+from respawn_server.jobs.models import PriceQuote, Team, failure_headline
+from respawn_server.jobs.money import costs
 from respawn.vocabulary.money import money_figures
 
 JOBS_PER_PAGE = 25

@@ -4,7 +4,7 @@ interval is what it is, and where the job was preempted and where it resumed."""
 from __future__ import annotations
 
 from respawn.notices.base import notice_budget_s
-from jobs.core.choices import EndReason
+from respawn_server.jobs.core.choices import EndReason
 
 INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
 SOURCES = {

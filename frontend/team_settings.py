@@ -1,7 +1,7 @@
 """The team settings page: anyone in the team reads members and limits; admins
 ("team.manage") invite (staff: add), re-role and remove members and change limits, and see the
 team's recent audit events ("audit.view"). Every change goes through
-`jobs.people.team_admin`, which writes its audit row, exactly as the API does."""
+`respawn_server.jobs.people.team_admin`, which writes its audit row, exactly as the API does."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from frontend import access
-from frontend.admin_forms import AddMemberForm, LimitsForm, RoleForm
-from frontend.views import page
-from jobs.core.choices import Role
-from jobs.models import AuditEvent, Invitation, Membership
-from jobs.people.permissions import can
-from jobs.people.team_admin import LastAdminError, add_member, change_limits, change_role, remove_member
+from respawn_server.frontend import access
+from respawn_server.frontend.admin_forms import AddMemberForm, LimitsForm, RoleForm
+from respawn_server.frontend.views import page
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.models import AuditEvent, Invitation, Membership
+from respawn_server.jobs.people.permissions import can
+from respawn_server.jobs.people.team_admin import LastAdminError, add_member, change_limits, change_role, remove_member
 
 AUDIT_EVENTS_SHOWN = 50
 

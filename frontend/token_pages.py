@@ -10,11 +10,11 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from frontend.admin_forms import NewTokenForm
-from frontend.views import page
-from jobs.models import ApiToken
-from jobs.people.ratelimit import SharedRateThrottle
-from jobs.people.team_admin import issue_token, revoke_token
+from respawn_server.frontend.admin_forms import NewTokenForm
+from respawn_server.frontend.views import page
+from respawn_server.jobs.models import ApiToken
+from respawn_server.jobs.people.ratelimit import SharedRateThrottle
+from respawn_server.jobs.people.team_admin import issue_token, revoke_token
 
 
 class _Minting:

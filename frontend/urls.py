@@ -1,8 +1,8 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import drills, invitations, notifications, report, team_settings, token_pages, views
-from frontend.login import login_view
+from respawn_server.frontend import drills, invitations, notifications, report, team_settings, token_pages, views
+from respawn_server.frontend.login import login_view
 
 urlpatterns = [
     path("login/", login_view, name="login"),

@@ -1,6 +1,6 @@
 """Dashboard pages (Django templates) and the JSON status views their scripts poll.
 
-Every view asks `frontend.access` (the one permission table) before reading a
+Every view asks `respawn_server.frontend.access` (the one permission table) before reading a
 team's data; JSON views answer 401 to an anonymous caller instead of a login page."""
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from frontend import access, drills, money, reads, selectors, story
-from frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm, configured_clouds
-from jobs.core import trackers
-from jobs.core.services import cancel_job
-from jobs.models import Job, PriceQuote
-from jobs.money import downtime
-from jobs.money.costs import CostError, parse_month
-from jobs.people.permissions import can
+from respawn_server.frontend import access, drills, money, reads, selectors, story
+from respawn_server.frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm, configured_clouds
+from respawn_server.jobs.core import trackers
+from respawn_server.jobs.core.services import cancel_job
+from respawn_server.jobs.models import Job, PriceQuote
+from respawn_server.jobs.money import downtime
+from respawn_server.jobs.money.costs import CostError, parse_month
+from respawn_server.jobs.people.permissions import can
 
 SUBMIT_FIELDS = "frontend/_submit_fields.html"
 

@@ -3,7 +3,7 @@
 - `core/`: what happens to jobs and instances — the enums and transition tables
   (choices), the guarded status writes (transitions), the domain operations
   (services), the audit log, job logs, and the work handed to workers by task
-  name (nudges). Imports only `jobs.models` and itself.
+  name (nudges). Imports only `respawn_server.jobs.models` and itself.
 - `fleet/`: the VMs — cloud providers, the configured-provider registry,
   orchestration (schedule, launch, terminate, reconcile), placement and its pure
   policies, the heartbeat hot path.

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from jobs import models
+from respawn_server.jobs import models
 
 
 @admin.register(models.Job)
@@ -8,7 +8,7 @@ class JobAdmin(admin.ModelAdmin):
     list_display = ["id", "name", "team", "owner", "status", "preemptions", "last_step", "created_at"]
     list_filter = ["status", "team"]
     search_fields = ["name"]
-    # Encrypted values only: a staff edit here would store one unencrypted (jobs.core.secret_env).
+    # Encrypted values only: a staff edit here would store one unencrypted (respawn_server.jobs.core.secret_env).
     exclude = ["secret_env"]
 
 

@@ -1,5 +1,5 @@
 """The domain's tables (DESIGN §3). Status fields change only through
-`jobs.core.transitions`, which guards every update with the expected old state."""
+`respawn_server.jobs.core.transitions`, which guards every update with the expected old state."""
 
 import uuid
 
@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.core.choices import (
+from respawn_server.jobs.core.choices import (
     CHECKPOINT_KIND_CHOICES,
     MARKET_CHOICES,
     NOTICE_SOURCE_CHOICES,
@@ -86,7 +86,7 @@ class ApiToken(models.Model):
 class SourceArchive(models.Model):
     """A job's code as uploaded: a deterministic tar.gz of a working directory, named by
     its SHA-256 (agents/respawn/sourcetree.py). A team's row says it uploaded these bytes, so a
-    job may name them; the bytes are stored once per digest (jobs.core.sources), and a
+    job may name them; the bytes are stored once per digest (respawn_server.jobs.core.sources), and a
     tree submitted again is not uploaded again."""
 
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="source_archives")
@@ -121,7 +121,7 @@ class Job(models.Model):
         max_length=300, blank=True, help_text="OCI image the trainer runs in (podman or docker on the VM); empty: "
         "the VM's own Python.")
     env = models.JSONField(default=dict, blank=True)
-    # Names in the clear, each value a Fernet token (jobs.core.secret_env): decrypted only
+    # Names in the clear, each value a Fernet token (respawn_server.jobs.core.secret_env): decrypted only
     # for the register answer to one of the job's live instances (DESIGN §11).
     secret_env = models.JSONField(
         default=dict, blank=True, help_text="Secret environment: names to encrypted values, never plaintext.")
@@ -281,7 +281,7 @@ class Instance(models.Model):
         default=list, blank=True, help_text="An elastic gang's node: the runs its VM trained before each regroup, "
         "oldest first, each {rank, resume_step, resume_from (the instance that wrote it), last_step, kept_until (the "
         "step the regroup resumed from), until}; the "
-        "money counts the work each kept (jobs.money.costs). rank, resume_checkpoint and last_step are the run now.")
+        "money counts the work each kept (respawn_server.jobs.money.costs). rank, resume_checkpoint and last_step are the run now.")
     trainer_exited_at = models.DateTimeField(
         null=True, blank=True, help_text="An elastic gang's node whose trainer exited (a peer gone, or its code): its "
                                          "agent waits for the gang's word, a regroup or a stop, and this is cleared "
@@ -383,7 +383,7 @@ class Instance(models.Model):
         ]
 
     # The instances whose stopped disk bills after their end: evicted (ended preempted)
-    # with a disk the cloud keeps. jobs.money.costs prices them; reconcile deletes their VM.
+    # with a disk the cloud keeps. respawn_server.jobs.money.costs prices them; reconcile deletes their VM.
     DISK_KEPT = Q(end_reason=EndReason.PREEMPTED) & ~Q(stopped_disk_sku="")
 
     def __str__(self):
@@ -592,7 +592,7 @@ class AuditEvent(models.Model):
 
 
 class RateLimitBucket(models.Model):
-    """Recent attempts of one client at one rate-limited thing (jobs.people.ratelimit),
+    """Recent attempts of one client at one rate-limited thing (respawn_server.jobs.people.ratelimit),
     in the database so that every worker process counts against the same limit."""
 
     scope = models.CharField(max_length=30)
@@ -623,10 +623,10 @@ class Invitation(models.Model):
 
 
 class Subscription(models.Model):
-    """Who is told of what, and how (jobs.notify). A team's subscription (no user) is
+    """Who is told of what, and how (respawn_server.jobs.notify). A team's subscription (no user) is
     managed by the team's admins and covers every job of the team; a person's covers
     the jobs they own and their team's budget. The webhook secret is kept sealed
-    (jobs.core.secret_env), opened only to sign with, and shown only when the
+    (respawn_server.jobs.core.secret_env), opened only to sign with, and shown only when the
     subscription is created; a URL is kept in the clear."""
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="subscriptions")
@@ -638,7 +638,7 @@ class Subscription(models.Model):
     url = models.CharField(max_length=2000, blank=True, help_text="Webhook or Slack URL; checked at save and send.")
     email = models.EmailField(blank=True)
     secret = models.TextField(blank=True, help_text="HMAC-SHA256 key of the webhook signature, sealed "
-                                                    "(jobs.core.secret_env): never plaintext.")
+                                                    "(respawn_server.jobs.core.secret_env): never plaintext.")
     preemption_burst = models.PositiveIntegerField(
         default=3, validators=[MinValueValidator(1)], help_text="Preemptions of one job within an hour that make a burst.")
     recovering_after_s = models.PositiveIntegerField(
@@ -710,4 +710,4 @@ class DeliveryAttempt(models.Model):
         ordering = ["started_at", "id"]
 
 
-from jobs.drills.models import Drill  # noqa: E402,F401  (a table of this app, in the drills subsystem)
+from respawn_server.jobs.drills.models import Drill  # noqa: E402,F401  (a table of this app, in the drills subsystem)

@@ -11,14 +11,14 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.core.services import expire_pending_validations, heartbeat_timeout
-from jobs.fleet import orchestration
-from jobs.fleet.providers.base import TransientError
-from jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
-from jobs.money import budget, refreshers
-from jobs.notify import events as notify_events
-from jobs.notify import sending
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.core.services import expire_pending_validations, heartbeat_timeout
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.providers.base import TransientError
+from respawn_server.jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
+from respawn_server.jobs.money import budget, refreshers
+from respawn_server.jobs.notify import events as notify_events
+from respawn_server.jobs.notify import sending
 
 log = logging.getLogger(__name__)
 
@@ -62,44 +62,44 @@ CLOUD_RETRY = dict(autoretry_for=(TransientError,), retry_backoff=1, retry_backo
                    retry_jitter=True)
 
 
-@shared_task(name="jobs.tasks.schedule", ignore_result=True)
+@shared_task(name="respawn_server.jobs.tasks.schedule", ignore_result=True)
 def schedule() -> int:
     return len(orchestration.schedule())
 
 
-@shared_task(name="jobs.tasks.launch_instance", ignore_result=True, **CLOUD_RETRY)
+@shared_task(name="respawn_server.jobs.tasks.launch_instance", ignore_result=True, **CLOUD_RETRY)
 def launch_instance(instance_id: int) -> None:
     orchestration.launch(instance_id)
 
 
-@shared_task(name="jobs.tasks.terminate_instance", ignore_result=True, **CLOUD_RETRY)
+@shared_task(name="respawn_server.jobs.tasks.terminate_instance", ignore_result=True, **CLOUD_RETRY)
 def terminate_instance(instance_id: int) -> None:
     orchestration.terminate(instance_id)
 
 
-@shared_task(name="jobs.tasks.run_drill", ignore_result=True, **CLOUD_RETRY)
+@shared_task(name="respawn_server.jobs.tasks.run_drill", ignore_result=True, **CLOUD_RETRY)
 def run_drill(drill_id: int) -> None:
-    from jobs.drills.services import run_drill as interrupt_for_drill
+    from respawn_server.jobs.drills.services import run_drill as interrupt_for_drill
 
     interrupt_for_drill(drill_id)
 
 
-@shared_task(name="jobs.tasks.launch_spare", ignore_result=True)
+@shared_task(name="respawn_server.jobs.tasks.launch_spare", ignore_result=True)
 def launch_spare(instance_id: int) -> None:
     orchestration.launch_spare(instance_id)
 
 
-@shared_task(name="jobs.tasks.check_gang_failure", ignore_result=True, **CLOUD_RETRY)
+@shared_task(name="respawn_server.jobs.tasks.check_gang_failure", ignore_result=True, **CLOUD_RETRY)
 def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:
     orchestration.check_gang_failure(job_id, signature, output_tail, instance_id)
 
 
-@shared_task(name="jobs.tasks.check_elastic_gang", ignore_result=True, **CLOUD_RETRY)
+@shared_task(name="respawn_server.jobs.tasks.check_elastic_gang", ignore_result=True, **CLOUD_RETRY)
 def check_elastic_gang(job_id: int) -> None:
     orchestration.check_elastic_gang(job_id)
 
 
-@shared_task(name="jobs.tasks.reconcile", ignore_result=True)
+@shared_task(name="respawn_server.jobs.tasks.reconcile", ignore_result=True)
 def reconcile() -> int:
     """The safety net, in bounded batches: silent instances confirmed with the
     cloud (gone or stopped: preempted; still there: terminated and lost), evicted
@@ -142,12 +142,12 @@ NOTIFY_RETRY = dict(autoretry_for=(sending.DeliveryFailed,), retry_backoff=setti
                     retry_jitter=True)
 
 
-@shared_task(name="jobs.tasks.deliver_notification", bind=True, ignore_result=True, **NOTIFY_RETRY)
+@shared_task(name="respawn_server.jobs.tasks.deliver_notification", bind=True, ignore_result=True, **NOTIFY_RETRY)
 def deliver_notification(self, delivery_id: int) -> None:
     sending.attempt(delivery_id, last=self.request.retries >= self.max_retries)
 
 
-@shared_task(name="jobs.tasks.refresh_prices", ignore_result=True)
+@shared_task(name="respawn_server.jobs.tasks.refresh_prices", ignore_result=True)
 def refresh_prices(provider: str) -> int:
     """Fetch one cloud's current prices; returns how many quotes were new. Safe to
     run twice: a quote already stored is not stored again."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.fleet import agent_dist
+from respawn_server.jobs.fleet import agent_dist
 
 CACHE = Path(tempfile.gettempdir()) / "respawn-test-agent-dist"
 

@@ -66,7 +66,7 @@ def private_broker_keys():
     """One broker key prefix per pytest process, as one database: concurrent runs sharing
     a Redis never run each other's tasks (a worker of one run took another's launches).
     Set here for this process's Celery app and, through the environment, for children."""
-    from controlplane.celery import app
+    from respawn_server.celery import app
 
     prefix = f"respawn-test-pid{os.getpid()}:"
     os.environ["RESPAWN_BROKER_KEY_PREFIX"] = prefix
@@ -118,7 +118,7 @@ def test_database_url() -> str:
 
 
 def searchable_by_vms(path: Path) -> None:
-    """Run as root, local VMs run as users of their own (jobs.fleet.providers.local):
+    """Run as root, local VMs run as users of their own (respawn_server.jobs.fleet.providers.local):
     they pass through pytest's private temporary folders to their own directories as
     they pass through a checkout's var/, with the search bit only (they list nothing)."""
     if os.geteuid() == 0:
@@ -160,7 +160,7 @@ def child_env(transactional_db, tmp_path):
     # Local "VMs" are detached on purpose (they outlive workers): end them here.
     vm_root = tmp_path / "var" / "local-vms"
     if vm_root.exists():
-        from jobs.fleet.providers.local import LocalConfig, LocalProvider
+        from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 
         LocalProvider(LocalConfig(root=str(vm_root))).terminate_all()
 
@@ -175,7 +175,7 @@ def share_secrets_key(env: dict, settings) -> dict:
 
 def purge_queued_tasks() -> None:
     """Drop what earlier tests left queued: a task about their rows must not run in this test's workers."""
-    from controlplane.celery import app
+    from respawn_server.celery import app
 
     app.control.purge()
 
@@ -211,7 +211,7 @@ class WebServer(ChildProcess):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**env, "RESPAWN_API_URL": self.url}
-        super().__init__([sys.executable, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{self.port}",
+        super().__init__([sys.executable, "-m", "gunicorn", "respawn_server.wsgi", "-b", f"127.0.0.1:{self.port}",
                           "--workers", "1", "--threads", "8", "--graceful-timeout", "2"], env, log_path)
 
     def start(self):
@@ -249,7 +249,7 @@ def web_server(child_env, tmp_path):
     server.stop()
 
 
-CELERY = [sys.executable, "-m", "celery", "-A", "controlplane"]
+CELERY = [sys.executable, "-m", "celery", "-A", "respawn_server"]
 
 
 def celery_worker(env: dict, log_path: Path, *, pool: str = "threads", concurrency: int | None = 4,

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from django.contrib.auth.models import User
 
-from jobs.core.choices import InstanceState, Role
-from jobs.models import ApiToken, Instance, Job, Membership, Team
-from jobs.people.tokens import AGENT_PREFIX, BOOTSTRAP_PREFIX, PERSONAL_PREFIX, new_token
+from respawn_server.jobs.core.choices import InstanceState, Role
+from respawn_server.jobs.models import ApiToken, Instance, Job, Membership, Team
+from respawn_server.jobs.people.tokens import AGENT_PREFIX, BOOTSTRAP_PREFIX, PERSONAL_PREFIX, new_token
 
 
 @dataclass

@@ -2,7 +2,7 @@
 a whole-system test prints when it times out, so a failure seen once in CI can be
 understood without rerunning it."""
 
-from jobs.models import Instance, Job, JobEvent
+from respawn_server.jobs.models import Instance, Job, JobEvent
 
 
 def job_story(job_id: int, local_vms=None, log_tail_chars: int = 1500) -> str:

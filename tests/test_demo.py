@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobs.fleet.providers.local_vm import ProcStat, VmDir, all_processes, is_running, vm_processes
+from respawn_server.jobs.fleet.providers.local_vm import ProcStat, VmDir, all_processes, is_running, vm_processes
 from tests.conftest import ROOT, free_port, searchable_by_vms
 
 SERVER_ENV = ("DATABASE_URL", "CELERY_", "DJANGO_", "RESPAWN_")  # the README's default has none of them
@@ -141,7 +141,7 @@ def test_the_terminal_shows_a_short_welcome_once_the_server_answers_with_the_job
     # The server's and the workers' logs are in var/logs, and the token in none of them.
     logs = demo_run.var / "logs"
     assert "GET /healthz" in (logs / "web-access.log").read_text()
-    assert "jobs.tasks.schedule" in (logs / "worker.log").read_text()
+    assert "respawn_server.jobs.tasks.schedule" in (logs / "worker.log").read_text()
     token = re.search(r"API token \(shown once\): (\S+)", demo_run.terminal).group(1)
     written = [p for p in demo_run.var.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert not written, f"the API token is written to {written}"

@@ -13,14 +13,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_TIER = ("jobs.api", "jobs.tasks", "jobs.management", "frontend")
+TOP_TIER = ("respawn_server.jobs.api", "respawn_server.jobs.tasks", "respawn_server.jobs.management", "respawn_server.frontend")
 # Modules the simulator and the providers' emulator tests import without Django (the CLI's
 # share is in the library, respawn.vocabulary: test_the_library_imports_nothing_of_the_server).
-DJANGO_FREE = ("jobs.fleet.policies", "jobs.fleet.providers", "jobs.money.ledger", "jobs.money.pricebook")
+DJANGO_FREE = ("respawn_server.jobs.fleet.policies", "respawn_server.jobs.fleet.providers", "respawn_server.jobs.money.ledger", "respawn_server.jobs.money.pricebook")
+
+
+# The server's folders and the names they install under (setup.py).
+INSTALLED_AS = {"controlplane": "respawn_server", "jobs": "respawn_server.jobs", "frontend": "respawn_server.frontend"}
 
 
 def module_name(path: Path, root: Path) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if root == ROOT and parts[0] in INSTALLED_AS:
+        parts[:1] = INSTALLED_AS[parts[0]].split(".")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -91,23 +97,24 @@ def test_no_module_imports_itself_back_through_others(imports):
 
 
 def test_the_core_imports_no_subsystem(imports):
-    wrong = {(module, name) for module, names in imports.items() if under(module, ["jobs.core"]) for name in names
-             if under(name, ["jobs"]) and not under(name, ["jobs.core", "jobs.models"]) and name != "jobs"}
+    wrong = {(module, name) for module, names in imports.items() if under(module, ["respawn_server.jobs.core"]) for name in names
+             if under(name, ["respawn_server.jobs"]) and not under(name, ["respawn_server.jobs.core", "respawn_server.jobs.models"])
+             and name != "respawn_server.jobs"}
     assert not wrong
 
 
 def test_subsystems_import_neither_the_api_nor_tasks_nor_the_dashboard(imports):
-    inner = ["jobs.core", "jobs.fleet", "jobs.money", "jobs.people", "jobs.notify", "jobs.models"]
+    inner = ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.notify", "respawn_server.jobs.models"]
     wrong = {(module, name) for module, names in imports.items() if under(module, inner) for name in names
              if under(name, TOP_TIER)}
     assert not wrong
 
 
 def test_nothing_the_notifications_build_on_imports_them(imports):
-    # jobs.notify hears of happenings through jobs.core.signals: its senders never import it.
+    # respawn_server.jobs.notify hears of happenings through respawn_server.jobs.core.signals: its senders never import it.
     wrong = {(module, name) for module, names in imports.items()
-             if under(module, ["jobs.core", "jobs.fleet", "jobs.money", "jobs.people", "jobs.models"])
-             for name in names if under(name, ["jobs.notify"])}
+             if under(module, ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.models"])
+             for name in names if under(name, ["respawn_server.jobs.notify"])}
     assert not wrong
 
 
@@ -139,8 +146,8 @@ def test_every_subsystem_says_what_it_owns_and_may_import():
 def test_work_the_core_sends_by_name_reaches_a_task():
     from celery import current_app
 
-    from jobs import tasks  # noqa: F401  (registers the tasks)
-    from jobs.core import nudges
+    from respawn_server.jobs import tasks  # noqa: F401  (registers the tasks)
+    from respawn_server.jobs.core import nudges
 
     sent = {value for name, value in vars(nudges).items() if name.isupper()}
     assert sent and sent <= set(current_app.tasks)
@@ -149,7 +156,7 @@ def test_work_the_core_sends_by_name_reaches_a_task():
 # ---- the library's namespace (DESIGN §12) ------------------------------------------------------
 
 LIBRARY_ROOT = ROOT / "agents"  # the library's source root: its package is agents/respawn
-SERVER = ("jobs", "controlplane", "frontend", "django", "rest_framework", "celery", "boto3", "google.cloud", "azure")
+SERVER = ("respawn_server", "jobs", "controlplane", "frontend", "django", "rest_framework", "celery", "boto3", "google.cloud", "azure")
 
 
 def python_files() -> list[Path]:
@@ -168,6 +175,17 @@ def test_no_module_imports_a_top_level_agents():
     assert not wrong
 
 
+def test_no_module_imports_a_server_folder_as_a_top_level_name():
+    """The server installs as `respawn_server` only (issue 33): `frontend` and `jobs` are
+    other projects' names, and a module imported under both names would be two modules."""
+    wrong = set()
+    for path in python_files():
+        module = module_name(path, LIBRARY_ROOT if path.is_relative_to(LIBRARY_ROOT) else ROOT)
+        wrong |= {(str(path.relative_to(ROOT)), name) for name in imported_names(path, module)
+                  if under(name, list(INSTALLED_AS))}
+    assert not wrong
+
+
 def test_the_library_imports_nothing_of_the_server():
     """The library runs on VMs and in training images, and the CLI on laptops: no server
     module, no Django or Celery, and a cloud SDK only inside the storage backend that needs
@@ -177,6 +195,6 @@ def test_the_library_imports_nothing_of_the_server():
     for path in (LIBRARY_ROOT / "respawn").rglob("*.py"):
         module = module_name(path, LIBRARY_ROOT)
         names = imported_names(path, module)
-        forbidden = SERVER[:6] if module in backends else SERVER
+        forbidden = SERVER[:7] if module in backends else SERVER
         wrong |= {(module, name) for name in names if under(name, forbidden)}
     assert not wrong

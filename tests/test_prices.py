@@ -2,9 +2,9 @@ import pytest
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
-from jobs.models import PriceQuote
-from jobs.money.pricebook import load_price_book
-from jobs.money.seed_prices import seed_price_book
+from respawn_server.jobs.models import PriceQuote
+from respawn_server.jobs.money.pricebook import load_price_book
+from respawn_server.jobs.money.seed_prices import seed_price_book
 from tests.factories import make_team_with_members
 
 

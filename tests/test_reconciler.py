@@ -10,9 +10,9 @@ import redis
 from django.utils import timezone
 
 from respawn import protocol
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
-from jobs.tasks import reconcile
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
+from respawn_server.jobs.tasks import reconcile
 from tests.agent_api.helpers import AgentClient
 from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -153,7 +153,7 @@ def test_beat_and_worker_on_redis_mark_a_silent_instance_lost(child_env, web_ser
         beat.stop()
         worker.stop()
     assert Instance.objects.get(pk=silent.pk).end_reason == EndReason.LOST
-    assert "jobs.tasks.reconcile" in worker.output() and "succeeded" in worker.output()
+    assert "respawn_server.jobs.tasks.reconcile" in worker.output() and "succeeded" in worker.output()
 
 
 @pytest.mark.store
@@ -161,7 +161,7 @@ def test_each_test_run_sends_its_tasks_under_its_own_broker_keys():
     """Concurrent runs sharing a Redis (two checkouts, parallel sessions) never run each
     other's tasks: this run's queue lives under its own key prefix, as a deployment's
     can with RESPAWN_BROKER_KEY_PREFIX."""
-    from controlplane.celery import app
+    from respawn_server.celery import app
 
     client = redis.Redis.from_url(REDIS_URL)
     ours = os.environ["RESPAWN_BROKER_KEY_PREFIX"] + "celery"

@@ -24,7 +24,7 @@ def manage(*args, env=None, check=True):
 def settings_value(expr: str, env: dict) -> str:
     code = f"import django; django.setup(); from django.conf import settings; print({expr})"
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE":
-                          "controlplane.settings"}, capture_output=True, text=True, check=True).stdout.strip()
+                          "respawn_server.settings"}, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_no_variables_means_sqlite_wal_and_a_serverless_broker(tmp_path):

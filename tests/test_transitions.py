@@ -5,9 +5,9 @@ import itertools
 
 import pytest
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.core.transitions import IllegalTransition, transition_instance, transition_job
-from jobs.models import Instance, InstanceEvent, Job, JobEvent
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.transitions import IllegalTransition, transition_instance, transition_job
+from respawn_server.jobs.models import Instance, InstanceEvent, Job, JobEvent
 from tests.factories import make_instance, make_job, make_team_with_members
 
 JOB_PAIRS = list(itertools.product(JobStatus.ALL, repeat=2))

@@ -35,5 +35,5 @@ def _row(row: dict) -> str:
 
 @register.simple_tag
 def job_rows(rows: list[dict]) -> SafeString:
-    """The <tr> of each row of `frontend.selectors.job_rows`."""
+    """The <tr> of each row of `respawn_server.frontend.selectors.job_rows`."""
     return mark_safe("".join(_row(row) for row in rows) if rows else EMPTY)  # noqa: S308 (each text escaped)

@@ -24,15 +24,15 @@ from rest_framework.views import APIView
 
 from respawn import protocol
 from respawn.sourcetree import MEDIA_TYPE
-from jobs.api import checkpoint_trust, parsing
-from jobs.api.errors import PayloadTooLarge, Unauthorized
-from jobs.core import secret_env, services, sources, trackers
-from jobs.core.choices import InstanceState
-from jobs.fleet import heartbeats
-from jobs.fleet.placement import refresh_interval
-from jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
-from jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
-from jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
+from respawn_server.jobs.api import checkpoint_trust, parsing
+from respawn_server.jobs.api.errors import PayloadTooLarge, Unauthorized
+from respawn_server.jobs.core import secret_env, services, sources, trackers
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.fleet import heartbeats
+from respawn_server.jobs.fleet.placement import refresh_interval
+from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
+from respawn_server.jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
+from respawn_server.jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ class FirstRendererNegotiation(negotiation.BaseContentNegotiation):
 
 
 class HeartbeatView(AgentView):
-    """The hot path (jobs.fleet.heartbeats): one statement finds the token's instance and
+    """The hot path (respawn_server.jobs.fleet.heartbeats): one statement finds the token's instance and
     applies the heartbeat, so the token is judged after it and not by DRF beforehand.
     The schema and error messages are HeartbeatSerializer's, but its fields are built
     once: a serializer deep-copies its fields for every request.
@@ -230,7 +230,7 @@ class HeartbeatView(AgentView):
 
     authentication_classes = [HeartbeatTokenAuthentication]  # its 401s, and the schema's scheme
     permission_classes = []  # post() admits the token
-    open_after_end = True  # answered `stop`, with no writes (jobs.fleet.heartbeats)
+    open_after_end = True  # answered `stop`, with no writes (respawn_server.jobs.fleet.heartbeats)
     renderer_classes = [renderers.JSONRenderer]
     content_negotiation_class = FirstRendererNegotiation
     body_serializer = HeartbeatSerializer
@@ -329,7 +329,7 @@ class NoticeView(AgentView):
 
 
 class CheckpointConflict(exceptions.APIException):
-    """409, in the API's error shape (jobs.api.errors), naming the checkpoint_id."""
+    """409, in the API's error shape (respawn_server.jobs.api.errors), naming the checkpoint_id."""
 
     status_code = status.HTTP_409_CONFLICT
     default_code = "conflict"
@@ -339,7 +339,7 @@ class CheckpointConflict(exceptions.APIException):
 
 
 class CheckpointsView(AgentView):
-    """A committed checkpoint, judged before it is recorded (jobs.api.checkpoint_trust).
+    """A committed checkpoint, judged before it is recorded (respawn_server.jobs.api.checkpoint_trust).
     A resend (same checkpoint_id, same step, URI, size and digest) is a duplicate
     whatever its event_id; the same id with anything else is a conflict, never a
     silent keep-the-first."""
@@ -491,7 +491,7 @@ class StandbyView(AgentView):
 
 
 class SourceView(AgentView):
-    """The job's source archive, as uploaded (jobs.core.sources); the agent checks it against
+    """The job's source archive, as uploaded (respawn_server.jobs.core.sources); the agent checks it against
     the SHA-256 its job spec pins before unpacking it. 404 when the job has none."""
 
     @extend_schema(responses={(200, MEDIA_TYPE): OpenApiTypes.BINARY, 404: None})

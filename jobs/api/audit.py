@@ -11,10 +11,10 @@ from django.db.models import Q
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import PermissionDenied
 
-from jobs.api.filters import IdFilterSet, UtcDateTimeFilter
-from jobs.core.choices import AuditAction
-from jobs.models import AuditEvent
-from jobs.people.permissions import can, roles_of
+from respawn_server.jobs.api.filters import IdFilterSet, UtcDateTimeFilter
+from respawn_server.jobs.core.choices import AuditAction
+from respawn_server.jobs.models import AuditEvent
+from respawn_server.jobs.people.permissions import can, roles_of
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlsplit
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.models import Instance, Job
+from respawn_server.jobs.models import Instance, Job
 
 STEPS_AHEAD_FLOOR = 1000
 

@@ -13,9 +13,9 @@ from rest_framework.exceptions import APIException, PermissionDenied, Validation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.models import Job, Team
-from jobs.money import costs
-from jobs.people.permissions import can, visible_team_ids
+from respawn_server.jobs.models import Job, Team
+from respawn_server.jobs.money import costs
+from respawn_server.jobs.people.permissions import can, visible_team_ids
 
 
 def money(value) -> str:

@@ -1,5 +1,5 @@
 """What a VM's boot script asks of the agent API before any agent of ours runs there
-(DESIGN §11): the agent's wheel and its pinned requirements (jobs.fleet.agent_dist),
+(DESIGN §11): the agent's wheel and its pinned requirements (respawn_server.jobs.fleet.agent_dist),
 and, when it cannot install them, a word that the VM's setup failed."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
 
-from jobs.api.agent import AckSerializer, AgentView, ReportSerializer, ack, apply_once
-from jobs.core import services
-from jobs.fleet import agent_dist
-from jobs.people.auth import BootstrapOrAgentTokenAuthentication, BootstrapTokenAuthentication
+from respawn_server.jobs.api.agent import AckSerializer, AgentView, ReportSerializer, ack, apply_once
+from respawn_server.jobs.core import services
+from respawn_server.jobs.fleet import agent_dist
+from respawn_server.jobs.people.auth import BootstrapOrAgentTokenAuthentication, BootstrapTokenAuthentication
 
 
 class DistView(AgentView):

@@ -11,8 +11,8 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from jobs.models import Invitation
-from jobs.people.team_admin import accept_invitation, decline_invitation
+from respawn_server.jobs.models import Invitation
+from respawn_server.jobs.people.team_admin import accept_invitation, decline_invitation
 
 ANSWERED = "the invitation was already answered"
 

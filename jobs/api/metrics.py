@@ -23,7 +23,7 @@ from django.views.decorators.cache import never_cache
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
 
 DURATION_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 HEARTBEAT_LAG_BUCKETS_S = (5, 10, 20, 30, 60, 120, 300, 600)
@@ -45,7 +45,7 @@ def _histogram(name: str, doc: str, rows, field: str, buckets) -> HistogramMetri
 
 class RespawnCollector:
     def collect(self):
-        from jobs.models import Checkpoint, Instance, InterruptionEvent, Job
+        from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job
 
         jobs = GaugeMetricFamily("respawn_jobs", "Jobs by state.", labels=["state"])
         by_state = dict(Job.objects.values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
@@ -87,7 +87,7 @@ class RespawnCollector:
     def _task_failures(self):
         family = CounterMetricFamily("respawn_celery_task_failures", "Celery tasks that raised, counted by workers.",
                                      labels=["task"])
-        import jobs.tasks  # noqa: F401  (registers our tasks, whatever this process has imported so far)
+        import respawn_server.jobs.tasks  # noqa: F401  (registers our tasks, whatever this process has imported so far)
 
         names = sorted(name for name in current_app.tasks if not name.startswith("celery."))
         counts = cache.get_many([TASK_FAILURE_KEY.format(name) for name in names])

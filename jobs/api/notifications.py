@@ -16,12 +16,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 
-from jobs.api.serializers import RefusesUnknownFields, TeamField
-from jobs.core.choices import Channel, NotificationKind
-from jobs.models import Delivery, DeliveryAttempt, Subscription
-from jobs.notify import subscriptions
-from jobs.notify.addresses import UnsafeURL, check_url
-from jobs.people.permissions import can, visible_team_ids
+from respawn_server.jobs.api.serializers import RefusesUnknownFields, TeamField
+from respawn_server.jobs.core.choices import Channel, NotificationKind
+from respawn_server.jobs.models import Delivery, DeliveryAttempt, Subscription
+from respawn_server.jobs.notify import subscriptions
+from respawn_server.jobs.notify.addresses import UnsafeURL, check_url
+from respawn_server.jobs.people.permissions import can, visible_team_ids
 
 SCOPES = ("team", "personal")
 

@@ -1,4 +1,4 @@
-"""The team's savings report (`jobs.money.report`) in the people's API, as JSON or as one
+"""The team's savings report (`respawn_server.jobs.money.report`) in the people's API, as JSON or as one
 of its tables in CSV (`?format=csv&table=jobs`, or `Accept: text/csv`).
 
 Money is an exact decimal string, as in the cost endpoints: a job's row carries the very
@@ -21,11 +21,11 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.api.costs import _money_field, _scoped, job_cost_data, money
-from jobs.models import Team
-from jobs.money import ledger
-from jobs.money.curve import cost_curve
-from jobs.money.report import INTERRUPTION_KINDS, ReportError, SavingsReport, savings_report
+from respawn_server.jobs.api.costs import _money_field, _scoped, job_cost_data, money
+from respawn_server.jobs.models import Team
+from respawn_server.jobs.money import ledger
+from respawn_server.jobs.money.curve import cost_curve
+from respawn_server.jobs.money.report import INTERRUPTION_KINDS, ReportError, SavingsReport, savings_report
 
 FORMATS = ("json", "csv")
 # How a cell a spreadsheet would run as a formula starts (OWASP, CSV injection); such a

@@ -10,7 +10,7 @@ from rest_framework.authentication import SessionAuthentication
 
 
 class PersonalTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.people.auth.HashedTokenAuthentication"
+    target_class = "respawn_server.jobs.people.auth.HashedTokenAuthentication"
     name = "personalToken"
 
     def get_security_definition(self, auto_schema):
@@ -18,7 +18,7 @@ class PersonalTokenScheme(OpenApiAuthenticationExtension):
 
 
 class AgentTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.people.auth.AgentTokenAuthentication"
+    target_class = "respawn_server.jobs.people.auth.AgentTokenAuthentication"
     name = "agentToken"
 
     def get_security_definition(self, auto_schema):
@@ -29,7 +29,7 @@ class HeartbeatTokenScheme(OpenApiAuthenticationExtension):
     """The heartbeat's narrower lookup of the same agent token: it names the scheme
     AgentTokenScheme defines and defines none of its own (one component, one class)."""
 
-    target_class = "jobs.people.auth.HeartbeatTokenAuthentication"
+    target_class = "respawn_server.jobs.people.auth.HeartbeatTokenAuthentication"
     name: list[str] = []
 
     def get_security_requirement(self, auto_schema):
@@ -40,7 +40,7 @@ class HeartbeatTokenScheme(OpenApiAuthenticationExtension):
 
 
 class BootstrapTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.people.auth.BootstrapTokenAuthentication"
+    target_class = "respawn_server.jobs.people.auth.BootstrapTokenAuthentication"
     name = "bootstrapToken"
 
     def get_security_definition(self, auto_schema):
@@ -51,7 +51,7 @@ class BootstrapTokenScheme(OpenApiAuthenticationExtension):
 class BootstrapOrAgentTokenScheme(OpenApiAuthenticationExtension):
     """Either scheme above, named, not defined again."""
 
-    target_class = "jobs.people.auth.BootstrapOrAgentTokenAuthentication"
+    target_class = "respawn_server.jobs.people.auth.BootstrapOrAgentTokenAuthentication"
     name: list[str] = []
 
     def get_security_requirement(self, auto_schema):
@@ -64,7 +64,7 @@ class BootstrapOrAgentTokenScheme(OpenApiAuthenticationExtension):
 class RefusesUnknownFieldsScheme(OpenApiSerializerExtension):
     """Such a request body takes no property beyond those listed (a 400 names any other)."""
 
-    target_class = "jobs.api.serializers.RefusesUnknownFields"
+    target_class = "respawn_server.jobs.api.serializers.RefusesUnknownFields"
     match_subclasses = True
 
     def map_serializer(self, auto_schema, direction):
@@ -77,7 +77,7 @@ class RefusesUnknownFieldsScheme(OpenApiSerializerExtension):
 class TeamFieldScheme(OpenApiSerializerFieldExtension):
     """Sent as a name or an id; answered as the id."""
 
-    target_class = "jobs.api.serializers.TeamField"
+    target_class = "respawn_server.jobs.api.serializers.TeamField"
 
     def map_serializer_field(self, auto_schema, direction):
         if direction == "request":

@@ -12,13 +12,13 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import serializers
 
 from respawn.sourcetree import DIGEST_PREFIX, DIGEST_RE
-from jobs.core.choices import FailureCause
-from jobs.core.services import create_job
-from jobs.fleet import catalog
-from jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, SourceArchive, Team,
+from respawn_server.jobs.core.choices import FailureCause
+from respawn_server.jobs.core.services import create_job
+from respawn_server.jobs.fleet import catalog
+from respawn_server.jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, JobEvent, PriceQuote, SourceArchive, Team,
                          WorldSize)
-from jobs.money import downtime
-from jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
+from respawn_server.jobs.money import downtime
+from respawn_server.jobs.people.permissions import may_read_env_values, roles_of, visible_team_ids
 from respawn.vocabulary.names import closest_name
 from respawn.vocabulary.spec_text import container_image_problem, env_problem, machine_image_problem, nul_problem
 
@@ -264,7 +264,7 @@ class JobSerializer(RefusesUnknownFields, serializers.ModelSerializer):
 
     def _refuse_unplaceable(self, attrs):
         """Regions and instance types no enabled cloud prices, and more accelerators than a
-        GPU allowance holds, would keep the job queued for ever (jobs.fleet.catalog)."""
+        GPU allowance holds, would keep the job queued for ever (respawn_server.jobs.fleet.catalog)."""
         clouds = catalog.usable_clouds(attrs.get("allowed_clouds") or [])
         offer = catalog.Offer.of(clouds)
         errors = {}

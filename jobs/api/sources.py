@@ -17,10 +17,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from respawn.sourcetree import DIGEST_PREFIX, DIGEST_RE, MEDIA_TYPE
-from jobs.api.errors import PayloadTooLarge
-from jobs.api.filters import IdField
-from jobs.core import sources
-from jobs.people.permissions import can, visible_team_ids
+from respawn_server.jobs.api.errors import PayloadTooLarge
+from respawn_server.jobs.api.filters import IdField
+from respawn_server.jobs.core import sources
+from respawn_server.jobs.people.permissions import can, visible_team_ids
 
 
 class SourceAnswerSerializer(serializers.Serializer):
@@ -37,7 +37,7 @@ TEAM_PARAMETER = OpenApiParameter("team", int, required=True, description="The t
 
 class SourceView(APIView):
     permission_classes = [permissions.IsAuthenticated]
-    parser_classes = []  # PUT's body is read as it streams in (jobs.core.sources.store), never parsed
+    parser_classes = []  # PUT's body is read as it streams in (respawn_server.jobs.core.sources.store), never parsed
 
     def _team_id(self, request) -> int:
         field = IdField()

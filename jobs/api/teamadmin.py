@@ -10,12 +10,12 @@ from rest_framework import generics, mixins, serializers, status, viewsets
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from jobs.api.invitations import InvitationSerializer
-from jobs.api.serializers import RefusesUnknownFields
-from jobs.core.choices import Role
-from jobs.models import Invitation, Membership, Team
-from jobs.people.permissions import can, visible_team_ids
-from jobs.people.team_admin import (
+from respawn_server.jobs.api.invitations import InvitationSerializer
+from respawn_server.jobs.api.serializers import RefusesUnknownFields
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.models import Invitation, Membership, Team
+from respawn_server.jobs.people.permissions import can, visible_team_ids
+from respawn_server.jobs.people.team_admin import (
     CEILINGS,
     LIMIT_FIELDS,
     LastAdminError,

@@ -11,9 +11,9 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from jobs.models import ApiToken
-from jobs.people.ratelimit import SharedRateThrottle
-from jobs.people.team_admin import issue_token, revoke_token
+from respawn_server.jobs.models import ApiToken
+from respawn_server.jobs.people.ratelimit import SharedRateThrottle
+from respawn_server.jobs.people.team_admin import issue_token, revoke_token
 
 
 class ApiTokenSerializer(serializers.ModelSerializer):

@@ -1,8 +1,8 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
-from jobs.api import agent, audit, costs, dist, invitations, notifications, report, sources, teamadmin, tokens, views
-from jobs.drills.api import JobDrillsView, JobDrillView
+from respawn_server.jobs.api import agent, audit, costs, dist, invitations, notifications, report, sources, teamadmin, tokens, views
+from respawn_server.jobs.drills.api import JobDrillsView, JobDrillView
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")

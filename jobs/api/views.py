@@ -11,17 +11,17 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.api import serializers as s
-from jobs.api.errors import Unauthorized
-from jobs.api.filters import IdFilterSet
-from jobs.core.choices import JobStatus
-from jobs.core.joblogs import BadCursor, read_job_logs
-from jobs.core.services import cancel_job
-from jobs.fleet.placement import interruption_rates
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
-from jobs.people.permissions import can, visible_team_ids
-from jobs.people.ratelimit import LOGIN, SharedRateThrottle
-from jobs.people.team_admin import issue_token
+from respawn_server.jobs.api import serializers as s
+from respawn_server.jobs.api.errors import Unauthorized
+from respawn_server.jobs.api.filters import IdFilterSet
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.core.joblogs import BadCursor, read_job_logs
+from respawn_server.jobs.core.services import cancel_job
+from respawn_server.jobs.fleet.placement import interruption_rates
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, PriceQuote, Team
+from respawn_server.jobs.people.permissions import can, visible_team_ids
+from respawn_server.jobs.people.ratelimit import LOGIN, SharedRateThrottle
+from respawn_server.jobs.people.team_admin import issue_token
 
 
 class TeamRolePermission(permissions.BasePermission):
@@ -178,7 +178,7 @@ class TokenView(APIView):
 class InterruptionRateView(APIView):
     """Estimated interruption rates per placement (survival estimate with a prior from
     published frequency buckets), as placement and the checkpoint interval use them:
-    for people in a team, with their teams' own evidence (jobs.fleet.placement.interruption_rates)."""
+    for people in a team, with their teams' own evidence (respawn_server.jobs.fleet.placement.interruption_rates)."""
 
     @extend_schema(responses=s.InterruptionRateSerializer(many=True))
     def get(self, request):

@@ -4,8 +4,8 @@ door that submits or cancels a job (API, dashboard) calls the job helpers."""
 
 from __future__ import annotations
 
-from jobs.core.choices import AuditAction
-from jobs.models import AuditEvent, Team
+from respawn_server.jobs.core.choices import AuditAction
+from respawn_server.jobs.models import AuditEvent, Team
 
 
 def record_audit(actor, action: str, target: str, *, team: Team | int | None = None, **details) -> AuditEvent:

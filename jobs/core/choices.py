@@ -1,7 +1,7 @@
 """Every state name and enum of the domain, one class each, with named groups.
 
 The transition tables of DESIGN §4 live here too: one table per state machine,
-consulted only by `jobs.core.transitions`.
+consulted only by `respawn_server.jobs.core.transitions`.
 """
 
 from respawn.protocol import CheckpointKind, NoticeSource, Purpose, ValidationResult  # noqa: F401  (re-exported)
@@ -28,7 +28,7 @@ class JobStatus:
     TRANSITIONS: dict[str, frozenset[str]] = {
         QUEUED: frozenset({PROVISIONING, CANCELLED}),
         PROVISIONING: frozenset({RUNNING, QUEUED, RECOVERING, FAILED, CANCELLING}),
-        # running -> finishing only for a job with a post step (jobs.core.services._maybe_succeed).
+        # running -> finishing only for a job with a post step (respawn_server.jobs.core.services._maybe_succeed).
         RUNNING: frozenset({SUCCEEDED, FINISHING, RECOVERING, FAILED, CANCELLING}),
         RECOVERING: frozenset({PROVISIONING, FAILED, CANCELLING}),
         # The post step's outcome is the job's: a failing post step fails the job (its
@@ -98,7 +98,7 @@ class InterruptionKind:
     PREEMPTED = "preempted"
     LOST = "lost"
     CAPACITY_ERROR = "capacity_error"
-    # A member interrupted the instance on purpose (jobs.drills): the notice or reclaim that
+    # A member interrupted the instance on purpose (respawn_server.jobs.drills): the notice or reclaim that
     # follows is recorded under its own kind as well, and none of it counts as a preemption.
     DRILL = "drill"
     ALL = (NOTICE, PREEMPTED, LOST, CAPACITY_ERROR, DRILL)
@@ -149,7 +149,7 @@ class AuditAction:
 
 
 class DrillStatus:
-    """A drill (jobs.drills): asked for, sent to the cloud, then judged from what followed."""
+    """A drill (respawn_server.jobs.drills): asked for, sent to the cloud, then judged from what followed."""
 
     REQUESTED = "requested"  # recorded by the web request; a worker calls the cloud
     SENDING = "sending"  # a worker claimed it and is calling the cloud

@@ -1,12 +1,12 @@
 """Telling a drill's interruption from a preemption, for the counters, the learned
-interruption rates and the back-off. The core and the fleet ask it (the drill table is one of jobs.models)."""
+interruption rates and the back-off. The core and the fleet ask it (the drill table is one of respawn_server.jobs.models)."""
 
 from __future__ import annotations
 
 from django.db.models import Q
 
-from jobs.core.choices import DrillStatus
-from jobs.models import Drill
+from respawn_server.jobs.core.choices import DrillStatus
+from respawn_server.jobs.models import Drill
 
 
 def caused_by_drill(instance_id: int | None) -> bool:

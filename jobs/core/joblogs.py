@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from jobs.core.choices import JobStatus
-from jobs.models import Job, LogChunk
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Job, LogChunk
 
 MAX_CHUNKS_PER_READ = 200
 CURSOR_PART = re.compile(r"(\d{1,19}):(\d{1,19})", re.ASCII)  # ASCII: str.isdigit() takes '²', int() does not

@@ -5,8 +5,8 @@ A job's `secret_env` keeps each name in the clear (every viewer of the job may
 see which secrets it has) and each value as a Fernet token (AES-128-CBC with an
 HMAC-SHA256) under the deployment's secrets key; a subscription's `secret` is one
 such token. Values are decrypted in two places only: the register answer to one
-of the job's live instances (jobs.api.agent.job_spec), and the signing of a
-webhook delivery (jobs.notify.sending).
+of the job's live instances (respawn_server.jobs.api.agent.job_spec), and the signing of a
+webhook delivery (respawn_server.jobs.notify.sending).
 
 The key is `RESPAWN_SECRETS_KEY` (or a file named by `RESPAWN_SECRETS_KEY_FILE`):
 one Fernet key, or several separated by commas for a rotation, the first

@@ -1,6 +1,6 @@
 """Domain operations: what happens to jobs and instances when something is
 reported or decided. Views and tasks call these; they never touch status fields
-themselves (that is `jobs.core.transitions`)."""
+themselves (that is `respawn_server.jobs.core.transitions`)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from respawn.protocol import Action, CheckpointKind, ExitReason, PrepareOutcome, Purpose, ValidationResult
-from jobs.core import nudges, secret_env
-from jobs.core.audit import audit_job_cancelled, audit_job_submitted
-from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
-from jobs.core.signals import checkpoint_invalid
-from jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
-from jobs.core.drilled import caused_by_drill
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize, failure_message
+from respawn_server.jobs.core import nudges, secret_env
+from respawn_server.jobs.core.audit import audit_job_cancelled, audit_job_submitted
+from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
+from respawn_server.jobs.core.signals import checkpoint_invalid
+from respawn_server.jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
+from respawn_server.jobs.core.drilled import caused_by_drill
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize, failure_message
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def finish_cancelling(job_id: int) -> None:
 @transaction.atomic
 def register_instance(instance: Instance, *, hostname: str, agent_version: str, provider_instance_id: str) -> None:
     """The agent is up: the instance runs, and its resume checkpoint is fixed now. Its
-    checkpoint interval is the fleet's to set (jobs.fleet.placement.refresh_interval)."""
+    checkpoint interval is the fleet's to set (respawn_server.jobs.fleet.placement.refresh_interval)."""
     now = timezone.now()
     # A spare's checkpoint is fixed when it is promoted (promote_spare), not before the notice
     # save; a joiner's when its gang regroups with it.
@@ -400,7 +400,7 @@ def record_exit(instance: Instance, *, reason: str, exit_code, final_step, outpu
 def after_instance_ended(job_id: int, end_reason: str, *, failure_signature: str = "", output_tail: str = "",
                          setup_failure: bool = False, instance_id: int | None = None) -> bool:
     """Move the job on after one of its instances ended, in the transaction that ended
-    it: jobs.core.transitions.end_instance took the job's lock, so when two ranks end at
+    it: respawn_server.jobs.core.transitions.end_instance took the job's lock, so when two ranks end at
     once the second decision sees the first. Returns whether an elastic gang went on
     without the instance (go_on_with_survivors)."""
     job = Job.objects.get(pk=job_id)
@@ -584,7 +584,7 @@ def grow_with_joiners(job_id: int) -> bool:
 def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:
     """An elastic gang's node says its trainer exited (a heartbeat's trainer_exit_code)
     and waits for the gang's word. Said about the gang it trains in now, the first time
-    only, a worker asks the cloud about its peers (jobs.fleet.orchestration.check_elastic_gang);
+    only, a worker asks the cloud about its peers (respawn_server.jobs.fleet.orchestration.check_elastic_gang);
     a word about an older generation is a node that has not yet seen the regroup, and
     one from a job that is not elastic is no word at all."""
     if Instance.objects.filter(pk=instance.pk, state__in=InstanceState.LIVE, gang_generation=generation,
@@ -724,7 +724,7 @@ def release_joiners(job_id: int, why: str) -> int:
 def _after_joiner_ended(job: Job, joiner_id: int, end_reason: str) -> None:
     """A joiner ended before its gang took it in (no capacity, never registered, lost,
     preempted, released): the gang trains on at its size, without the rest of the joiners,
-    and tries to grow again GROW_RETRY_S later (jobs.fleet.orchestration.grow_elastic_gangs)."""
+    and tries to grow again GROW_RETRY_S later (respawn_server.jobs.fleet.orchestration.grow_elastic_gangs)."""
     if end_reason != EndReason.FENCED:
         log_job_event(job.pk, f"joiner instance {joiner_id} ended {end_reason}; the gang trains on at its size and "
                               f"tries to grow again in {settings.RESPAWN['GROW_RETRY_S']:.0f}s")
@@ -774,14 +774,14 @@ def _maybe_succeed(job: Job) -> None:
         transition_job(job.pk, JobStatus.RUNNING, JobStatus.SUCCEEDED, message="training completed")
     elif transition_job(job.pk, JobStatus.RUNNING, JobStatus.FINISHING,
                         message="training completed; the post step starts on an on-demand VM"):
-        nudge_schedule()  # jobs.fleet.orchestration.start_post_steps launches it
+        nudge_schedule()  # respawn_server.jobs.fleet.orchestration.start_post_steps launches it
 
 
 def _after_post_instance(job: Job, signature: str, output_tail: str, setup_failure: bool,
                          instance_id: int | None) -> None:
     """The post step's VM ended: its outcome is the job's. A failing post step fails the
     job (cause user_code, or setup), with the artifact still recorded; a VM lost, preempted
-    or refused for capacity is replaced by the scheduler (jobs.fleet.orchestration.start_post_steps)."""
+    or refused for capacity is replaced by the scheduler (respawn_server.jobs.fleet.orchestration.start_post_steps)."""
     post = Instance.objects.filter(job=job, purpose=Purpose.POST).order_by("-pk").first()
     if post is None or post.state in InstanceState.LIVE or instance_id not in (None, post.pk):
         return  # a late report of a training VM, or the post step still runs

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from respawn.sourcetree import CHUNK_BYTES, BadArchive, unpack
-from jobs.models import SourceArchive
+from respawn_server.jobs.models import SourceArchive
 
 
 class UploadRefused(ValueError):

@@ -11,9 +11,9 @@ from __future__ import annotations
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.core.signals import job_status_changed
-from jobs.models import Instance, InstanceEvent, Job, JobEvent
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.core.signals import job_status_changed
+from respawn_server.jobs.models import Instance, InstanceEvent, Job, JobEvent
 
 
 class IllegalTransition(Exception):
@@ -71,7 +71,7 @@ def lock_job_endings(job_id: int) -> None:
 def end_instance(instance: Instance, end_reason: str, *, message: str = "") -> bool:
     """End a live instance from whatever live state it is in now (retrying once if
     it moved meanwhile, e.g. running -> preempting). Call it in the transaction that
-    then moves the job on (jobs.core.services.after_instance_ended): the job's lock is
+    then moves the job on (respawn_server.jobs.core.services.after_instance_ended): the job's lock is
     held from here to its end."""
     if instance.state != InstanceState.ENDED:
         lock_job_endings(instance.job_id)

@@ -3,7 +3,7 @@ API, on purpose, so the whole recovery path runs for real (notice source, notice
 spare or relaunch, restore, validation) and is reported against the job's notice window.
 
 A drill is recorded as a drill: its own interruption kind on the timeline, and the
-interruption it causes is not a preemption (jobs.drills.services.caused_by_drill):
+interruption it causes is not a preemption (respawn_server.jobs.drills.services.caused_by_drill):
 it moves no preemption counter, no learned interruption rate and no back-off. A real
 preemption of another VM meanwhile still counts.
 

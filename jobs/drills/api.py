@@ -10,10 +10,10 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.drills import report
-from jobs.drills.services import DrillConflict, request_drill
-from jobs.models import Job
-from jobs.people.permissions import can, visible_team_ids
+from respawn_server.jobs.drills import report
+from respawn_server.jobs.drills.services import DrillConflict, request_drill
+from respawn_server.jobs.models import Job
+from respawn_server.jobs.people.permissions import can, visible_team_ids
 
 LATEST = 20  # drills listed per job: a team drills now and then, not by the thousand
 

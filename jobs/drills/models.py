@@ -1,10 +1,10 @@
 """The Drill table: one row per drill asked for, its phases as they happened and its
-verdict. Imported by jobs.models, so it belongs to the `jobs` app."""
+verdict. Imported by respawn_server.jobs.models, so it belongs to the `jobs` app."""
 
 from django.conf import settings
 from django.db import models
 
-from jobs.core.choices import DrillStatus
+from respawn_server.jobs.core.choices import DrillStatus
 
 
 class Drill(models.Model):

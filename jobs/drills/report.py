@@ -10,9 +10,9 @@ from datetime import datetime
 from django.conf import settings
 from django.utils import timezone
 
-from jobs.core.choices import CheckpointKind, DrillStatus, InterruptionKind, JobStatus, ValidationResult
-from jobs.drills.models import Drill
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
+from respawn_server.jobs.core.choices import CheckpointKind, DrillStatus, InterruptionKind, JobStatus, ValidationResult
+from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
 
 PHASES = ("notice_seen_at", "save_committed_at", "replacement_requested_at", "replacement_booted_at", "validated_at",
           "training_again_at")

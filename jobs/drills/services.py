@@ -9,14 +9,14 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.core import nudges
-from jobs.core.audit import record_audit
-from jobs.core.choices import AuditAction, DrillStatus, InstanceState, InterruptionKind, JobStatus, NoticeSource, Purpose
-from jobs.core.transitions import log_job_event
-from jobs.drills.models import Drill
-from jobs.fleet.providers.base import MissingPermission, ProviderError, TransientError
-from jobs.fleet.registry import provider_for
-from jobs.models import Instance, InterruptionEvent, Job
+from respawn_server.jobs.core import nudges
+from respawn_server.jobs.core.audit import record_audit
+from respawn_server.jobs.core.choices import AuditAction, DrillStatus, InstanceState, InterruptionKind, JobStatus, NoticeSource, Purpose
+from respawn_server.jobs.core.transitions import log_job_event
+from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.fleet.providers.base import MissingPermission, ProviderError, TransientError
+from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ a VM launched before a redeploy and booting after it still finds the files its
 user data pins. The worker pins
 those digests in each VM's user data (providers.base.render_user_data), the agent
 API serves the files to the VM's bootstrap or agent token
-(jobs.api.agent.DistView), and the boot script checks both digests before it
+(respawn_server.jobs.api.agent.DistView), and the boot script checks both digests before it
 installs anything.
 
 Built with SOURCE_DATE_EPOCH fixed, so the same checkout gives the same wheel,

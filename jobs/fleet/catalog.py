@@ -2,7 +2,7 @@
 instance types its price book prices there, the most accelerators one VM of any
 known type carries, and the GPU allowances. A job asking for more waits in the
 queue for ever (placement finds nothing, or a GPU limit never frees enough), so
-the people's API refuses it at submit, naming the field (jobs.api.serializers)."""
+the people's API refuses it at submit, naming the field (respawn_server.jobs.api.serializers)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from functools import cache
 
 from django.conf import settings
 
-from jobs.models import PriceQuote, Team
-from jobs.money.pricebook import load_price_book
+from respawn_server.jobs.models import PriceQuote, Team
+from respawn_server.jobs.money.pricebook import load_price_book
 
 
 def usable_clouds(allowed: list[str]) -> list[str]:

@@ -13,9 +13,9 @@ from django.db.models import Subquery
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from jobs.core import services
-from jobs.core.choices import InstanceState
-from jobs.models import Instance, Job, MetricPoint, ProcessedEvent
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.models import Instance, Job, MetricPoint, ProcessedEvent
 
 
 def record_heartbeat(token_digest: str, *, event_id, step: int, loss, samples_per_s) -> Instance | None:

@@ -20,21 +20,21 @@ from django.db.models import F, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from respawn.protocol import Action, Purpose
-from jobs.core import nudges
-from jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
-from jobs.core.services import (after_instance_ended, current_world_size, end_notice_hold, enqueue_terminate,
+from respawn_server.jobs.core import nudges
+from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus, Market
+from respawn_server.jobs.core.services import (after_instance_ended, current_world_size, end_notice_hold, enqueue_terminate,
                                 free_local_address, give_up_registering, judge_failure, mark_lost, nudge_schedule,
                                 release_spares, request_action, training_nodes)
-from jobs.core.signals import launch_held
-from jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
-from jobs.fleet import agent_dist
-from jobs.fleet import placement as placements
-from jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
+from respawn_server.jobs.core.signals import launch_held
+from respawn_server.jobs.core.transitions import end_instance, lock_job_endings, log_job_event, transition_instance, transition_job
+from respawn_server.jobs.fleet import agent_dist
+from respawn_server.jobs.fleet import placement as placements
+from respawn_server.jobs.fleet.providers.base import (CapacityError, CloudState, LaunchRequest, Placement, PrecheckError,
                                        render_user_data)
-from jobs.fleet.registry import REGIONAL, provider_for
-from jobs.models import Instance, InterruptionEvent, Job, PriceQuote, WorldSize
-from jobs.money import budget
-from jobs.people.tokens import BOOTSTRAP_PREFIX, hash_token
+from respawn_server.jobs.fleet.registry import REGIONAL, provider_for
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, PriceQuote, WorldSize
+from respawn_server.jobs.money import budget
+from respawn_server.jobs.people.tokens import BOOTSTRAP_PREFIX, hash_token
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def _wait(job: Job, reason: str) -> None:
 def gang_rendezvous(job: Job, placement) -> str:
     """rank 0's torch.distributed address. Local "VMs" share this machine, so a free
     port here is known before launch; on a cloud it is rank 0's host, set when rank 0
-    registers (jobs.core.services.register_instance)."""
+    registers (respawn_server.jobs.core.services.register_instance)."""
     if job.nodes == 1 or placement.provider != "local":
         return ""
     return free_local_address()
@@ -178,7 +178,7 @@ def launch_spare(instance_id: int) -> list[int]:
     """A notice came for this instance (it is preempting), or a rebalance recommendation
     for a job with spare_on_rebalance (it is still running): place and launch its
     replacement now, as a spare (docs/spares.md) that boots and prepares meanwhile and
-    trains once the instance has ended (jobs.core.services.promote_spares). In a gang,
+    trains once the instance has ended (respawn_server.jobs.core.services.promote_spares). In a gang,
     every node gets one, all in one placement with a rendezvous of their own: a gang
     saves and stops together and hands over whole. Placement's usual rules, with the
     instance's zone taken as just preempted. Nothing when the instance has ended
@@ -581,7 +581,7 @@ def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None
 
 def confirm_claimed_preemptions() -> int:
     """Put an agent's `preempted` exit to the cloud before it feeds the interruption
-    rates every team's placement uses (jobs.fleet.placement.SEEN_INTERRUPTED): any VM
+    rates every team's placement uses (respawn_server.jobs.fleet.placement.SEEN_INTERRUPTED): any VM
     can say it was preempted. Its VM gone or stopped confirms it; still running once
     CLAIM_WAIT has passed since the exit (the cloud takes a spot VM within minutes of
     its notice: AWS 2, GCP 0.5, Azure at NotBefore), it was not the cloud's doing.

@@ -18,17 +18,17 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InstanceState, InterruptionKind, Market
-from jobs.fleet.policies import market as market_policy
-from jobs.fleet.policies.expected_cost import (Option, PlacementDecision, PlacementEvent, choose_placement,
+from respawn_server.jobs.core.choices import EndReason, InstanceState, InterruptionKind, Market
+from respawn_server.jobs.fleet.policies import market as market_policy
+from respawn_server.jobs.fleet.policies.expected_cost import (Option, PlacementDecision, PlacementEvent, choose_placement,
                                                spot_overhead_fraction)
-from jobs.fleet.policies.interval import IntervalDecision, IntervalOverride, checkpoint_interval
-from jobs.fleet.policies.rates import (Lifetime, RateEstimate, RatePrior, estimate_availability, estimate_rate,
+from respawn_server.jobs.fleet.policies.interval import IntervalDecision, IntervalOverride, checkpoint_interval
+from respawn_server.jobs.fleet.policies.rates import (Lifetime, RateEstimate, RatePrior, estimate_availability, estimate_rate,
                                        on_demand_rate)
-from jobs.core.drilled import caused_by_drill, not_drilled
-from jobs.fleet.providers.base import Placement
-from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
-from jobs.money import costs, downtime
+from respawn_server.jobs.core.drilled import caused_by_drill, not_drilled
+from respawn_server.jobs.fleet.providers.base import Placement
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, PriceQuote
+from respawn_server.jobs.money import costs, downtime
 
 LIFETIME_WINDOW = timedelta(days=30)
 EVENT_WINDOW = timedelta(hours=2)
@@ -40,8 +40,8 @@ INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
 # What the estimates every team's placement shares learn from: what the control plane saw
 # (a VM silent past its deadline), or a preemption the cloud confirmed. An agent's word
 # that it was preempted alone moves only its own job's next placement (_just_preempted):
-# any VM can say it (jobs.fleet.orchestration.confirm_claimed_preemptions).
-# A drill's interruption (jobs.drills) is neither: it was asked for, the market did not do it.
+# any VM can say it (respawn_server.jobs.fleet.orchestration.confirm_claimed_preemptions).
+# A drill's interruption (respawn_server.jobs.drills) is neither: it was asked for, the market did not do it.
 SEEN_INTERRUPTED = (Q(end_reason=EndReason.LOST) | Q(end_reason=EndReason.PREEMPTED, preemption_confirmed=True)) \
     & not_drilled()
 
@@ -70,7 +70,7 @@ def local_zones() -> tuple[str, ...]:
     """The zones the local provider is configured with (its default: local-a..c)."""
     from dataclasses import fields
 
-    from jobs.fleet.providers.local import LocalConfig
+    from respawn_server.jobs.fleet.providers.local import LocalConfig
 
     default = next(f.default for f in fields(LocalConfig) if f.name == "zones")
     return tuple(settings.RESPAWN["PROVIDER_CONFIG"].get("local", {}).get("zones") or default)
@@ -299,7 +299,7 @@ def interval_for(instance: Instance) -> IntervalDecision:
 
 
 def refresh_interval(instance: Instance) -> None:
-    """Store the interval the agent is told (jobs.core.services.checkpoint_interval_s reads it):
+    """Store the interval the agent is told (respawn_server.jobs.core.services.checkpoint_interval_s reads it):
     on registering, and after each new checkpoint changed the job's measured cost."""
     # JSON (and PostgreSQL's jsonb) has no infinity: on on-demand nothing interrupts,
     # so M and Young/Daly are unbounded, stored as null ("none").

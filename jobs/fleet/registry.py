@@ -7,8 +7,8 @@ import functools
 
 from django.conf import settings
 
-from jobs.fleet.providers import get_provider
-from jobs.fleet.providers.base import Provider
+from respawn_server.jobs.fleet.providers import get_provider
+from respawn_server.jobs.fleet.providers.base import Provider
 
 # Providers whose config names the region per instance (one client per region).
 REGIONAL = ("aws",)

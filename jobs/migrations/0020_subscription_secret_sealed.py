@@ -1,10 +1,10 @@
-"""Webhook signing secrets sealed at rest (jobs.core.secret_env). Reversible while the
+"""Webhook signing secrets sealed at rest (respawn_server.jobs.core.secret_env). Reversible while the
 key that sealed them is configured: going back without it fails with SecretsKeyError
 and, in the migration's transaction, changes nothing."""
 
 from django.db import migrations, models
 
-from jobs.core import secret_env
+from respawn_server.jobs.core import secret_env
 
 
 def rewrite_secrets(change):
@@ -28,7 +28,7 @@ class Migration(migrations.Migration):
             model_name="subscription",
             name="secret",
             field=models.TextField(blank=True, help_text="HMAC-SHA256 key of the webhook signature, sealed "
-                                                         "(jobs.core.secret_env): never plaintext."),
+                                                         "(respawn_server.jobs.core.secret_env): never plaintext."),
         ),
         migrations.RunPython(rewrite_secrets(secret_env.seal_value), rewrite_secrets(secret_env.unseal_value)),
     ]

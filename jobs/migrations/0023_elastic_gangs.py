@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='instance',
             name='earlier_runs',
-            field=models.JSONField(blank=True, default=list, help_text="An elastic gang's node: the runs its VM trained before each regroup, oldest first, each {rank, resume_step, resume_from (the instance that wrote it), last_step, kept_until (the step the regroup resumed from), until}; the money counts the work each kept (jobs.money.costs). rank, resume_checkpoint and last_step are the run now."),
+            field=models.JSONField(blank=True, default=list, help_text="An elastic gang's node: the runs its VM trained before each regroup, oldest first, each {rank, resume_step, resume_from (the instance that wrote it), last_step, kept_until (the step the regroup resumed from), until}; the money counts the work each kept (respawn_server.jobs.money.costs). rank, resume_checkpoint and last_step are the run now."),
         ),
         migrations.AddField(
             model_name='instance',

@@ -12,12 +12,12 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.core.signals import budget_warning
-from jobs.core.transitions import log_job_event
-from jobs.fleet.placement import remaining_work_s
-from jobs.models import Instance, Team
-from jobs.money.costs import CostError, team_month_cost
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.core.signals import budget_warning
+from respawn_server.jobs.core.transitions import log_job_event
+from respawn_server.jobs.fleet.placement import remaining_work_s
+from respawn_server.jobs.models import Instance, Team
+from respawn_server.jobs.money.costs import CostError, team_month_cost
 
 HOUR = Decimal(3600)
 HOLD_PREFIX = "waiting: monthly budget"  # how a held job's status reason starts

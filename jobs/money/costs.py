@@ -1,7 +1,7 @@
-"""Money from the database (DESIGN §8): rows → `jobs.money.ledger` inputs → per job,
+"""Money from the database (DESIGN §8): rows → `respawn_server.jobs.money.ledger` inputs → per job,
 per team, per UTC month.
 
-The ledger itself is pure (`jobs.money.ledger`); this module only decides what each
+The ledger itself is pure (`respawn_server.jobs.money.ledger`); this module only decides what each
 instance's interval and work were, from what the control plane recorded:
 
 - Billing starts when the launch was fulfilled: the instance's move to `booting`
@@ -49,10 +49,10 @@ from django.db.models import Case, Count, Exists, F, Max, Min, OuterRef, Q, Sum,
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InstanceState, InterruptionKind
-from jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint,
+from respawn_server.jobs.core.choices import EndReason, InstanceState, InterruptionKind
+from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint,
                          PriceQuote, WorldSize)
-from jobs.money import ledger
+from respawn_server.jobs.money import ledger
 
 MONTH_RE = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
 # Months a deployment can have billed in; outside them the arithmetic on a month's
@@ -537,7 +537,7 @@ def month_jobs(team, start: dt.datetime, end: dt.datetime):
 @cache
 def _cpu_types() -> frozenset[str]:
     """Instance types without accelerators, by the shipped price book (local cpu-small)."""
-    from jobs.money.pricebook import load_price_book
+    from respawn_server.jobs.money.pricebook import load_price_book
 
     return frozenset(e.instance_type for e in load_price_book().entries if e.accelerator_count == 0)
 

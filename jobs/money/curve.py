@@ -1,5 +1,5 @@
 """Cumulative spend and on-demand baseline over time, from the API's instance documents
-(`jobs.api.costs.job_cost_data`'s `instances`): the job page's cost chart and the savings
+(`respawn_server.jobs.api.costs.job_cost_data`'s `instances`): the job page's cost chart and the savings
 report's cumulative savings, so the two draw the same money the same way."""
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from django.db.models import Min, Q
 
 from respawn.protocol import CheckpointKind, Purpose
-from jobs.core.choices import InterruptionKind
-from jobs.models import Checkpoint, Instance, MetricPoint, StepPoint, WorldSize
+from respawn_server.jobs.core.choices import InterruptionKind
+from respawn_server.jobs.models import Checkpoint, Instance, MetricPoint, StepPoint, WorldSize
 
 PARTS = ("save", "capacity", "boot", "validation", "restore")
 # Marks a recovery must pass; a missing one means the recovery is still in that part.

@@ -2,7 +2,7 @@
 what the same work would have cost on on-demand, per month and per job, its waste by
 kind and its interruptions per zone.
 
-Every figure is the ledger's (`jobs.money.costs`), the one the job pages and the team's
+Every figure is the ledger's (`respawn_server.jobs.money.costs`), the one the job pages and the team's
 month answer from, never recomputed here:
 
 - a job's row is its whole ledger (the figures of its page and of `/jobs/{id}/cost/`),
@@ -23,8 +23,8 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InterruptionKind
-from jobs.money import costs, ledger
+from respawn_server.jobs.core.choices import EndReason, InterruptionKind
+from respawn_server.jobs.money import costs, ledger
 
 MAX_MONTHS = 120  # one request prices every job of the range: ten years at most
 DEFAULT_MONTHS = 12  # without `from`: the year up to `to`

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from jobs.models import DiskPriceQuote, PriceQuote
-from jobs.money.pricebook import DiskPriceEntry, PriceBook, load_disk_prices, load_price_book
+from respawn_server.jobs.models import DiskPriceQuote, PriceQuote
+from respawn_server.jobs.money.pricebook import DiskPriceEntry, PriceBook, load_disk_prices, load_price_book
 
 
 def seed_price_book(book: PriceBook | None = None, disks: list[DiskPriceEntry] | None = None) -> int:

@@ -6,7 +6,7 @@ control plane's credentials) is refused: checked when the subscription is saved 
 again before each send, since a name can resolve elsewhere by then. The send connects
 to the very address that check chose (`resolve`), never looking the name up again: a
 name that answers the check with a public address and the connect with 127.0.0.1 (DNS
-rebinding) reaches nothing inside. Redirects are never followed (jobs.notify.sending),
+rebinding) reaches nothing inside. Redirects are never followed (respawn_server.jobs.notify.sending),
 so a checked address cannot forward the request elsewhere either."""
 
 from __future__ import annotations

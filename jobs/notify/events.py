@@ -16,12 +16,12 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.core import nudges
-from jobs.core.choices import EndReason, FailureCause, JobStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.core.signals import budget_warning, checkpoint_invalid, job_status_changed, launch_held
-from jobs.fleet.placement import deadline_slack_s
-from jobs.models import Delivery, Instance, Job, JobEvent, Notification, Subscription, failure_headline
+from respawn_server.jobs.core import nudges
+from respawn_server.jobs.core.choices import EndReason, FailureCause, JobStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.core.signals import budget_warning, checkpoint_invalid, job_status_changed, launch_held
+from respawn_server.jobs.fleet.placement import deadline_slack_s
+from respawn_server.jobs.models import Delivery, Instance, Job, JobEvent, Notification, Subscription, failure_headline
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ sign; one the secrets key no longer opens fails the delivery for good, saying wh
 Slack-compatible webhook gets `{"text": ...}` (its URL, the secret there, is stored in
 the clear); email goes through Django's email backend.
 
-A webhook goes to the address its URL's check chose (jobs.notify.addresses.resolve), TLS
+A webhook goes to the address its URL's check chose (respawn_server.jobs.notify.addresses.resolve), TLS
 naming and verifying the host; and what went wrong is recorded by its kind ("connection
 refused", "TLS error", "HTTP 500"), never in an error's own words, which carry the URL:
 every viewer of the team reads the delivery log, and a Slack URL's path is its secret.
@@ -32,10 +32,10 @@ from django.db import IntegrityError
 from django.utils import timezone
 from requests.certs import where as ca_bundle  # the CAs requests trusts (certifi's), as before
 
-from jobs.core import secret_env
-from jobs.core.choices import Channel, DeliveryStatus
-from jobs.models import Delivery, DeliveryAttempt, Subscription
-from jobs.notify.addresses import Target, UnsafeURL, resolve
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import Channel, DeliveryStatus
+from respawn_server.jobs.models import Delivery, DeliveryAttempt, Subscription
+from respawn_server.jobs.notify.addresses import Target, UnsafeURL, resolve
 
 USER_AGENT = "Respawn-Notify/1"
 ERROR_CHARS = 500  # of an endpoint's answer, in the attempt's record

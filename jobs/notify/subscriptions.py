@@ -8,11 +8,11 @@ import uuid
 
 from django.db import transaction
 
-from jobs.core import secret_env
-from jobs.core.choices import Channel, NotificationKind
-from jobs.models import Subscription
-from jobs.notify.events import notify
-from jobs.people.permissions import can
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import Channel, NotificationKind
+from respawn_server.jobs.models import Subscription
+from respawn_server.jobs.notify.events import notify
+from respawn_server.jobs.people.permissions import can
 
 
 def may_manage(user, *, team_id: int, owner_id: int | None) -> bool:

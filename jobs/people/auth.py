@@ -9,10 +9,10 @@ from django.conf import settings
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from jobs.core.choices import InstanceState
-from jobs.fleet.heartbeats import heartbeat_lookup
-from jobs.models import ApiToken, Instance
-from jobs.people.tokens import hash_token
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.fleet.heartbeats import heartbeat_lookup
+from respawn_server.jobs.models import ApiToken, Instance
+from respawn_server.jobs.people.tokens import hash_token
 
 # Writing last_used_at on every request would turn reads into writes.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -90,7 +90,7 @@ class AgentTokenAuthentication(authentication.BaseAuthentication):
 
 class BootstrapTokenAuthentication(authentication.BaseAuthentication):
     """A VM's bootstrap token, only until its agent registers with it: what the boot
-    script holds while it installs the agent (jobs.fleet.providers.base.AGENT_INSTALLER)."""
+    script holds while it installs the agent (respawn_server.jobs.fleet.providers.base.AGENT_INSTALLER)."""
 
     def authenticate(self, request):
         instance = Instance.objects.select_related("job").filter(
@@ -123,8 +123,8 @@ def agent_token_digest(request) -> str:
 
 class HeartbeatTokenAuthentication(AgentTokenAuthentication):
     """The same check, loading only what a heartbeat reads of the instance and its job
-    (jobs.fleet.heartbeats.HeartbeatLookup). The heartbeat itself folds this lookup into the
-    statement that applies it (jobs.fleet.heartbeats.record_heartbeat); this class serves its 401s."""
+    (respawn_server.jobs.fleet.heartbeats.HeartbeatLookup). The heartbeat itself folds this lookup into the
+    statement that applies it (respawn_server.jobs.fleet.heartbeats.record_heartbeat); this class serves its 401s."""
 
     def find_instance(self, digest: str) -> Instance | None:
         return heartbeat_lookup().find(digest)

@@ -6,7 +6,7 @@ so they answer 404, never 403: another team's object does not exist for you."""
 
 from __future__ import annotations
 
-from jobs.core.choices import Role
+from respawn_server.jobs.core.choices import Role
 
 # action -> least role that may do it
 PERMISSIONS: dict[str, str] = {
@@ -14,7 +14,7 @@ PERMISSIONS: dict[str, str] = {
     "job.view": Role.VIEWER,
     "job.create": Role.MEMBER,
     "job.cancel": Role.MEMBER,
-    "job.drill": Role.MEMBER,  # interrupt one of its VMs on purpose (jobs.drills)
+    "job.drill": Role.MEMBER,  # interrupt one of its VMs on purpose (respawn_server.jobs.drills)
     "instance.view": Role.VIEWER,
     "checkpoint.view": Role.VIEWER,
     "interruption.view": Role.VIEWER,
@@ -46,7 +46,7 @@ def roles_of(user) -> dict[int, str]:
     if cached is None:
         from django.db import connection
 
-        from jobs.models import Membership
+        from respawn_server.jobs.models import Membership
 
         # Asked on every request: in SQL, as building the ORM query cost ten times its answer.
         with connection.cursor() as cursor:

@@ -19,7 +19,7 @@ from django.utils import timezone
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from jobs.models import RateLimitBucket
+from respawn_server.jobs.models import RateLimitBucket
 
 LOGIN = "login"
 

@@ -7,10 +7,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.core.audit import record_audit
-from jobs.core.choices import AuditAction, Role
-from jobs.models import ApiToken, Invitation, Membership, Team
-from jobs.people.tokens import PERSONAL_PREFIX, new_token
+from respawn_server.jobs.core.audit import record_audit
+from respawn_server.jobs.core.choices import AuditAction, Role
+from respawn_server.jobs.models import ApiToken, Invitation, Membership, Team
+from respawn_server.jobs.people.tokens import PERSONAL_PREFIX, new_token
 
 TOKEN_PREFIX_CHARS = 8
 

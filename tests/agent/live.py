@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from jobs.core.choices import JobStatus
+from respawn_server.jobs.core.choices import JobStatus
 from tests.conftest import ChildProcess
 from tests.factories import make_instance, make_job
 

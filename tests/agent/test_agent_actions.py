@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 
 from respawn.protocol import Action
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, Job, LogChunk
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, Job, LogChunk
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
@@ -142,7 +142,7 @@ def test_a_rebalance_recommendation_is_reported_and_only_acted_on_when_asked(tea
 
 def test_with_spare_on_rebalance_the_agent_reports_it_trains_on_and_hands_over_when_its_spare_is_ready(
         team_setup, child_env, web_server, tmp_path, imds, settings):
-    from jobs.fleet import orchestration
+    from respawn_server.jobs.fleet import orchestration
 
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
     job, setup = make_running_job(team_setup, tmp_path, checkpoint_interval_s=3600, spare_on_rebalance=True,

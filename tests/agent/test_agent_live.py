@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from respawn.metadata_server import MetadataServer
-from jobs.core.choices import EndReason, InstanceState
-from jobs.models import Checkpoint, Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import EndReason, InstanceState
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
 

@@ -8,8 +8,8 @@ import pytest
 
 from respawn.journal import JOURNAL_NAME, _decode
 from respawn.metadata_server import MetadataServer
-from jobs.core.choices import EndReason, InstanceState
-from jobs.models import Checkpoint, Instance, InterruptionEvent, LogChunk, MetricPoint, ProcessedEvent
+from respawn_server.jobs.core.choices import EndReason, InstanceState
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, LogChunk, MetricPoint, ProcessedEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import WebServer, wait_until
 
@@ -75,7 +75,7 @@ def test_after_an_outage_every_report_arrives_once_in_order(team_setup, child_en
 
 
 def test_an_agent_killed_with_sigkill_leaves_no_trainer_and_is_marked_lost(team_setup, child_env, web_server, tmp_path, settings):
-    from jobs.tasks import reconcile
+    from respawn_server.jobs.tasks import reconcile
 
     # No instance id from the metadata service: the control plane has no VM to ask
     # the cloud about, so silence alone decides (a VM still running is "lost" too).

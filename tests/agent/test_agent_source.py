@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from respawn.metadata_server import MetadataServer
-from jobs.core.choices import JobStatus
-from jobs.models import Job, SourceArchive
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Job, SourceArchive
 from respawn.cli import workdir
 from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 from tests.agent.live import AgentProcess

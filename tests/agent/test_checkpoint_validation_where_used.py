@@ -12,8 +12,8 @@ import pytest
 
 from respawn import protocol
 from respawn.metadata_server import MetadataServer
-from jobs.core.choices import JobStatus
-from jobs.models import Checkpoint, Instance, Job
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, Job
 from tests.agent.live import AgentProcess, make_running_job
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.conftest import wait_until

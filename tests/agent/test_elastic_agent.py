@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.models import Instance, InstanceEvent
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, InstanceEvent
 from tests.agent.live import AgentProcess
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job

@@ -40,8 +40,8 @@ from respawn.agent.supervisor import descendants
 from respawn.checkpoint import layout
 from respawn.metadata_server import MetadataServer
 from respawn.protocol import Action
-from jobs.core.choices import EndReason, InstanceState
-from jobs.models import Checkpoint, Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import EndReason, InstanceState
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
 from tests.integrations.trials import ROOT, differing, final_state, standalone_env

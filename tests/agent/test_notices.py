@@ -14,7 +14,7 @@ import requests
 from respawn.metadata_server import CannedAnswer, MetadataServer
 from respawn.notices import PREEMPT, REBALANCE, AwsWatcher, AzureWatcher, GcpWatcher, LocalWatcher, sigterm
 from respawn.protocol import NoticeSource
-from jobs.fleet.providers.gcp import vm_id  # how GcpProvider names a VM (no SDK import)
+from respawn_server.jobs.fleet.providers.gcp import vm_id  # how GcpProvider names a VM (no SDK import)
 
 POLL = 0.05
 

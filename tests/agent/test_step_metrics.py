@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from respawn import protocol
 from respawn.agent.channel import MetricsTail
-from jobs.core.choices import JobStatus
-from jobs.models import Checkpoint, Instance, LogChunk, MetricPoint, StepPoint
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, MetricPoint, StepPoint
 from tests.agent.live import AgentProcess
 from tests.agent_api.helpers import checkpoint_uri
 from tests.conftest import wait_until

@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from respawn import protocol
-from jobs.core.choices import FailureCause, InstanceState, JobStatus
-from jobs.models import Instance
+from respawn_server.jobs.core.choices import FailureCause, InstanceState, JobStatus
+from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn import protocol
-from jobs.core.choices import JobStatus
+from respawn_server.jobs.core.choices import JobStatus
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job, make_team_with_members
 

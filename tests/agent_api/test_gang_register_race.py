@@ -4,9 +4,9 @@ must still learn that every node registered (the CI run that left a gang's job i
 
 import pytest
 
-from jobs.core import services
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.models import Instance, Job
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.models import Instance, Job
 from tests.factories import make_instance, make_job, make_team_with_members
 from tests.overlap import in_overlapping_transactions
 

@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from respawn import protocol
-from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent
+from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint, ProcessedEvent
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 
@@ -116,7 +116,7 @@ def test_heartbeat_costs_a_fixed_number_of_queries(job, agent):
         agent.post("checkpoints", checkpoint_report(job, step))
         agent.post("logs", protocol.LogBatch(offset=step * 10, lines=["x"] * 10))
     assert count() == baseline
-    # PostgreSQL: one statement looks the token up and writes everything (jobs.fleet.heartbeats.record_heartbeat).
+    # PostgreSQL: one statement looks the token up and writes everything (respawn_server.jobs.fleet.heartbeats.record_heartbeat).
     # Elsewhere the lookup, then the ORM's savepoint around the event row and one query per write.
     assert baseline <= (1 if connection.vendor == "postgresql" else 9)
 
@@ -247,7 +247,7 @@ def test_ended_instance_is_told_to_stop_and_keeps_reporting_within_grace(agent, 
 
 
 def test_a_gang_notice_lets_the_other_nodes_train_on_until_no_spares_are_coming_then_stops_them_all(db):
-    from jobs.core import services
+    from respawn_server.jobs.core import services
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=2, status=JobStatus.PROVISIONING)
@@ -261,7 +261,7 @@ def test_a_gang_notice_lets_the_other_nodes_train_on_until_no_spares_are_coming_
         nodes.append(node.instance)
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
     agents[1].post("notice", protocol.Notice(source="local", notice_time=timezone.now().isoformat()))
-    # The gang's spares are being placed (jobs.fleet.orchestration.launch_spare): the peer trains on.
+    # The gang's spares are being placed (respawn_server.jobs.fleet.orchestration.launch_spare): the peer trains on.
     assert agents[0].post("heartbeat", protocol.Heartbeat(step=9)).json()["action"] == "continue"
     services.end_notice_hold(nodes[1].pk)  # what launch_spare does when none can be placed
     assert agents[0].post("heartbeat", protocol.Heartbeat(step=10)).json()["action"] == "checkpoint_and_stop"

@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from respawn import protocol
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Job, StepPoint
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Job, StepPoint
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -1,8 +1,8 @@
 """An on-demand VM registers like a spot one: nothing interrupts it, so its checkpoint
 interval's inputs are unbounded, and they are stored as such (JSON has no infinity)."""
 
-from jobs.core.choices import JobStatus, Market
-from jobs.models import Instance
+from respawn_server.jobs.core.choices import JobStatus, Market
+from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -5,8 +5,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from respawn import protocol
-from jobs.core.choices import JobStatus
-from jobs.core.services import GANG_PORT
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.core.services import GANG_PORT
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

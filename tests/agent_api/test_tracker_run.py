@@ -1,8 +1,8 @@
 """Every VM of a job is handed the same experiment-tracker run id at register, and no two
 jobs share one (agents/respawn/trackers.py makes the trackers' variables of it)."""
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Instance
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -5,8 +5,8 @@ eval_fn reaches the VM, a check that failed is recorded `error` with its cause (
 import pytest
 
 from respawn import protocol
-from jobs.core.choices import JobStatus
-from jobs.models import Checkpoint, Job, JobEvent
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Checkpoint, Job, JobEvent
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -69,10 +69,10 @@ def test_a_checkpoint_no_validator_will_judge_is_recorded_skipped_saying_why_not
 
     from django.utils import timezone
 
-    from jobs.core.choices import EndReason, InstanceState
-    from jobs.core.services import expire_pending_validations
-    from jobs.core.transitions import end_instance
-    from jobs.models import Instance
+    from respawn_server.jobs.core.choices import EndReason, InstanceState
+    from respawn_server.jobs.core.services import expire_pending_validations
+    from respawn_server.jobs.core.transitions import end_instance
+    from respawn_server.jobs.models import Instance
 
     job = make_job(setup.team, setup.people["member"].user, validation_model_factory="m:model",
                    validation_batch_factory="m:batch")

@@ -7,7 +7,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from jobs.core.choices import Role
+from respawn_server.jobs.core.choices import Role
 from tests.factories import make_job, make_person, make_team_with_members
 
 PAGES = ["/admin/", "/admin/jobs/job/", "/admin/jobs/job/{job}/change/", "/admin/auth/user/"]

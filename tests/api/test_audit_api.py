@@ -3,7 +3,7 @@ when; readable by team admins only, filtered by action and actor."""
 
 import pytest
 
-from jobs.core.choices import AuditAction
+from respawn_server.jobs.core.choices import AuditAction
 from tests.api.clients import client_for
 from tests.factories import make_job, make_team_with_members
 

@@ -4,10 +4,10 @@ with the expected status derived from the ONE permission table."""
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.core.audit import record_audit
-from jobs.core.choices import AuditAction, Role
-from jobs.models import ApiToken, Checkpoint, Invitation, InterruptionEvent, Subscription
-from jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
+from respawn_server.jobs.core.audit import record_audit
+from respawn_server.jobs.core.choices import AuditAction, Role
+from respawn_server.jobs.models import ApiToken, Checkpoint, Invitation, InterruptionEvent, Subscription
+from respawn_server.jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS, role_allows
 from tests.factories import make_instance, make_job, make_person, make_team_with_members
 
 # (name, method, url template, action, success status); request bodies in BODIES

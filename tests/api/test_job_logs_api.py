@@ -3,9 +3,9 @@ a cursor, with a signal that the job has ended and nothing is left."""
 
 import pytest
 
-from jobs.core import joblogs
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.models import Job, LogChunk
+from respawn_server.jobs.core import joblogs
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.models import Job, LogChunk
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 

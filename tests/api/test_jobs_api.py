@@ -5,8 +5,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.models import ApiToken, Job, JobEvent
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.models import ApiToken, Job, JobEvent
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from respawn import protocol
-from jobs.models import Job, SourceArchive
+from respawn_server.jobs.models import Job, SourceArchive
 from respawn.cli import workdir
 from tests.agent.archives import header_bomb, hostile_tar, user_workdir
 from tests.agent_api.helpers import AgentClient

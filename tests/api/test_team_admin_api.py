@@ -6,8 +6,8 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth.models import User
 
-from jobs.core.choices import AuditAction, Role
-from jobs.models import AuditEvent, Membership, Team
+from respawn_server.jobs.core.choices import AuditAction, Role
+from respawn_server.jobs.models import AuditEvent, Membership, Team
 from tests.api.clients import client_for
 from tests.factories import make_person, make_team_with_members
 

@@ -6,9 +6,9 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs.core.choices import AuditAction
-from jobs.models import ApiToken, AuditEvent
-from jobs.people.tokens import hash_token
+from respawn_server.jobs.core.choices import AuditAction
+from respawn_server.jobs.models import ApiToken, AuditEvent
+from respawn_server.jobs.people.tokens import hash_token
 from tests.api.clients import client_for
 from tests.factories import make_team_with_members
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import redis
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
-from jobs.models import Instance, Job, LogChunk, MetricPoint, ProcessedEvent
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
+from respawn_server.jobs.models import Instance, Job, LogChunk, MetricPoint, ProcessedEvent
 from tests.conftest import ROOT, ChildProcess, free_port, wait_until
 from tests.factories import make_job, make_team_with_members
 

@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, Job
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, Job
 from tests.chaos import stack
 from tests.conftest import celery_worker, start_worker_and_beat, wait_until
 

@@ -71,7 +71,7 @@ def cluster():
 def django(env: dict, code: str) -> str:
     """Run `code` in a Django process of the stack (its ORM, its database) and return what it prints."""
     done = subprocess.run([sys.executable, "-c", f"import django; django.setup()\n{code}"], cwd=ROOT,
-                          env={**env, "DJANGO_SETTINGS_MODULE": "controlplane.settings"}, capture_output=True,
+                          env={**env, "DJANGO_SETTINGS_MODULE": "respawn_server.settings"}, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()

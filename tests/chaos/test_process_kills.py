@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, JobStatus
-from jobs.models import Checkpoint, Instance
+from respawn_server.jobs.core.choices import EndReason, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance
 from tests.chaos import stack
 from tests.conftest import celery_worker, start_worker_and_beat, wait_until
 

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import EndReason, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.chaos import stack
 from tests.conftest import WebServer, start_worker_and_beat, wait_until
 

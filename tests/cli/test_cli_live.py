@@ -15,9 +15,9 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.core.transitions import transition_job
-from jobs.models import ApiToken, Job, LogChunk
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.core.transitions import transition_job
+from respawn_server.jobs.models import ApiToken, Job, LogChunk
 from tests.cli.resetting_proxy import ResettingProxy
 from tests.conftest import wait_until
 from tests.costs.history import make_history

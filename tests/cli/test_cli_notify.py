@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from jobs.models import Delivery, Subscription
-from jobs.tasks import deliver_notification
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.tasks import deliver_notification
 from tests.cli.test_cli_live import RESPAWN, cli  # noqa: F401  (cli: a fixture)
 from tests.conftest import share_secrets_key
 from tests.notify.receiver import Receiver

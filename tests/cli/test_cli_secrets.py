@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from jobs.core import secret_env
-from jobs.models import Job
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.models import Job
 from tests.cli.test_cli_live import cli, job_file  # noqa: F401 (fixtures)
 from tests.conftest import share_secrets_key
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from jobs.models import Job, SourceArchive
+from respawn_server.jobs.models import Job, SourceArchive
 from tests.agent.archives import user_workdir
 from tests.cli.test_cli_live import RESPAWN, cli, job_file  # noqa: F401  (cli: a fixture)
 

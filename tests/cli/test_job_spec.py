@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.api.serializers import JobSerializer
+from respawn_server.jobs.api.serializers import JobSerializer
 from respawn.cli.jobspec import FIELDS, InvalidSpec, load_job_spec
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "job-spec.example.yaml"

@@ -27,8 +27,8 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
-from jobs.core.choices import EndReason, InstanceState
-from jobs.models import Checkpoint, Instance, InstanceEvent, MetricPoint, PriceQuote
+from respawn_server.jobs.core.choices import EndReason, InstanceState
+from respawn_server.jobs.models import Checkpoint, Instance, InstanceEvent, MetricPoint, PriceQuote
 from tests.factories import make_instance, make_job
 
 UTC = dt.UTC

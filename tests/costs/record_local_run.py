@@ -57,7 +57,7 @@ def _rows(queryset, fields) -> list[dict]:
 
 
 def dump(job) -> dict:
-    from jobs.models import Checkpoint, InstanceEvent, InterruptionEvent, MetricPoint, PriceQuote
+    from respawn_server.jobs.models import Checkpoint, InstanceEvent, InterruptionEvent, MetricPoint, PriceQuote
 
     instances = job.instances.order_by("requested_at", "id")
     return {
@@ -79,7 +79,7 @@ def dump(job) -> dict:
 def record(out: Path) -> dict:
     var = Path(tempfile.mkdtemp(prefix="respawn-record-"))
     os.environ.update(RESPAWN_VAR_DIR=str(var), DATABASE_URL=f"sqlite:///{var / 'respawn.sqlite3'}",
-                      CELERY_BROKER_URL="filesystem://", DJANGO_SETTINGS_MODULE="controlplane.settings",
+                      CELERY_BROKER_URL="filesystem://", DJANGO_SETTINGS_MODULE="respawn_server.settings",
                       PYTHONUNBUFFERED="1", **MARKET)
     sys.path.insert(0, str(ROOT))
     import django
@@ -87,9 +87,9 @@ def record(out: Path) -> dict:
     django.setup()
     from django.core.management import call_command
 
-    from jobs.core.choices import JobStatus
-    from jobs.fleet.providers.local import LocalConfig, LocalProvider
-    from jobs.models import Job
+    from respawn_server.jobs.core.choices import JobStatus
+    from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
+    from respawn_server.jobs.models import Job
     from tests.conftest import WebServer, start_worker_and_beat, wait_until
     from tests.factories import make_job, make_team_with_members
 

@@ -10,8 +10,8 @@ import json
 import uuid
 from pathlib import Path
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, InstanceEvent, InterruptionEvent, MetricPoint, PriceQuote
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InstanceEvent, InterruptionEvent, MetricPoint, PriceQuote
 from tests.factories import make_instance, make_job
 
 LOCAL_RUN = Path(__file__).resolve().parent / "data" / "local_run.json"

@@ -3,7 +3,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from jobs.people.permissions import role_allows
+from respawn_server.jobs.people.permissions import role_allows
 from tests.costs.history import make_history
 from tests.factories import make_team_with_members
 
@@ -37,7 +37,7 @@ def test_job_cost_answers_the_ledger_figures_as_exact_strings(world):
 def test_job_and_team_cost_include_a_stopped_disk_from_the_end_to_its_release(world):
     from decimal import Decimal
 
-    from jobs.models import DiskPriceQuote, Instance
+    from respawn_server.jobs.models import DiskPriceQuote, Instance
     from tests.costs.history import T
 
     setup, job = world

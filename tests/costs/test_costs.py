@@ -1,12 +1,12 @@
-"""jobs.money.costs against the hand-computed history in tests/costs/history.py."""
+"""respawn_server.jobs.money.costs against the hand-computed history in tests/costs/history.py."""
 
 import datetime as dt
 from decimal import Decimal
 
 import pytest
 
-from jobs.core.choices import InstanceState
-from jobs.money import costs
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.money import costs
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history, seed_prices
 from tests.factories import make_job, make_team_with_members
 
@@ -84,17 +84,17 @@ def test_a_running_instance_is_billed_up_to_now(db):
 
 def test_a_relaunch_on_another_type_is_priced_machine_by_machine(history):
     setup, job, a, b, _ = history
-    from jobs.models import PriceQuote
+    from respawn_server.jobs.models import PriceQuote
 
     PriceQuote.objects.create(provider="aws", region="hand-1", zone="", instance_type="hand.gpu4",
                               market="on_demand", usd_per_hour=D("3.06"), observed_at=T(1, 1))
     c = launched(job, at=T(3, 1, 4), ended=T(3, 1, 5), end_reason="completed", last_step=1600, resume=None,
                  market="on_demand")
-    from jobs.models import Instance
+    from respawn_server.jobs.models import Instance
 
     Instance.objects.filter(pk=c.pk).update(instance_type="hand.gpu4")
     heartbeats(c, [(T(3, 1, 4, 1), 1500), (T(3, 1, 4, 2), 1510), (T(3, 1, 4, 11), 1600)])
-    from jobs.models import Checkpoint
+    from respawn_server.jobs.models import Checkpoint
 
     Instance.objects.filter(pk=c.pk).update(resume_checkpoint=Checkpoint.objects.create(
         checkpoint_id="00000000-0000-4000-8000-0000000000cc", job=job, instance=b, step=1500, uri="/c", bytes=1,
@@ -144,7 +144,7 @@ def test_month_edges_are_utc():
 
 def test_interruptions_are_counted_once_per_instance_and_kind(history):
     setup, job, a, b, never = history
-    from jobs.models import InterruptionEvent
+    from respawn_server.jobs.models import InterruptionEvent
 
     InterruptionEvent.objects.create(instance=a, kind="notice", source="aws_imds")  # announced a's preemption
     InterruptionEvent.objects.create(instance=b, kind="notice", source="aws_imds")  # a notice b outlived
@@ -175,7 +175,7 @@ def test_one_unpriceable_job_does_not_hide_the_others(history):
     setup, job, *_ = history
     stray = make_job(setup.team, setup.people["member"].user)
     unpriced = launched(stray, at=T(3, 2, 10), ended=T(3, 2, 11), end_reason="completed")
-    from jobs.models import Instance
+    from respawn_server.jobs.models import Instance
 
     Instance.objects.filter(pk=unpriced.pk).update(instance_type="no.such.type")
     answers = costs.job_costs_or_errors([job.pk, stray.pk], NOW)
@@ -187,7 +187,7 @@ def test_one_unpriceable_job_does_not_hide_the_others(history):
 
 def test_settled_keys_follow_what_settled_money_depends_on(history):
     setup, job, a, b, _ = history
-    from jobs.models import PriceQuote
+    from respawn_server.jobs.models import PriceQuote
 
     before = costs.settled_keys([job.pk])[job.pk]
     assert before is not None
@@ -199,7 +199,7 @@ def test_settled_keys_follow_what_settled_money_depends_on(history):
     running = launched(job, at=T(3, 3, 1), last_step=1500)
     assert len({before, late, backfilled}) == 3
     assert costs.settled_keys([job.pk])[job.pk] is None, "a live instance's money grows: nothing to keep"
-    from jobs.models import Instance
+    from respawn_server.jobs.models import Instance
 
     Instance.objects.filter(pk=running.pk).update(state="ended", ended_at=T(3, 3, 2), end_reason="completed")
     assert costs.settled_keys([job.pk])[job.pk] not in (None, before, late, backfilled)
@@ -208,7 +208,7 @@ def test_settled_keys_follow_what_settled_money_depends_on(history):
     assert costs.settled_keys([job.pk])[job.pk] is None, "a stopped disk's money grows until it is released"
     Instance.objects.filter(pk=a.pk).update(storage_released_at=T(3, 1, 4))
     released = costs.settled_keys([job.pk])[job.pk]
-    from jobs.models import DiskPriceQuote
+    from respawn_server.jobs.models import DiskPriceQuote
 
     DiskPriceQuote.objects.create(provider="aws", region="hand-1", sku="P10 LRS", usd_per_month=D("73"),
                                   observed_at=T(1, 1))

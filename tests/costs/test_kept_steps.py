@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.money.costs import kept_and_recomputed
+from respawn_server.jobs.money.costs import kept_and_recomputed
 
 FOREIGN = 10_000  # a checkpoint written by another rank's instance: not in this slot
 

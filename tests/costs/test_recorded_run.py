@@ -14,7 +14,7 @@ from statistics import median
 import pytest
 from django.test import Client
 
-from jobs.money import costs
+from respawn_server.jobs.money import costs
 from tests.costs import recorded
 from tests.factories import make_team_with_members
 

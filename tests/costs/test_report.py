@@ -18,9 +18,9 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from jobs.core.choices import InstanceState
-from jobs.models import Instance, InstanceEvent, Job, PriceQuote
-from jobs.money.ledger import Waste
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.models import Instance, InstanceEvent, Job, PriceQuote
+from respawn_server.jobs.money.ledger import Waste
 from tests.costs import recorded
 from tests.costs.history import make_history
 from tests.factories import make_job, make_team_with_members

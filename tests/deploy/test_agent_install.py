@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.core.choices import FailureCause, InstanceState, JobStatus
-from jobs.fleet import agent_dist
-from jobs.fleet.providers.base import AGENT_LIB, AGENT_MARKER, AGENT_UNIT, render_user_data
-from jobs.models import Job
+from respawn_server.jobs.core.choices import FailureCause, InstanceState, JobStatus
+from respawn_server.jobs.fleet import agent_dist
+from respawn_server.jobs.fleet.providers.base import AGENT_LIB, AGENT_MARKER, AGENT_UNIT, render_user_data
+from respawn_server.jobs.models import Job
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

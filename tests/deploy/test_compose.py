@@ -108,7 +108,7 @@ def test_images_copy_every_package_they_install(dockerfile):
 def test_the_agent_image_installs_the_served_wheel_and_never_an_index_package():
     """Dockerfile.agent holds the wheel the control plane serves (its marker is what lets a
     VM skip the download), never `pip install .` or our name from an index."""
-    from jobs.fleet.providers.base import AGENT_LIB, AGENT_MARKER
+    from respawn_server.jobs.fleet.providers.base import AGENT_LIB, AGENT_MARKER
 
     text = (ROOT / "docker" / "Dockerfile.agent").read_text()
     assert f"pip install --no-index --no-deps --target {AGENT_LIB}" in text

@@ -9,10 +9,10 @@ switched off (PIP_CONFIG_FILE=/dev/null, no PIP_* variables) and those sources p
 by hand, so no remote index is ever asked; a machine whose pip has no local source
 skips the test rather than download.
 
-The control plane's wheel is checked by its contents and its requirements against the
-environment running this test (the one `make install` made for the server): some of
-its dependencies (Django REST framework, the Azure SDKs) are not on every machine's
-local index, and the library's install is the one training images and VMs take."""
+The control plane's wheel is installed too, with both wheels and nothing else of ours, into
+a fresh virtual environment that borrows its third-party dependencies from the one running
+this test (the one `make install` made): some of them (Django REST framework, the Azure
+SDKs) are not on every machine's local index. Its requirements are checked against those."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import zipfile
 from email.parser import Parser
@@ -38,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = "respawn-ml"
 SERVER = "respawn-server"
 NOT_IN_THE_LIBRARY = ("django", "rest_framework", "celery", "boto3", "botocore", "google.cloud", "azure",
-                      "jobs", "frontend", "controlplane")
+                      "respawn_server")
+# The folders the server is built from, which must not be import names of their own.
+SERVER_FOLDERS = ("jobs", "frontend", "controlplane")
 # Modules that need an extra (each names it in its docstring); everything else of
 # `respawn` imports in the base install.
 NEED_AN_EXTRA = ("respawn.integrations.hf", "respawn.integrations.lightning", "respawn.integrations.accelerate",
@@ -89,7 +92,7 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
     shutil.copytree(ROOT / "agents", library, ignore=IGNORE)
     server = tmp / SERVER
     server.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copyfile(ROOT / name, server / name)
     for name in ("jobs", "frontend", "controlplane"):
         shutil.copytree(ROOT / name, server / name, ignore=IGNORE)
@@ -130,7 +133,7 @@ def test_the_library_wheel_holds_respawn_alone_and_requires_no_server_or_cloud_s
 
 def test_the_server_wheel_holds_the_server_alone_and_runs_here(wheels):
     top, metadata, _ = wheel_metadata(wheels[SERVER])
-    assert top == {"jobs", "frontend", "controlplane", f"respawn_server-{metadata['Version']}.dist-info"}
+    assert top == {"respawn_server", f"respawn_server-{metadata['Version']}.dist-info"}
     assert metadata["Name"] == SERVER
     base = [r for r in requirements(metadata) if r.marker is None]
     (library,) = [r for r in base if r.name == LIBRARY]
@@ -168,21 +171,23 @@ CHECK_IMPORTS = textwrap.dedent("""
         except ModuleNotFoundError:
             return False
     print(json.dumps({"file": respawn.__file__, "failed": failed, "s3": s3,
-                      "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("agents", "jobs", "frontend", "controlplane", "django", "celery", "boto3", "azure") or m.startswith("google.cloud")),
-                      "installed": sorted(n for n in NOT_IN_THE_LIBRARY if findable(n))}))
+                      "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("agents", "respawn_server", "jobs", "frontend", "controlplane", "django", "celery", "boto3", "azure") or m.startswith("google.cloud")),
+                      "installed": sorted(n for n in NOT_IN_THE_LIBRARY + SERVER_FOLDERS if findable(n))}))
 """)
 
 
 def check_imports(python: Path) -> dict:
-    script = f"NEED_AN_EXTRA = {NEED_AN_EXTRA!r}\nNOT_IN_THE_LIBRARY = {NOT_IN_THE_LIBRARY!r}\n{CHECK_IMPORTS}"
+    script = (f"NEED_AN_EXTRA = {NEED_AN_EXTRA!r}\nNOT_IN_THE_LIBRARY = {NOT_IN_THE_LIBRARY!r}\n"
+              f"SERVER_FOLDERS = {SERVER_FOLDERS!r}\n{CHECK_IMPORTS}")
     result = subprocess.run([str(python), "-c", script], capture_output=True, text=True, env=pip_env(), cwd=python.parent,
                             timeout=300)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
-def run(*argv, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=pip_env(), timeout=600, **kwargs)
+def run(*argv, env=None, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env or pip_env(), timeout=600,
+                            **kwargs)
     assert result.returncode == 0, f"{argv}: {result.stdout}\n{result.stderr}"
     return result
 
@@ -226,3 +231,43 @@ def test_the_library_installs_into_a_fresh_venv_lean_and_alone(wheels, tmp_path)
     assert hf.stdout.strip() == "[]"
     assert check_imports(bin_dir / "python")["installed"] == []
     assert "No broken requirements" in run(bin_dir / "python", "-m", "pip", "check").stdout
+
+
+SERVER_CHECK = textwrap.dedent("""
+    import importlib.util, json, os
+    os.environ["DJANGO_SETTINGS_MODULE"] = "respawn_server.settings"
+    import django
+    django.setup()
+    from django.apps import apps
+    from django.contrib.staticfiles import finders
+    from django.template.loader import get_template
+    import respawn, respawn_server, respawn_server.jobs.tasks, respawn_server.celery
+    print(json.dumps({
+        "files": [respawn.__file__, respawn_server.__file__, apps.get_app_config("jobs").path],
+        "labels": sorted(c.label for c in apps.get_app_configs() if c.name.startswith("respawn_server")),
+        "template": get_template("frontend/jobs.html").origin.name,
+        "static": finders.find("frontend/jobs.js"),
+        "tasks": sorted(t for t in respawn_server.celery.app.tasks if t.startswith("respawn_server.")),
+        "folders": [n for n in ("jobs", "frontend", "controlplane") if importlib.util.find_spec(n)],
+    }))
+""")
+
+
+def test_the_server_installs_under_its_own_name_and_serves_from_the_wheel(wheels, tmp_path):
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    python = venv / "bin" / "python"
+    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheels[LIBRARY], wheels[SERVER])
+    # The third-party dependencies this test's environment has, as a plain path: its own
+    # .pth files (the editable installs of this checkout) are not read from there.
+    site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip())
+    (site / "zz-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    env = {**pip_env(), "RESPAWN_VAR_DIR": str(tmp_path / "var"), "DJANGO_SECRET_KEY": "test-only"}
+    seen = json.loads(run(python, "-c", SERVER_CHECK, cwd=tmp_path, env=env).stdout)
+    assert all(Path(f).is_relative_to(venv) for f in seen["files"]), seen["files"]
+    assert seen["labels"] == ["frontend", "jobs"]  # the tables and migrations keep their names
+    assert Path(seen["template"]).is_relative_to(venv) and Path(seen["static"]).is_relative_to(venv)
+    assert "respawn_server.jobs.tasks.schedule" in seen["tasks"]
+    assert seen["folders"] == []  # no top-level `jobs`, `frontend` or `controlplane`
+    assert "Migrations for" not in run(python, "-m", "django", "makemigrations", "--check", "--dry-run",
+                                       cwd=tmp_path, env={**env, "DJANGO_SETTINGS_MODULE": "respawn_server.settings"}).stdout

@@ -8,8 +8,8 @@ from celery import current_app
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.core.choices import InstanceState, InterruptionKind, JobStatus
-from jobs.models import Checkpoint, InterruptionEvent
+from respawn_server.jobs.core.choices import InstanceState, InterruptionKind, JobStatus
+from respawn_server.jobs.models import Checkpoint, InterruptionEvent
 from tests.factories import make_instance, make_job, make_team_with_members
 
 pytestmark = pytest.mark.django_db
@@ -82,7 +82,7 @@ def test_a_failed_celery_task_is_counted(client):
     assert result.failed()
     after = scrape(client)
     assert after[("respawn_celery_task_failures_total", (("task", "tests.deploy.explode"),))] == before + 1
-    assert ("respawn_celery_task_failures_total", (("task", "jobs.tasks.reconcile"),)) in after
+    assert ("respawn_celery_task_failures_total", (("task", "respawn_server.jobs.tasks.reconcile"),)) in after
 
 
 def test_metrics_token_guards_the_endpoint_when_set(client, settings):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from respawn.agent import EXIT_INSTANCE_ENDED
-from jobs.fleet.agent_dist import AgentDist
-from jobs.fleet.providers.base import AGENT_BIN, AGENT_MARKER, render_user_data
+from respawn_server.jobs.fleet.agent_dist import AgentDist
+from respawn_server.jobs.fleet.providers.base import AGENT_BIN, AGENT_MARKER, render_user_data
 
 URL = "https://cp.example.org/base%20path$HOME"
 VENV_AGENT = Path(sys.executable).with_name("respawn-agent")

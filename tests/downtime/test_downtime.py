@@ -1,5 +1,5 @@
 """Each interruption's downtime split into save, capacity, boot, validation and restore
-(jobs.money.downtime): the pure split, and the parts read from a recorded timeline."""
+(respawn_server.jobs.money.downtime): the pure split, and the parts read from a recorded timeline."""
 
 import datetime as dt
 import uuid
@@ -8,9 +8,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from respawn.protocol import CheckpointKind
-from jobs.core.choices import EndReason, InstanceState, InterruptionKind
-from jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
-from jobs.money.downtime import Timeline, job_downtime, split, total_s
+from respawn_server.jobs.core.choices import EndReason, InstanceState, InterruptionKind
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
+from respawn_server.jobs.money.downtime import Timeline, job_downtime, split, total_s
 from tests.factories import make_instance, make_job, make_team_with_members
 
 T0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)

@@ -3,10 +3,10 @@ that the web request only records the drill and queues its task (no cloud call i
 
 import pytest
 
-from jobs.core import nudges
-from jobs.core.choices import AuditAction, DrillStatus, InstanceState, JobStatus
-from jobs.drills.models import Drill
-from jobs.models import AuditEvent, JobEvent
+from respawn_server.jobs.core import nudges
+from respawn_server.jobs.core.choices import AuditAction, DrillStatus, InstanceState, JobStatus
+from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.models import AuditEvent, JobEvent
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 

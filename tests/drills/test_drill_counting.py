@@ -7,15 +7,15 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.core.choices import DrillStatus, EndReason, InstanceState, InterruptionKind, JobStatus
-from jobs.core.services import after_instance_ended
-from jobs.core.transitions import end_instance
-from jobs.drills import services
-from jobs.core.drilled import caused_by_drill
-from jobs.drills.models import Drill
-from jobs.fleet import placement
-from jobs.fleet.providers.base import MissingPermission, TransientError
-from jobs.models import Instance, InterruptionEvent, Job
+from respawn_server.jobs.core.choices import DrillStatus, EndReason, InstanceState, InterruptionKind, JobStatus
+from respawn_server.jobs.core.services import after_instance_ended
+from respawn_server.jobs.core.transitions import end_instance
+from respawn_server.jobs.drills import services
+from respawn_server.jobs.core.drilled import caused_by_drill
+from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.fleet import placement
+from respawn_server.jobs.fleet.providers.base import MissingPermission, TransientError
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

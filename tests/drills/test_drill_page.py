@@ -4,9 +4,9 @@ task queued, no cloud called), and the latest drill's report on the page."""
 import pytest
 from django.test import Client
 
-from jobs.core import nudges
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.drills.models import Drill
+from respawn_server.jobs.core import nudges
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.drills.models import Drill
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.core.choices import CheckpointKind, DrillStatus, InstanceState, InterruptionKind, JobStatus
-from jobs.drills import report
-from jobs.drills.models import Drill
-from jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
+from respawn_server.jobs.core.choices import CheckpointKind, DrillStatus, InstanceState, InterruptionKind, JobStatus
+from respawn_server.jobs.drills import report
+from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
 from respawn.cli import commands
 from respawn.cli.__main__ import main
 from respawn.cli.errors import EXIT_FAILED, CliError

@@ -3,9 +3,9 @@ started for it, waited on until the job is terminal, stopped whatever happens.""
 
 import contextlib
 
-from jobs.core.choices import JobStatus
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
-from jobs.models import Job
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
+from respawn_server.jobs.models import Job
 from tests.conftest import start_worker_and_beat, wait_until
 from tests.history import job_story
 

@@ -28,8 +28,8 @@ import boto3
 import pytest
 import requests
 
-from jobs.core.choices import EndReason, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
+from respawn_server.jobs.core.choices import EndReason, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
 from tests.agent_wheel import built_dist_dir
 from tests.conftest import ROOT, WebServer, start_worker_and_beat, wait_until
 from tests.e2e.cloud_vm import ArmCloud, ComputeCloud, Ec2Cloud, PlayedVm, VmPlayer

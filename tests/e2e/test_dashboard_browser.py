@@ -13,10 +13,10 @@ import pytest
 import requests
 
 from respawn import protocol
-from jobs.core.choices import JobStatus, Role
-from jobs.core.transitions import transition_job
-from jobs.models import Job
-from jobs.money.seed_prices import seed_price_book
+from respawn_server.jobs.core.choices import JobStatus, Role
+from respawn_server.jobs.core.transitions import transition_job
+from respawn_server.jobs.models import Job
+from respawn_server.jobs.money.seed_prices import seed_price_book
 from respawn.vocabulary.money import money_figures
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_instance, make_team_with_members
@@ -141,9 +141,9 @@ def test_an_elastic_gangs_world_size_falls_on_its_chart_without_a_reload(dashboa
     """A 3-node elastic job drawn at 3; a node lost, the chart steps down to 2 in place."""
     from playwright.sync_api import expect
 
-    from jobs.core.choices import InstanceState
-    from jobs.fleet import orchestration
-    from jobs.models import Instance, WorldSize
+    from respawn_server.jobs.core.choices import InstanceState
+    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.models import Instance, WorldSize
     from tests.conftest import wait_until
     from tests.factories import make_job
 

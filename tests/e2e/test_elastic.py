@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
-from jobs.money import costs
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
+from respawn_server.jobs.money import costs
 from tests.conftest import ROOT, free_port, wait_until
 from tests.e2e.stack import local_gang_stack
 from tests.factories import make_job, make_team_with_members

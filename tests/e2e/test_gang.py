@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
-from jobs.money.downtime import job_downtime
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
+from respawn_server.jobs.money.downtime import job_downtime
 from tests.conftest import ROOT, free_port, wait_until
 from tests.e2e.stack import local_gang_stack
 from tests.factories import make_job, make_team_with_members
@@ -162,8 +162,8 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
 
 def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db, django_capture_on_commit_callbacks):
     from respawn.protocol import ExitReason
-    from jobs.core import services
-    from jobs.fleet import orchestration
+    from respawn_server.jobs.core import services
+    from respawn_server.jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -186,7 +186,7 @@ def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db,
 
 def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
     from respawn.protocol import ExitReason
-    from jobs.core import services
+    from respawn_server.jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -200,7 +200,7 @@ def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
 
 
 def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db, django_capture_on_commit_callbacks):
-    from jobs.fleet import orchestration
+    from respawn_server.jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -216,8 +216,8 @@ def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db,
 
 
 def test_a_late_judgement_about_a_replaced_gang_leaves_the_new_gang_alone(db, django_capture_on_commit_callbacks):
-    from jobs.core.transitions import end_instance
-    from jobs.fleet import orchestration
+    from respawn_server.jobs.core.transitions import end_instance
+    from respawn_server.jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -238,8 +238,8 @@ def test_a_rank_failing_after_its_peer_was_found_gone_is_not_judged(db):
     as the code's failure, an illegal recovering -> recovering move: a 500, resent
     until the survivor was marked lost."""
     from respawn.protocol import ExitReason
-    from jobs.core import services
-    from jobs.fleet import orchestration
+    from respawn_server.jobs.core import services
+    from respawn_server.jobs.fleet import orchestration
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -260,7 +260,7 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
     lost and the gang relaunched, asked the new gang to stop; the new gang stopped and
     the job stayed `running` with nothing running it."""
     from respawn.protocol import ExitReason
-    from jobs.core import services
+    from respawn_server.jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -276,7 +276,7 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
 
 def test_a_running_job_whose_last_node_stops_unasked_is_recovered(db):
     from respawn.protocol import ExitReason
-    from jobs.core import services
+    from respawn_server.jobs.core import services
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -294,7 +294,7 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     while rank 0's transaction is still open: without the job's lock each saw the
     other still live and neither succeeded the job."""
     from respawn.protocol import ExitReason
-    from jobs.core import services
+    from respawn_server.jobs.core import services
     from tests.factories import make_instance
     from tests.overlap import in_overlapping_transactions
 

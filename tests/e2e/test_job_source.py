@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from jobs.core.choices import JobStatus
-from jobs.models import Job, SourceArchive
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Job, SourceArchive
 from tests.agent.archives import user_workdir
 from tests.cli.test_cli_live import RESPAWN
 from tests.conftest import celery_worker, wait_until

@@ -13,10 +13,10 @@ import pytest
 import requests
 
 from respawn.metadata_server import CONTROL_PREFIX, MetadataServer
-from jobs.core.choices import EndReason, JobStatus, Market, Purpose
-from jobs.core.services import create_job
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
-from jobs.models import Instance, Job
+from respawn_server.jobs.core.choices import EndReason, JobStatus, Market, Purpose
+from respawn_server.jobs.core.services import create_job
+from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
+from respawn_server.jobs.models import Instance, Job
 from tests.agent.live import AgentProcess
 from tests.conftest import celery_worker, wait_until, writable_by_vms
 from tests.factories import make_instance, make_job, make_team_with_members

@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from respawn import protocol
-from jobs.core.choices import JobStatus, Role
-from jobs.models import Checkpoint, Job
+from respawn_server.jobs.core.choices import JobStatus, Role
+from respawn_server.jobs.models import Checkpoint, Job
 from tests.e2e.browser import browser_page, evidence_on_failure, log_in
 from tests.e2e.test_dashboard_browser import LIVE_S, Agent, dashboard, now_iso  # noqa: F401 (a fixture)
 from tests.factories import make_instance, make_job

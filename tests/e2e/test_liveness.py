@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from jobs.core.choices import EndReason, JobStatus, Market
-from jobs.models import Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import EndReason, JobStatus, Market
+from respawn_server.jobs.models import Instance, InterruptionEvent
 from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story

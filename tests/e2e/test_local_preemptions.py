@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.core.choices import EndReason, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import EndReason, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.conftest import ROOT
 from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members

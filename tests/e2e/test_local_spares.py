@@ -12,10 +12,10 @@ import sys
 import pytest
 import requests
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
-from jobs.money.downtime import job_downtime
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
+from respawn_server.jobs.money.downtime import job_downtime
 from tests.conftest import WebServer, wait_until
 from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from frontend import reads, story
-from jobs.core.choices import EndReason, JobStatus
-from jobs.models import Checkpoint, Instance, StepPoint
+from respawn_server.frontend import reads, story
+from respawn_server.jobs.core.choices import EndReason, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, StepPoint
 from tests.conftest import WebServer
 from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members

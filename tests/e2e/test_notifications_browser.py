@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from jobs.core import secret_env
-from jobs.core.choices import JobStatus, Role
-from jobs.core.choices import NotificationKind as Kind
-from jobs.core.transitions import transition_job
-from jobs.models import Subscription
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import JobStatus, Role
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.core.transitions import transition_job
+from respawn_server.jobs.models import Subscription
 from tests.conftest import WebServer, celery_worker, share_secrets_key, wait_until
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_job, make_team_with_members

@@ -4,9 +4,9 @@ anonymous, with the expected answer derived from the ONE permission table."""
 import pytest
 from django.test import Client
 
-from jobs.core.choices import Role
-from jobs.models import Job
-from jobs.people.permissions import role_allows
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.models import Job
+from respawn_server.jobs.people.permissions import role_allows
 from tests.factories import make_job, make_team_with_members
 
 # (name, method, url template, action, success status, kind) — kind: page | json | list
@@ -54,7 +54,7 @@ def test_dashboard_authorization_matrix(db, name, method, url, action, success, 
 
 
 def test_every_dashboard_action_is_in_the_permission_table():
-    from jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS
+    from respawn_server.jobs.people.permissions import OPEN_ACTIONS, PERMISSIONS
 
     assert {p[3] for p in PAGES} <= set(PERMISSIONS) | OPEN_ACTIONS
 
@@ -105,7 +105,7 @@ def test_bad_filters_are_refused_by_name(db):
 def test_the_team_switcher_chooses_whose_jobs_are_listed(db):
     setup = make_team_with_members()
     second = make_team_with_members("audio")
-    from jobs.models import Membership
+    from respawn_server.jobs.models import Membership
 
     admin = setup.people[Role.ADMIN].user
     Membership.objects.create(user=admin, team=second.team, role=Role.VIEWER)

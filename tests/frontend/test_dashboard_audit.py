@@ -2,7 +2,7 @@
 
 from django.test import Client
 
-from jobs.models import AuditEvent, Job
+from respawn_server.jobs.models import AuditEvent, Job
 from tests.factories import make_team_with_members
 
 

@@ -14,8 +14,8 @@ from django.utils.html import escape
 from respawn import protocol
 from respawn.agent.channel import last_exception_line, output_tail
 from respawn.agent.lifecycle import MAX_EXCEPTION_CHARS
-from jobs.core.choices import JobStatus
-from jobs.models import Job
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Job
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members

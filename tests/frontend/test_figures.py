@@ -4,8 +4,8 @@ from decimal import Decimal
 
 from django.test import Client
 
-from frontend.selectors import display_money
-from jobs.models import PriceQuote
+from respawn_server.frontend.selectors import display_money
+from respawn_server.jobs.models import PriceQuote
 from tests.api.clients import client_for
 from tests.costs.history import T, heartbeats, launched, make_history
 from tests.factories import make_team_with_members

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from django.test import Client
 
-from frontend import selectors
-from frontend.story import interval_words
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, LogChunk, MetricPoint, PriceQuote, StepPoint
+from respawn_server.frontend import selectors
+from respawn_server.frontend.story import interval_words
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, LogChunk, MetricPoint, PriceQuote, StepPoint
 from tests.factories import make_instance, make_job, make_team_with_members
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)

@@ -2,8 +2,8 @@
 
 from django.test import Client
 
-from frontend.selectors import JOBS_PER_PAGE
-from jobs.models import PriceQuote
+from respawn_server.frontend.selectors import JOBS_PER_PAGE
+from respawn_server.jobs.models import PriceQuote
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

@@ -4,11 +4,11 @@ subscription, and a refused URL answered with its reason on the page."""
 import pytest
 from django.test import Client
 
-from jobs.core import secret_env
-from jobs.core.choices import Channel, Role
-from jobs.core.choices import NotificationKind as Kind
-from jobs.models import Delivery, Subscription
-from jobs.notify import subscriptions
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import Channel, Role
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.notify import subscriptions
 from tests.factories import make_team_with_members
 
 pytestmark = pytest.mark.django_db

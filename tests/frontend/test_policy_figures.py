@@ -6,10 +6,10 @@ from datetime import timedelta
 from django.test import Client
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.core.transitions import end_instance
-from jobs.fleet.placement import interval_for
-from jobs.models import Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.transitions import end_instance
+from respawn_server.jobs.fleet.placement import interval_for
+from respawn_server.jobs.models import Instance, InterruptionEvent
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -7,11 +7,11 @@ from decimal import Decimal
 
 from django.test import Client
 
-from frontend.selectors import LOSS_POINTS
-from jobs.api.costs import job_cost_data, team_month_data
-from jobs.core.choices import InstanceState
-from jobs.models import DiskPriceQuote, Instance, Job, MetricPoint, PriceQuote
-from jobs.money import costs
+from respawn_server.frontend.selectors import LOSS_POINTS
+from respawn_server.jobs.api.costs import job_cost_data, team_month_data
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.models import DiskPriceQuote, Instance, Job, MetricPoint, PriceQuote
+from respawn_server.jobs.money import costs
 from tests.api.clients import client_for
 from tests.costs.history import T, checkpoint, heartbeats, launched, make_history
 from tests.factories import make_job, make_team_with_members

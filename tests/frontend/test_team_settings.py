@@ -9,9 +9,9 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from jobs.core.choices import AuditAction, Role
-from jobs.models import AuditEvent, Invitation, Membership, Team
-from jobs.people.permissions import role_allows
+from respawn_server.jobs.core.choices import AuditAction, Role
+from respawn_server.jobs.models import AuditEvent, Invitation, Membership, Team
+from respawn_server.jobs.people.permissions import role_allows
 from tests.factories import make_team_with_members
 
 WHO = [Role.VIEWER, Role.MEMBER, Role.ADMIN, "outsider", "anonymous"]
@@ -76,7 +76,7 @@ def test_team_settings_authorization_matrix(db, name, method, url, action, succe
 
 
 def test_every_settings_action_is_in_the_permission_table():
-    from jobs.people.permissions import PERMISSIONS
+    from respawn_server.jobs.people.permissions import PERMISSIONS
 
     assert {e[3] for e in ENDPOINTS} <= set(PERMISSIONS)
 

@@ -7,10 +7,10 @@ import re
 import pytest
 from django.test import Client
 
-from jobs.core.choices import AuditAction, Role
-from jobs.models import ApiToken, AuditEvent
-from jobs.people.permissions import role_allows
-from jobs.people.tokens import hash_token
+from respawn_server.jobs.core.choices import AuditAction, Role
+from respawn_server.jobs.models import ApiToken, AuditEvent
+from respawn_server.jobs.people.permissions import role_allows
+from respawn_server.jobs.people.tokens import hash_token
 from tests.factories import make_team_with_members
 
 WHO = [Role.VIEWER, Role.MEMBER, Role.ADMIN, "outsider", "anonymous"]

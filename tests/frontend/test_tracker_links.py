@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 from django.utils.html import escape
 
-from jobs.core import trackers
+from respawn_server.jobs.core import trackers
 from tests.factories import make_job, make_team_with_members
 
 

@@ -24,10 +24,10 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from jobs.api.urls import agent_urlpatterns
-from jobs.core.choices import InstanceState
-from jobs.models import Checkpoint, PriceQuote
-from jobs.people.team_admin import issue_token
+from respawn_server.jobs.api.urls import agent_urlpatterns
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.models import Checkpoint, PriceQuote
+from respawn_server.jobs.people.team_admin import issue_token
 from tests.agent_api.helpers import checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 

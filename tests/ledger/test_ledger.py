@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.money.ledger import (HOURS_PER_MONTH, MONEY_QUANTUM, DiskQuote, InstanceInterval, LedgerError, PriceQuote,
+from respawn_server.jobs.money.ledger import (HOURS_PER_MONTH, MONEY_QUANTUM, DiskQuote, InstanceInterval, LedgerError, PriceQuote,
                                build_ledger)
 
 UTC = dt.UTC

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.money.pricebook import PriceBookError, load_price_book, parse_price_book
+from respawn_server.jobs.money.pricebook import PriceBookError, load_price_book, parse_price_book
 
 HEADER = "provider,region,zone,instance_type,accelerator,accelerator_count,market,usd_per_hour,source,as_of\n"
 

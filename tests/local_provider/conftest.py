@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
+from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 from tests.conftest import searchable_by_vms
 from tests.local_provider.helpers import STANDIN_AGENT
 

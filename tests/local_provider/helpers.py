@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from jobs.fleet.providers.base import LaunchRequest, Placement
-from jobs.fleet.providers.local_vm import proc_stat
+from respawn_server.jobs.fleet.providers.base import LaunchRequest, Placement
+from respawn_server.jobs.fleet.providers.local_vm import proc_stat
 
 REPO = Path(__file__).resolve().parents[2]
 # The published traces (../shared/data/spot-traces), in the checkout or beside it.

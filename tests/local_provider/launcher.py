@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from jobs.fleet.providers.local import LocalConfig, LocalProvider
+from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 from tests.local_provider.helpers import launch_request
 
 

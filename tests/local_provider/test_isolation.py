@@ -19,9 +19,9 @@ from django.conf import settings
 from django.db import connection
 
 from respawn.agent.config import SETTINGS_ENV
-from jobs.core import secret_env
-from jobs.fleet.providers.base import CloudState, PrecheckError
-from jobs.fleet.providers.local import LocalConfig, isolation_off_because
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.fleet.providers.base import CloudState, PrecheckError
+from respawn_server.jobs.fleet.providers.local import LocalConfig, isolation_off_because
 from tests.conftest import wait_until
 from tests.local_provider.helpers import FAST_AGENT_ENV, launch_request
 

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.fleet.providers.base import CloudState
-from jobs.models import Instance, InterruptionEvent
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.fleet.providers.base import CloudState
+from respawn_server.jobs.models import Instance, InterruptionEvent
 from tests.conftest import ROOT, wait_until
 from tests.factories import make_instance, make_job
 from tests.local_provider.helpers import FAST_AGENT_ENV, alive, launch_request

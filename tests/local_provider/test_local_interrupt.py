@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from jobs.fleet.providers.base import CloudState, PrecheckError
+from respawn_server.jobs.fleet.providers.base import CloudState, PrecheckError
 from tests.conftest import wait_until
 from tests.local_provider.helpers import launch_request
 

@@ -15,9 +15,9 @@ import time
 import pytest
 import requests
 
-from jobs.fleet.providers.base import CapacityError, CloudState, PrecheckError
-from jobs.fleet.providers.local import LocalConfig
-from jobs.fleet.providers.local_vm import proc_stat
+from respawn_server.jobs.fleet.providers.base import CapacityError, CloudState, PrecheckError
+from respawn_server.jobs.fleet.providers.local import LocalConfig
+from respawn_server.jobs.fleet.providers.local_vm import proc_stat
 from tests.conftest import ROOT, wait_until
 from tests.local_provider.helpers import AWS_V100_TRACE, STANDIN_AGENT, alive, launch_request
 
@@ -198,7 +198,7 @@ def test_bad_launch_requests_and_ids_are_refused_with_what_is_wrong(local_provid
     ],
 )
 def test_bad_local_settings_are_refused_with_the_field_named(tmp_path, fields, complaint):
-    from jobs.fleet.providers.local import LocalProvider
+    from respawn_server.jobs.fleet.providers.local import LocalProvider
 
     with pytest.raises(ValueError, match=complaint):
         LocalProvider(LocalConfig(**{"root": str(tmp_path / "vms"), **fields}))
@@ -220,7 +220,7 @@ def test_a_supervisor_that_cannot_start_is_a_precheck_error_and_leaves_no_live_v
 
 
 def test_a_seeded_market_gives_an_instance_the_same_preemption_time_in_every_run(tmp_path):
-    from jobs.fleet.providers.local import LocalProvider
+    from respawn_server.jobs.fleet.providers.local import LocalProvider
 
     def preempt_after(run: str, seed: int) -> float:
         provider = LocalProvider(LocalConfig(root=str(tmp_path / run), agent_command=STANDIN_AGENT, market_mode="rate",

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from jobs.fleet.providers.local_market import MarketConfig, SpotMarket, Trace, load_trace
+from respawn_server.jobs.fleet.providers.local_market import MarketConfig, SpotMarket, Trace, load_trace
 from tests.local_provider.helpers import AWS_V100_TRACE as AWS_V100
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from jobs.fleet.providers.base import CloudState
+from respawn_server.jobs.fleet.providers.base import CloudState
 from respawn.cli.jobspec import load_job_spec
 from tests.conftest import ROOT, wait_until
 from tests.local_provider.helpers import launch_request

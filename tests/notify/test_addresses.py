@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.core.choices import Channel, DeliveryStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.models import Delivery, Subscription
-from jobs.notify import subscriptions
-from jobs.notify.addresses import UnsafeURL, check_url
-from jobs.tasks import deliver_notification
+from respawn_server.jobs.core.choices import Channel, DeliveryStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.notify import subscriptions
+from respawn_server.jobs.notify.addresses import UnsafeURL, check_url
+from respawn_server.jobs.tasks import deliver_notification
 from tests.api.clients import client_for
 from tests.factories import make_team_with_members
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.core import secret_env
-from jobs.core.choices import Channel
-from jobs.core.choices import NotificationKind as Kind
-from jobs.models import Delivery, Subscription
-from jobs.notify import subscriptions
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import Channel
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.notify import subscriptions
 from tests.api.clients import client_for
 from tests.factories import make_team_with_members
 

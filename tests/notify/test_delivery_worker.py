@@ -9,11 +9,11 @@ import pytest
 from django.db import transaction
 
 from respawn import protocol
-from jobs.core.choices import Channel, DeliveryStatus, JobStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.core.transitions import transition_job
-from jobs.models import Delivery, Subscription
-from jobs.notify import subscriptions
+from respawn_server.jobs.core.choices import Channel, DeliveryStatus, JobStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.core.transitions import transition_job
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.notify import subscriptions
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.conftest import celery_worker, share_secrets_key, wait_until

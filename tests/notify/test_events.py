@@ -12,15 +12,15 @@ from django.core import mail
 from django.utils import timezone
 
 from respawn import protocol
-from jobs.core.choices import Channel, DeliveryStatus, EndReason, InstanceState, JobStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.core.services import record_validation
-from jobs.core.transitions import transition_job
-from jobs.fleet import orchestration
-from jobs.models import Checkpoint, Delivery, Job, JobEvent, Notification, Subscription, Team
-from jobs.money.budget import warn_over_budget
-from jobs.notify import events, subscriptions
-from jobs.tasks import deliver_notification
+from respawn_server.jobs.core.choices import Channel, DeliveryStatus, EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.core.services import record_validation
+from respawn_server.jobs.core.transitions import transition_job
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Checkpoint, Delivery, Job, JobEvent, Notification, Subscription, Team
+from respawn_server.jobs.money.budget import warn_over_budget
+from respawn_server.jobs.notify import events, subscriptions
+from respawn_server.jobs.tasks import deliver_notification
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from jobs.core.choices import Channel, DeliveryStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.models import Delivery, Subscription
-from jobs.notify import sending, subscriptions
+from respawn_server.jobs.core.choices import Channel, DeliveryStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.notify import sending, subscriptions
 from tests.api.clients import client_for
 from tests.emulators.azure_compute import _self_signed_context
 from tests.factories import make_team_with_members

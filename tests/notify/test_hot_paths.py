@@ -9,11 +9,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from respawn import protocol
-from jobs.core.choices import Channel, JobStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job, Notification, Subscription
-from jobs.money.seed_prices import seed_price_book
+from respawn_server.jobs.core.choices import Channel, JobStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job, Notification, Subscription
+from respawn_server.jobs.money.seed_prices import seed_price_book
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -15,13 +15,13 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from jobs.core import secret_env
-from jobs.core.choices import Channel, DeliveryStatus, JobStatus
-from jobs.core.choices import NotificationKind as Kind
-from jobs.core.transitions import transition_job
-from jobs.models import Delivery, Subscription
-from jobs.notify import subscriptions
-from jobs.tasks import deliver_notification
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import Channel, DeliveryStatus, JobStatus
+from respawn_server.jobs.core.choices import NotificationKind as Kind
+from respawn_server.jobs.core.transitions import transition_job
+from respawn_server.jobs.models import Delivery, Subscription
+from respawn_server.jobs.notify import subscriptions
+from respawn_server.jobs.tasks import deliver_notification
 from tests.api.clients import client_for
 from tests.factories import make_job, make_team_with_members
 

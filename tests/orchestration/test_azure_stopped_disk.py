@@ -10,14 +10,14 @@ import pytest
 from django.db.models import F
 
 from respawn.protocol import ExitReason
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState
-from jobs.fleet import orchestration
-from jobs.fleet.providers.base import CloudState
-from jobs.fleet.registry import provider_for
-from jobs.models import DiskPriceQuote, Instance, InstanceEvent
-from jobs.money import costs
-from jobs.money.ledger import HOURS_PER_MONTH, MONEY_QUANTUM
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.providers.base import CloudState
+from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.models import DiskPriceQuote, Instance, InstanceEvent
+from respawn_server.jobs.money import costs
+from respawn_server.jobs.money.ledger import HOURS_PER_MONTH, MONEY_QUANTUM
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.factories import make_job, make_team_with_members
 from tests.providers.test_azure import SUBNET, StaticToken

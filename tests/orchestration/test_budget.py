@@ -5,10 +5,10 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.core.choices import InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job, JobEvent, Team
-from jobs.money.budget import warn_over_budget
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job, JobEvent, Team
+from respawn_server.jobs.money.budget import warn_over_budget
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

@@ -11,14 +11,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.fleet.placement import placement_events
-from jobs.fleet.providers.base import CloudState
-from jobs.fleet.registry import provider_for
-from jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
-from jobs.money.costs import job_cost
-from jobs.tasks import AGENT_API_BEAT, reconcile
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.placement import placement_events
+from respawn_server.jobs.fleet.providers.base import CloudState
+from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
+from respawn_server.jobs.money.costs import job_cost
+from respawn_server.jobs.tasks import AGENT_API_BEAT, reconcile
 from tests.conftest import wait_until
 from tests.factories import make_job, make_team_with_members
 from tests.local_provider.helpers import FAST_AGENT_ENV

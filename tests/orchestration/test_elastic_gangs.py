@@ -14,10 +14,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn.protocol import Action
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job, WorldSize
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job, WorldSize
 from tests.factories import make_instance, make_job, make_team_with_members
 
 NODES = 3
@@ -212,8 +212,8 @@ def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db
     requested or booted; restore until a survivor's first step since."""
     from datetime import timedelta
 
-    from jobs.models import StepPoint
-    from jobs.money import costs, downtime
+    from respawn_server.jobs.models import StepPoint
+    from respawn_server.jobs.money import costs, downtime
     from tests.costs.history import T, heartbeats, launched, seed_prices
 
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}

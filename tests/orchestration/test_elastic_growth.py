@@ -13,12 +13,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn.protocol import Action
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.fleet.providers.base import Placement
-from jobs.models import Instance, Job
-from jobs.people.tokens import AGENT_PREFIX, new_token
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.providers.base import Placement
+from respawn_server.jobs.models import Instance, Job
+from respawn_server.jobs.people.tokens import AGENT_PREFIX, new_token
 from tests.factories import make_job, make_team_with_members
 from tests.orchestration.test_elastic_gangs import elastic, gone, rows  # noqa: F401  (elastic: a fixture)
 
@@ -152,7 +152,7 @@ def test_the_money_counts_the_joiners_run_from_the_growth_checkpoint_and_the_sur
     survivor's steps past 100 and 20 past 180; the joiner none. At 180 the joiner resumes
     at the very step rank 2's first run had reached, which it still did not go on from
     (a real e2e run counted 3 steps twice that way)."""
-    from jobs.money import costs
+    from respawn_server.jobs.money import costs
     from tests.costs.history import T, launched, seed_prices
 
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}

@@ -14,10 +14,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from respawn.protocol import Action
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job
 from tests.factories import make_instance, make_job, make_team_with_members
 
 NODES = 2

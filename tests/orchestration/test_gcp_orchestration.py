@@ -4,11 +4,11 @@ the real google-cloud-compute client against the Compute emulator."""
 import pytest
 from django.utils import timezone
 
-from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.fleet.registry import provider_for
-from jobs.models import Instance, InterruptionEvent, Job, PriceQuote
-from jobs.people.tokens import hash_token
+from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, PriceQuote
+from respawn_server.jobs.people.tokens import hash_token
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.factories import make_job, make_team_with_members
 
@@ -154,7 +154,7 @@ def test_vms_the_database_does_not_know_are_terminated(gcp, team):
 
 
 def test_cancel_terminates_every_live_vm(gcp, team, django_capture_on_commit_callbacks):
-    from jobs.core.services import cancel_job
+    from respawn_server.jobs.core.services import cancel_job
 
     job = gcp_job(team)
     instance = launched(job)
@@ -172,7 +172,7 @@ def test_a_launch_whose_message_was_lost_is_sent_again(gcp, team, settings, monk
                                                          django_capture_on_commit_callbacks):
     from datetime import timedelta
 
-    from jobs.core import nudges
+    from respawn_server.jobs.core import nudges
 
     settings.RESPAWN = {**settings.RESPAWN, "LAUNCH_RESEND_S": 30}
     job = gcp_job(team)
@@ -184,7 +184,7 @@ def test_a_launch_whose_message_was_lost_is_sent_again(gcp, team, settings, monk
     monkeypatch.setattr(nudges, "send", lambda task, *args: sent.append((task, *args)))  # the broker boundary
     with django_capture_on_commit_callbacks(execute=True):
         assert orchestration.resend_lost_launches() == 1
-    assert sent == [("jobs.tasks.launch_instance", instance.pk)]
+    assert sent == [("respawn_server.jobs.tasks.launch_instance", instance.pk)]
     orchestration.launch(instance.pk)
     orchestration.launch(instance.pk)  # the original message arriving late changes nothing
     assert len(gcp.instances) == 1

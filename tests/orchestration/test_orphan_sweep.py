@@ -1,7 +1,7 @@
 """The orphan sweep of reconcile on a regional cloud (AWS: one EC2 client per region)."""
 
-from jobs.fleet import orchestration
-from jobs.fleet.registry import provider_for
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.registry import provider_for
 
 
 def test_with_no_aws_instance_in_use_the_sweep_asks_no_region_less_client(settings, db):

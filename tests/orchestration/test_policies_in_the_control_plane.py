@@ -9,11 +9,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn import protocol
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.core.transitions import end_instance
-from jobs.fleet import orchestration
-from jobs.fleet.placement import choose
-from jobs.models import Instance
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.transitions import end_instance
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.placement import choose
+from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.core.transitions import end_instance
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job, Team
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.transitions import end_instance
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job, Team
 from tests.factories import make_job, make_team_with_members
 
 

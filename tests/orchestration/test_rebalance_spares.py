@@ -13,10 +13,10 @@ from django.utils import timezone
 
 from respawn import protocol
 from respawn.protocol import Action
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.fleet import orchestration
-from jobs.models import Instance, InterruptionEvent, Job
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

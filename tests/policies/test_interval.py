@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from jobs.fleet.policies.interval import IntervalBounds, IntervalOverride, checkpoint_interval
-from jobs.fleet.policies.rates import RateEstimate, on_demand_rate
+from respawn_server.jobs.fleet.policies.interval import IntervalBounds, IntervalOverride, checkpoint_interval
+from respawn_server.jobs.fleet.policies.rates import RateEstimate, on_demand_rate
 
 
 def rate(per_hour, notice=0.0):

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jobs.fleet.policies.interval import IntervalBounds, IntervalOverride, checkpoint_interval
-from jobs.fleet.policies.rates import RateEstimate
+from respawn_server.jobs.fleet.policies.interval import IntervalBounds, IntervalOverride, checkpoint_interval
+from respawn_server.jobs.fleet.policies.rates import RateEstimate
 
 COSTS = st.floats(min_value=0.01, max_value=3600, allow_nan=False)
 MTBIS = st.floats(min_value=1.0, max_value=10 * 86400, allow_nan=False)

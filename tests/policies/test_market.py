@@ -4,8 +4,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobs.fleet.policies import market
-from jobs.fleet.policies.market import ON_DEMAND, SPOT, JobClock, deadline_aware, greedy, uniform_progress
+from respawn_server.jobs.fleet.policies import market
+from respawn_server.jobs.fleet.policies.market import ON_DEMAND, SPOT, JobClock, deadline_aware, greedy, uniform_progress
 
 HOUR = 3600.0
 

@@ -2,8 +2,8 @@ import datetime as dt
 
 import pytest
 
-from jobs.fleet.policies.expected_cost import Option, PlacementEvent, backoff_until, choose_placement, expected_wall_s
-from jobs.fleet.policies.rates import RateEstimate, on_demand_rate
+from respawn_server.jobs.fleet.policies.expected_cost import Option, PlacementEvent, backoff_until, choose_placement, expected_wall_s
+from respawn_server.jobs.fleet.policies.rates import RateEstimate, on_demand_rate
 
 HOUR = 3600.0
 

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from jobs.fleet.policies.rates import (AvailabilityPrior, Lifetime, RatePrior, estimate_availability, estimate_rate,
+from respawn_server.jobs.fleet.policies.rates import (AvailabilityPrior, Lifetime, RatePrior, estimate_availability, estimate_rate,
                                        on_demand_rate)
 
 

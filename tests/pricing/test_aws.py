@@ -9,9 +9,9 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import PriceQuote
-from jobs.money.refreshers import refresh
-from jobs.tasks import refresh_prices
+from respawn_server.jobs.models import PriceQuote
+from respawn_server.jobs.money.refreshers import refresh
+from respawn_server.jobs.tasks import refresh_prices
 from tests.pricing.spot_history_proxy import SpotHistoryProxy
 
 pytestmark = pytest.mark.django_db
@@ -97,7 +97,7 @@ def test_a_bad_row_is_skipped_with_a_log_line_naming_it_and_the_rest_is_kept(ec2
         history_row("us-east-1a", "g5.xlarge", "0.9", "2026-11-03T00:00:00.000Z", product="Windows"),
     ]
 
-    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
+    with caplog.at_level(logging.WARNING, logger="respawn_server.jobs.money.refreshers"):
         refresh("aws")
 
     skipped = [r.getMessage() for r in caplog.records if "skipped row" in r.getMessage()]

@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import DiskPriceQuote, PriceQuote
-from jobs.money.refreshers import PriceRefreshError, refresh
-from jobs.money.refreshers.azure import disk_filter, price_filter
-from jobs.tasks import refresh_prices
+from respawn_server.jobs.models import DiskPriceQuote, PriceQuote
+from respawn_server.jobs.money.refreshers import PriceRefreshError, refresh
+from respawn_server.jobs.money.refreshers.azure import disk_filter, price_filter
+from respawn_server.jobs.tasks import refresh_prices
 from tests.emulators.azure_prices import AzurePricesEmulator, disk_row, meter_row
 
 pytestmark = pytest.mark.django_db
@@ -95,7 +95,7 @@ def test_a_broken_item_is_skipped_with_a_log_line_and_the_others_are_kept(azure,
     broken["retailPrice"] = "three dollars"
     azure.items.insert(0, broken)
 
-    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
+    with caplog.at_level(logging.WARNING, logger="respawn_server.jobs.money.refreshers"):
         assert refresh("azure").added == 4
 
     [line] = [r.getMessage() for r in caplog.records if "skipped row" in r.getMessage()]
@@ -166,7 +166,7 @@ def test_a_disk_row_not_priced_per_month_is_skipped_with_a_log_line(azure, caplo
     hourly["unitOfMeasure"] = "1 Hour"
     azure.items.append(hourly)
 
-    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
+    with caplog.at_level(logging.WARNING, logger="respawn_server.jobs.money.refreshers"):
         refresh("azure")
 
     assert refreshed_disks() == {}

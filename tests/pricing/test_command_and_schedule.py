@@ -8,7 +8,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from jobs.money.refreshers import RefreshConfig
+from respawn_server.jobs.money.refreshers import RefreshConfig
 from tests.emulators.azure_prices import AzurePricesEmulator
 from tests.test_settings import CLEAN_ENV, settings_value
 
@@ -60,6 +60,6 @@ def test_no_beat_entry_unless_an_interval_is_set_and_the_endpoints_come_from_the
     expr = ("__import__('json').dumps({k: [v['task'], list(v['args']), v['options']] "
             "for k, v in settings.CELERY_BEAT_SCHEDULE.items() if k != 'reconcile'})")
     assert json.loads(settings_value(expr, env)) == {
-        "refresh-prices-aws": ["jobs.tasks.refresh_prices", ["aws"], {"expires": 3600.0}],
-        "refresh-prices-gcp": ["jobs.tasks.refresh_prices", ["gcp"], {"expires": 3600.0}],
+        "refresh-prices-aws": ["respawn_server.jobs.tasks.refresh_prices", ["aws"], {"expires": 3600.0}],
+        "refresh-prices-gcp": ["respawn_server.jobs.tasks.refresh_prices", ["gcp"], {"expires": 3600.0}],
     }

@@ -9,11 +9,11 @@ from decimal import Decimal
 
 import pytest
 
-from jobs.models import PriceQuote
-from jobs.money.ledger import PriceIndex
-from jobs.money.ledger import PriceQuote as LedgerQuote
-from jobs.money.refreshers import PriceRefreshError, refresh
-from jobs.tasks import refresh_prices
+from respawn_server.jobs.models import PriceQuote
+from respawn_server.jobs.money.ledger import PriceIndex
+from respawn_server.jobs.money.ledger import PriceQuote as LedgerQuote
+from respawn_server.jobs.money.refreshers import PriceRefreshError, refresh
+from respawn_server.jobs.tasks import refresh_prices
 from tests.emulators.gcp_billing import GcpBillingEmulator, sku
 
 pytestmark = pytest.mark.django_db
@@ -71,7 +71,7 @@ def test_a_zone_the_price_book_lists_gets_the_regions_price_so_its_old_row_does_
 
 
 def test_a_machine_missing_a_part_gets_no_quote_and_a_log_line(gcp, caplog):
-    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
+    with caplog.at_level(logging.WARNING, logger="respawn_server.jobs.money.refreshers"):
         refresh("gcp")
 
     assert refreshed("a3-highgpu-8g") == {}
@@ -127,7 +127,7 @@ def test_a_broken_sku_is_skipped_with_a_log_line(gcp, caplog):
     broken["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"]["nanos"] = "lots"
     gcp.skus.insert(0, broken)
 
-    with caplog.at_level(logging.WARNING, logger="jobs.money.refreshers"):
+    with caplog.at_level(logging.WARNING, logger="respawn_server.jobs.money.refreshers"):
         refresh("gcp")
 
     [line] = [r.getMessage() for r in caplog.records if "Nvidia L4" in r.getMessage()]

@@ -10,8 +10,8 @@ from urllib.parse import parse_qsl
 
 import requests
 
-from jobs.fleet.agent_dist import AgentDist
-from jobs.fleet.providers.base import LaunchRequest, Placement, render_user_data
+from respawn_server.jobs.fleet.agent_dist import AgentDist
+from respawn_server.jobs.fleet.providers.base import LaunchRequest, Placement, render_user_data
 
 
 class MotoRecorder:

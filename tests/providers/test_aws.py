@@ -8,9 +8,9 @@ import base64
 import boto3
 import pytest
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.aws import AwsConfig, AwsCredentials, AwsProvider
-from jobs.fleet.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, PrecheckError, TransientError
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.aws import AwsConfig, AwsCredentials, AwsProvider
+from respawn_server.jobs.fleet.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, PrecheckError, TransientError
 from tests.emulators.ec2_faults import Ec2FaultProxy
 from tests.providers.helpers import USER_DATA, client_token, make_request
 

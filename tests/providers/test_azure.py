@@ -9,9 +9,9 @@ import time
 import pytest
 from azure.core.credentials import AccessToken
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.azure import AzureConfig, AzureProvider
-from jobs.fleet.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, PrecheckError, TransientError
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.azure import AzureConfig, AzureProvider
+from respawn_server.jobs.fleet.providers.base import TAG_INSTANCE, TAG_JOB, CapacityError, CloudState, PrecheckError, TransientError
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.providers.helpers import USER_DATA, make_request
 

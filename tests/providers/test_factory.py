@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.fleet.providers import get_provider
-from jobs.fleet.providers.aws import AwsCredentials, AwsProvider
-from jobs.fleet.providers.base import CloudState
+from respawn_server.jobs.fleet.providers import get_provider
+from respawn_server.jobs.fleet.providers.aws import AwsCredentials, AwsProvider
+from respawn_server.jobs.fleet.providers.base import CloudState
 
 
 def test_it_builds_a_configured_provider_that_works(moto_url, moto):

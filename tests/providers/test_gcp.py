@@ -7,10 +7,10 @@ import uuid
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.base import (LABEL_INSTANCE, LABEL_JOB, CapacityError, CloudState, PrecheckError,
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.base import (LABEL_INSTANCE, LABEL_JOB, CapacityError, CloudState, PrecheckError,
                                        TransientError)
-from jobs.fleet.providers.gcp import GcpConfig, GcpProvider
+from respawn_server.jobs.fleet.providers.gcp import GcpConfig, GcpProvider
 from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.providers.helpers import USER_DATA, client_token, make_request
 

@@ -9,10 +9,10 @@ import boto3
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.aws import AwsConfig, AwsProvider
-from jobs.fleet.providers.base import CloudState, DrillUnsupported, MissingPermission
-from jobs.fleet.providers.gcp import GcpConfig, GcpProvider
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.aws import AwsConfig, AwsProvider
+from respawn_server.jobs.fleet.providers.base import CloudState, DrillUnsupported, MissingPermission
+from respawn_server.jobs.fleet.providers.gcp import GcpConfig, GcpProvider
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.emulators.fis import FisEmulator
 from tests.emulators.gcp_compute import GcpComputeEmulator

@@ -10,8 +10,8 @@ import boto3
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
-from jobs.fleet.providers.aws import AwsConfig, AwsProvider
-from jobs.fleet.providers.gcp import GcpConfig, GcpProvider
+from respawn_server.jobs.fleet.providers.aws import AwsConfig, AwsProvider
+from respawn_server.jobs.fleet.providers.gcp import GcpConfig, GcpProvider
 from tests.providers.test_aws import CREDS, REGION, aws_request
 from tests.providers.test_aws import ami, aws, ec2  # noqa: F401  (fixtures)
 from tests.providers.test_azure import arm, azure_provider, azure_request  # noqa: F401  (arm: a fixture)

@@ -11,9 +11,9 @@ import pytest
 from django.utils import timezone
 
 from respawn import protocol
-from jobs.core import services
-from jobs.core.choices import EndReason, InstanceState, JobStatus
-from jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, LogChunk
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, LogChunk
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 

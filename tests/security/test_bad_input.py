@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
-from jobs.core.choices import InstanceState
-from jobs.models import Job
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.models import Job
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job
 

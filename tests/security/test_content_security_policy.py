@@ -11,8 +11,8 @@ import re
 import pytest
 from django.test import Client
 
-from jobs.core.choices import Role
-from jobs.money.seed_prices import seed_price_book
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.money.seed_prices import seed_price_book
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_job
 

@@ -11,8 +11,8 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.test import Client
 from rest_framework.test import APIClient
 
-from jobs.core.choices import JobStatus
-from jobs.models import ApiToken, Job
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import ApiToken, Job
 from tests.api.clients import client_for
 from tests.conftest import WebServer
 from tests.factories import make_job

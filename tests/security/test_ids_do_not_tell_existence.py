@@ -9,8 +9,8 @@ import re
 import pytest
 from django.test import Client
 
-from jobs.core.choices import Role
-from jobs.models import Checkpoint, InterruptionEvent
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.models import Checkpoint, InterruptionEvent
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 

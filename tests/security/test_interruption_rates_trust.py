@@ -13,10 +13,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn import protocol
-from jobs.core.choices import InstanceState
-from jobs.fleet import orchestration
-from jobs.fleet.placement import placement_events
-from jobs.models import Instance
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.placement import placement_events
+from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_person, make_team_with_members
 from tests.orchestration.test_azure_stopped_disk import arm, azure, launched_spot  # noqa: F401  (fixtures)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from jobs.core.choices import Role
-from jobs.models import Membership
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.models import Membership
 from tests.api.clients import client_for
 from tests.factories import make_job
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from jobs.models import Job
+from respawn_server.jobs.models import Job
 from respawn.cli.jobspec import InvalidSpec, load_job_spec
 from tests.api.clients import client_for
 

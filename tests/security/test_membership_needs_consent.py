@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from jobs.core.choices import AuditAction, Role
-from jobs.models import Invitation, Membership
+from respawn_server.jobs.core.choices import AuditAction, Role
+from respawn_server.jobs.models import Invitation, Membership
 from tests.api.clients import client_for
 from tests.factories import make_person, make_team_with_members
 

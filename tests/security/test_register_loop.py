@@ -10,10 +10,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
-from jobs.core.services import REGISTER_MAX_FAILURES
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job
+from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
+from respawn_server.jobs.core.services import REGISTER_MAX_FAILURES
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job
 

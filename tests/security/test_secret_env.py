@@ -11,9 +11,9 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
-from jobs.core import secret_env
-from jobs.core.choices import InstanceState, Role
-from jobs.models import AuditEvent, Instance, Job
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.core.choices import InstanceState, Role
+from respawn_server.jobs.models import AuditEvent, Instance, Job
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance
 

@@ -15,9 +15,9 @@ import pytest
 import requests
 from django.db import connection
 
-from jobs.core.choices import JobStatus
-from jobs.fleet.providers.local import LocalConfig, isolation_off_because
-from jobs.models import Job, LogChunk
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.fleet.providers.local import LocalConfig, isolation_off_because
+from respawn_server.jobs.models import Job, LogChunk
 from tests.conftest import WebServer, start_worker_and_beat, wait_until
 from tests.factories import make_team_with_members
 

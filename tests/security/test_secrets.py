@@ -34,7 +34,7 @@ def test_no_committed_file_holds_a_secret():
 
 def secret_key(var_dir, **variables) -> str:
     """SECRET_KEY as a fresh process with only these variables set sees it."""
-    env = {"PATH": "/usr/bin:/bin", "RESPAWN_VAR_DIR": str(var_dir), "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+    env = {"PATH": "/usr/bin:/bin", "RESPAWN_VAR_DIR": str(var_dir), "DJANGO_SETTINGS_MODULE": "respawn_server.settings",
            **variables}
     code = "import django; django.setup(); from django.conf import settings; print(settings.SECRET_KEY)"
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -10,8 +10,8 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from jobs.core.choices import Role
-from jobs.models import Team
+from respawn_server.jobs.core.choices import Role
+from respawn_server.jobs.models import Team
 from tests.api.clients import client_for
 from tests.factories import make_team_with_members
 

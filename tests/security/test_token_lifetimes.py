@@ -12,8 +12,8 @@ import requests
 from django.utils import timezone
 
 from respawn import protocol
-from jobs.core.choices import EndReason, InstanceState
-from jobs.models import Instance
+from respawn_server.jobs.core.choices import EndReason, InstanceState
+from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.factories import make_instance, make_job
 

@@ -8,9 +8,9 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from respawn import protocol
-from jobs.core.choices import InstanceState
-from jobs.fleet.orchestration import bootstrap_token_for
-from jobs.people.tokens import hash_token
+from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.fleet.orchestration import bootstrap_token_for
+from respawn_server.jobs.people.tokens import hash_token
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job

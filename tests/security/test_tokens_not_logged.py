@@ -10,8 +10,8 @@ import sys
 import pytest
 import requests
 
-from jobs.core.choices import JobStatus
-from jobs.models import Instance, Job
+from respawn_server.jobs.core.choices import JobStatus
+from respawn_server.jobs.models import Instance, Job
 from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_job
 from tests.security.leaks import tokens_in, tokens_in_database, tokens_in_files

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from respawn import protocol
-from jobs.core import services
-from jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus, Market, Purpose
-from jobs.core.transitions import end_instance
-from jobs.fleet import orchestration
-from jobs.models import Instance, Job
+from respawn_server.jobs.core import services
+from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus, Market, Purpose
+from respawn_server.jobs.core.transitions import end_instance
+from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.models import Instance, Job
 from respawn.cli.jobspec import InvalidSpec, load_job_spec
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for

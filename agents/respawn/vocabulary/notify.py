@@ -1,10 +1,10 @@
 """What a person may be notified of, and how: the names the CLI and the control plane
-share (jobs.core.choices re-exports them; standard library only, the CLI never
+share (respawn_server.jobs.core.choices re-exports them; standard library only, the CLI never
 imports Django)."""
 
 
 class NotificationKind:
-    """What a subscription may ask to be told of (jobs.notify)."""
+    """What a subscription may ask to be told of (respawn_server.jobs.notify)."""
 
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"

@@ -30,8 +30,8 @@ import datetime as dt
 import math
 from dataclasses import dataclass, replace
 
-from jobs.fleet.policies.interval import IntervalBounds, checkpoint_interval
-from jobs.fleet.policies.rates import RateEstimate
+from respawn_server.jobs.fleet.policies.interval import IntervalBounds, checkpoint_interval
+from respawn_server.jobs.fleet.policies.rates import RateEstimate
 
 CAPACITY_BACKOFF_S = 300.0
 CAPACITY_BACKOFF_MAX_S = 3600.0

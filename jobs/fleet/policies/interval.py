@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from jobs.fleet.policies.rates import RateEstimate
+from respawn_server.jobs.fleet.policies.rates import RateEstimate
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from jobs.fleet.providers.base import Provider
+from respawn_server.jobs.fleet.providers.base import Provider
 
 # name -> (module, provider class, config dataclass).
 PROVIDERS: dict[str, tuple[str, str, str]] = {
-    "aws": ("jobs.fleet.providers.aws", "AwsProvider", "AwsConfig"),
-    "gcp": ("jobs.fleet.providers.gcp", "GcpProvider", "GcpConfig"),
-    "azure": ("jobs.fleet.providers.azure", "AzureProvider", "AzureConfig"),
-    "local": ("jobs.fleet.providers.local", "LocalProvider", "LocalConfig"),
+    "aws": ("respawn_server.jobs.fleet.providers.aws", "AwsProvider", "AwsConfig"),
+    "gcp": ("respawn_server.jobs.fleet.providers.gcp", "GcpProvider", "GcpConfig"),
+    "azure": ("respawn_server.jobs.fleet.providers.azure", "AzureProvider", "AzureConfig"),
+    "local": ("respawn_server.jobs.fleet.providers.local", "LocalProvider", "LocalConfig"),
 }
 
 

@@ -18,11 +18,11 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, HTTPClientError, NoCredentialsError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CloudInstance, CloudState, DrillUnsupported,
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CloudInstance, CloudState, DrillUnsupported,
                                        LaunchRequest, PrecheckError, Provider, TransientError)
-from jobs.fleet.providers.errors import ErrorCodes, naming_permission
-from jobs.fleet.providers.tags import ids_from_tags
+from respawn_server.jobs.fleet.providers.errors import ErrorCodes, naming_permission
+from respawn_server.jobs.fleet.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
     transient=frozenset(

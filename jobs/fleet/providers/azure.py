@@ -16,11 +16,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CapacityError, CloudInstance, CloudState, LaunchRequest,
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.base import (TAG_INSTANCE, TAG_JOB, CapacityError, CloudInstance, CloudState, LaunchRequest,
                                        PrecheckError, Provider, TransientError)
-from jobs.fleet.providers.errors import ErrorCodes, naming_permission
-from jobs.fleet.providers.tags import ids_from_tags
+from respawn_server.jobs.fleet.providers.errors import ErrorCodes, naming_permission
+from respawn_server.jobs.fleet.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
     transient=frozenset({"TooManyRequests", "InternalServerError", "InternalExecutionError"}),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from respawn.agent import EXIT_INSTANCE_ENDED
-from jobs.core.choices import Market
+from respawn_server.jobs.core.choices import Market
 
 TAG_JOB = "respawn:job"
 TAG_INSTANCE = "respawn:instance"
@@ -154,7 +154,7 @@ class Provider(ABC):
 
     def interrupt(self, provider_instance_id: str, *, with_notice: bool) -> str:
         """Interrupt the VM on purpose through the cloud's own API, as a reclaim would (a
-        drill, jobs.drills): with the cloud's own notice first, or without one (a hard
+        drill, respawn_server.jobs.drills): with the cloud's own notice first, or without one (a hard
         reclaim). Returns what the cloud named the interruption (an experiment id, an
         operation), for the record. Raises MissingPermission when the cloud refuses it
         for lack of the (optional) permission, DrillUnsupported when this cloud cannot."""
@@ -304,7 +304,7 @@ def render_agent_unit(*, control_plane_url: str, provider: str, env: dict[str, s
 
 
 class AgentWheel(Protocol):
-    """The agent's wheel VMs install, as jobs.fleet.agent_dist.AgentDist records it."""
+    """The agent's wheel VMs install, as respawn_server.jobs.fleet.agent_dist.AgentDist records it."""
 
     wheel: str  # the wheel's file name
     wheel_sha256: str

@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from jobs.fleet.providers.base import CapacityError, MissingPermission, PrecheckError, ProviderError, TransientError
+from respawn_server.jobs.fleet.providers.base import CapacityError, MissingPermission, PrecheckError, ProviderError, TransientError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from jobs.core.choices import Market
-from jobs.fleet.providers.base import (LABEL_INSTANCE, LABEL_JOB, CloudInstance, CloudState, LaunchRequest,
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.base import (LABEL_INSTANCE, LABEL_JOB, CloudInstance, CloudState, LaunchRequest,
                                        PrecheckError, Provider, TransientError)
-from jobs.fleet.providers.errors import ErrorCodes, naming_permission
-from jobs.fleet.providers.tags import ids_from_tags
+from respawn_server.jobs.fleet.providers.errors import ErrorCodes, naming_permission
+from respawn_server.jobs.fleet.providers.tags import ids_from_tags
 
 ERROR_CODES = ErrorCodes(
     transient=frozenset({"rateLimitExceeded", "userRateLimitExceeded", "backendError", "internalError", "resourceNotReady"}),

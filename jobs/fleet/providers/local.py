@@ -1,6 +1,6 @@
 """The local provider (DESIGN §10): "VMs" are detached supervisor processes on this
-machine (jobs.fleet.providers.local_vm), preempted by a simulated spot market
-(jobs.fleet.providers.local_market).
+machine (respawn_server.jobs.fleet.providers.local_vm), preempted by a simulated spot market
+(respawn_server.jobs.fleet.providers.local_market).
 
 Each VM has a directory `<root>/<vm id>/`; its files are the provider's whole
 state, so any process on the machine (every Celery worker, `make demo` stopping)
@@ -43,10 +43,10 @@ from urllib.parse import urlsplit
 
 import respawn
 from respawn.agent.config import SETTINGS_ENV
-from jobs.core.choices import Market
-from jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, LaunchRequest, PrecheckError, Provider
-from jobs.fleet.providers.local_market import MarketConfig, SpotMarket
-from jobs.fleet.providers.local_vm import (VmDir, VmSpec, is_running, kill_vm_processes, read_json, vm_processes,
+from respawn_server.jobs.core.choices import Market
+from respawn_server.jobs.fleet.providers.base import CapacityError, CloudInstance, CloudState, LaunchRequest, PrecheckError, Provider
+from respawn_server.jobs.fleet.providers.local_market import MarketConfig, SpotMarket
+from respawn_server.jobs.fleet.providers.local_vm import (VmDir, VmSpec, is_running, kill_vm_processes, read_json, vm_processes,
                                            write_json_atomic)
 
 log = logging.getLogger("respawn.local")
@@ -76,7 +76,7 @@ class LocalConfig:
     zones: tuple[str, ...] = ("local-a", "local-b", "local-c")
     """Zones a placement may name (the price book lists local-a..c)."""
     market_mode: str = "none"
-    """none | every | rate | trace (see jobs.fleet.providers.local_market)."""
+    """none | every | rate | trace (see respawn_server.jobs.fleet.providers.local_market)."""
     market_every_s: float = 60.0
     market_rate_per_hour: float = 1.0
     market_trace_files: Mapping[str, str] = field(default_factory=dict)
@@ -373,7 +373,7 @@ class LocalProvider(Provider):
         with open(os.open(vm.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
             try:
                 launcher = subprocess.Popen(
-                    [self.config.python, "-m", "jobs.fleet.providers.local_vm", str(vm.path)],
+                    [self.config.python, "-m", "respawn_server.jobs.fleet.providers.local_vm", str(vm.path)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                 )
                 code = launcher.wait(self.config.boot_timeout_s)

@@ -2,7 +2,7 @@
 own that serves the VM's metadata endpoint and runs the agent, and that the local
 provider finds again through files in the VM's directory.
 
-    python -m jobs.fleet.providers.local_vm VM_DIR
+    python -m respawn_server.jobs.fleet.providers.local_vm VM_DIR
 
 VM_DIR must hold `vm.json` (written by the provider: see VmSpec). The command
 forks the supervisor, records its pid and start time in `pid.json` and returns at
@@ -377,7 +377,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jobs.fleet.providers.local_vm", description="Boot a local VM from VM_DIR/vm.json, detached.")
+    parser = argparse.ArgumentParser(prog="python -m respawn_server.jobs.fleet.providers.local_vm", description="Boot a local VM from VM_DIR/vm.json, detached.")
     parser.add_argument("vm_dir")
     args = parser.parse_args(argv)
     os.umask(0o077)  # the supervisor's files (pid, metadata URL, its end) are no VM's business

@@ -1,4 +1,4 @@
-"""`manage.py build_agent_wheel`: the agent's wheel VMs install (jobs.fleet.agent_dist).
+"""`manage.py build_agent_wheel`: the agent's wheel VMs install (respawn_server.jobs.fleet.agent_dist).
 
 Run at install and deploy time (make install, the control plane's Docker image), and
 after changing `agents/`: VMs launched afterwards get the new wheel."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand
 
-from jobs.fleet import agent_dist
+from respawn_server.jobs.fleet import agent_dist
 
 
 class Command(BaseCommand):

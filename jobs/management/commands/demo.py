@@ -14,12 +14,12 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.core.choices import JobStatus, Role
-from jobs.core.services import create_job
-from jobs.fleet.orchestration import terminate_local_vms
-from jobs.management.children import Child
-from jobs.models import ApiToken, Job, Membership, Team
-from jobs.people.tokens import PERSONAL_PREFIX, new_token
+from respawn_server.jobs.core.choices import JobStatus, Role
+from respawn_server.jobs.core.services import create_job
+from respawn_server.jobs.fleet.orchestration import terminate_local_vms
+from respawn_server.jobs.management.children import Child
+from respawn_server.jobs.models import ApiToken, Job, Membership, Team
+from respawn_server.jobs.people.tokens import PERSONAL_PREFIX, new_token
 
 DEMO_USER, DEMO_PASSWORD, DEMO_TEAM = "demo", "demo-password", "demo"
 WEB_START_TIMEOUT_S = 60.0
@@ -121,9 +121,9 @@ class Demo:
         env = {"RESPAWN_LOCAL_MARKET": "every", "RESPAWN_LOCAL_PREEMPT_EVERY_S": "120",
                "RESPAWN_LOCAL_NOTICE_S": "10", **os.environ, "RESPAWN_API_URL": self.url}
         python = sys.executable
-        celery = [python, "-m", "celery", "-A", "controlplane"]
+        celery = [python, "-m", "celery", "-A", "respawn_server"]
         commands = {
-            "web": [python, "-m", "gunicorn", "controlplane.wsgi", "-b", f"127.0.0.1:{self.port}", "--workers", "2",
+            "web": [python, "-m", "gunicorn", "respawn_server.wsgi", "-b", f"127.0.0.1:{self.port}", "--workers", "2",
                     "--threads", "4", "--graceful-timeout", str(GRACE_S),
                     "--access-logfile", str(self.logs / "web-access.log")],
             "worker": [*celery, "worker", "--loglevel", "INFO", "--concurrency", "2"],

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
-from jobs.money.pricebook import load_price_book
-from jobs.money.seed_prices import seed_price_book
+from respawn_server.jobs.money.pricebook import load_price_book
+from respawn_server.jobs.money.seed_prices import seed_price_book
 
 
 class Command(BaseCommand):

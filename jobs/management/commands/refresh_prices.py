@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.money.refreshers import REFRESHERS, PriceRefreshError, refresh
+from respawn_server.jobs.money.refreshers import REFRESHERS, PriceRefreshError, refresh
 
 
 class Command(BaseCommand):

@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from jobs.core import secret_env
-from jobs.models import Job, Subscription
+from respawn_server.jobs.core import secret_env
+from respawn_server.jobs.models import Job, Subscription
 
 
 class Command(BaseCommand):

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 from django.utils import timezone
 
-from jobs.money.refreshers.config import RefreshConfig
-from jobs.money.refreshers.quotes import PriceRefreshError, Quote, priced_disks, priced_types, store_quotes
+from respawn_server.jobs.money.refreshers.config import RefreshConfig
+from respawn_server.jobs.money.refreshers.quotes import PriceRefreshError, Quote, priced_disks, priced_types, store_quotes
 
 __all__ = ["REFRESHERS", "PriceRefreshError", "RefreshConfig", "RefreshResult", "refresh"]
 
@@ -57,18 +57,18 @@ def _batches(provider: str, wanted: dict[str, set[str]], config: RefreshConfig):
     page or region keeps what was already read (each quote is true on its own).
     GCP's come in one list: a machine's price needs parts from any page."""
     if provider == "aws":
-        from jobs.money.refreshers.aws import spot_quote_pages
+        from respawn_server.jobs.money.refreshers.aws import spot_quote_pages
 
         now = timezone.now()
         for region, types in sorted(wanted.items()):
             yield from spot_quote_pages(region, types, config, now)
     elif provider == "azure":
-        from jobs.money.refreshers.azure import disk_quote_pages, retail_quote_pages
+        from respawn_server.jobs.money.refreshers.azure import disk_quote_pages, retail_quote_pages
 
         yield from retail_quote_pages(wanted, config)
         yield from disk_quote_pages(set(wanted), priced_disks("azure") | {_configured_azure_disk()}, config)
     else:
-        from jobs.money.refreshers.gcp import catalog_quotes
+        from respawn_server.jobs.money.refreshers.gcp import catalog_quotes
 
         yield _changed(_in_known_zones(list(catalog_quotes(wanted, config))))
 
@@ -77,7 +77,7 @@ def _configured_azure_disk() -> str:
     """The price SKU of the OS disk this deployment's Azure VMs get (AzureConfig.os_disk_tier)."""
     from django.conf import settings
 
-    from jobs.fleet.providers.azure import DEFAULT_OS_DISK_TIER, os_disk_price_sku
+    from respawn_server.jobs.fleet.providers.azure import DEFAULT_OS_DISK_TIER, os_disk_price_sku
 
     config = settings.RESPAWN["PROVIDER_CONFIG"].get("azure", {})
     return os_disk_price_sku(config.get("os_disk_tier", DEFAULT_OS_DISK_TIER))
@@ -87,7 +87,7 @@ def _in_known_zones(quotes: list[Quote]) -> list[Quote]:
     """Each region-wide quote again for every zone the database prices that type in:
     Google's price is the same in every zone of a region, and a zone's own (older)
     row would otherwise win over a newer region-wide one (DESIGN §8's look-up)."""
-    from jobs.models import PriceQuote
+    from respawn_server.jobs.models import PriceQuote
 
     zones: dict[tuple, set[str]] = {}
     for region, instance_type, market, zone in (PriceQuote.objects.filter(provider="gcp").exclude(zone="")
@@ -101,7 +101,7 @@ def _in_known_zones(quotes: list[Quote]) -> list[Quote]:
 def _changed(quotes: list[Quote]) -> list[Quote]:
     """Composed GCP quotes whose price differs from the latest stored one: the
     catalog's effectiveTime moves with every fetch even when no price does."""
-    from jobs.models import PriceQuote
+    from respawn_server.jobs.models import PriceQuote
 
     kept = []
     for quote in quotes:

@@ -13,8 +13,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from jobs.money.refreshers.config import RefreshConfig
-from jobs.money.refreshers.quotes import BadRow, PriceRefreshError, Quote, as_utc, field, hourly_price, skip_bad_row
+from respawn_server.jobs.money.refreshers.config import RefreshConfig
+from respawn_server.jobs.money.refreshers.quotes import BadRow, PriceRefreshError, Quote, as_utc, field, hourly_price, skip_bad_row
 
 SOURCE = "aws DescribeSpotPriceHistory"
 # "Linux/UNIX (Amazon VPC)" is the same price under EC2-Classic's old name (moto still says it).

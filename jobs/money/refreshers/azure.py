@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from jobs.money.refreshers.config import RefreshConfig
-from jobs.money.refreshers.quotes import (BadRow, DiskQuote, PriceRefreshError, Quote, decode_json_object, field,
+from respawn_server.jobs.money.refreshers.config import RefreshConfig
+from respawn_server.jobs.money.refreshers.quotes import (BadRow, DiskQuote, PriceRefreshError, Quote, decode_json_object, field,
                                           hourly_price, monthly_price, skip_bad_row, utc_timestamp)
 
 SOURCE = "azure retail prices"

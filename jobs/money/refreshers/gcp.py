@@ -23,8 +23,8 @@ from decimal import Decimal
 
 import requests
 
-from jobs.money.refreshers.config import RefreshConfig
-from jobs.money.refreshers.quotes import (BadRow, PriceRefreshError, Quote, decode_json_object, field, hourly_price,
+from respawn_server.jobs.money.refreshers.config import RefreshConfig
+from respawn_server.jobs.money.refreshers.quotes import (BadRow, PriceRefreshError, Quote, decode_json_object, field, hourly_price,
                                           skip_bad_row, utc_timestamp)
 
 SOURCE = "gcp billing catalog"

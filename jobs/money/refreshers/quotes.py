@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from jobs.models import DiskPriceQuote, Instance, PriceQuote
+from respawn_server.jobs.models import DiskPriceQuote, Instance, PriceQuote
 
 log = logging.getLogger(__name__)
 
