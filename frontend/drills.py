@@ -10,8 +10,8 @@ from django.views.decorators.http import require_POST
 
 from respawn_server.frontend import access
 from respawn_server.jobs.drills import report
-from respawn_server.jobs.drills.models import Drill
 from respawn_server.jobs.drills.services import DrillConflict, request_drill
+from respawn_server.jobs.models import Drill
 
 
 @require_POST

@@ -1,5 +1,7 @@
 """The control plane's domain, one subpackage per subsystem.
 
+- `models/`: the tables of every subsystem, one module each, under all of them
+  (its docstring says why they are not in the subsystems' folders).
 - `core/`: what happens to jobs and instances — the enums and transition tables
   (choices), the guarded status writes (transitions), the domain operations
   (services), the audit log, job logs, and the work handed to workers by task
@@ -15,11 +17,12 @@
   (heard through `core.signals`), URL checks, and sending with retries.
 - `api/`: the REST API (people's and agents') and Prometheus `/metrics`.
 
-At the top, Django's and Celery's conventions: models, admin, apps, tasks (the
-task names are a wire contract), migrations, management commands.
+At the top, Django's and Celery's conventions: admin, apps, tasks (the task names
+are a wire contract), migrations, management commands.
 
 Imports point one way: core ← fleet, money, people ← api, tasks, management,
 frontend. A subsystem may use another's modules (the fleet prices with money's
 costs) but never api, tasks or frontend; no two modules import each other, even
-through others (tests/test_layout.py).
+through others; the tables (models/) import only the core's choices
+(tests/test_layout.py).
 """

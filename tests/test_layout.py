@@ -103,6 +103,15 @@ def test_the_core_imports_no_subsystem(imports):
     assert not wrong
 
 
+def test_the_tables_import_no_subsystem(imports):
+    # The tables are the layer under every subsystem (jobs/models/__init__.py): a core
+    # module importing one must reach no other subsystem through it.
+    wrong = {(module, name) for module, names in imports.items() if under(module, ["respawn_server.jobs.models"])
+             for name in names if under(name, ["respawn_server.jobs"])
+             and not under(name, ["respawn_server.jobs.models", "respawn_server.jobs.core.choices"])}
+    assert not wrong
+
+
 def test_subsystems_import_neither_the_api_nor_tasks_nor_the_dashboard(imports):
     inner = ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.notify", "respawn_server.jobs.models"]
     wrong = {(module, name) for module, names in imports.items() if under(module, inner) for name in names

@@ -11,8 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from respawn_server.jobs.core.choices import CheckpointKind, DrillStatus, InterruptionKind, JobStatus, ValidationResult
-from respawn_server.jobs.drills.models import Drill
-from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, MetricPoint
+from respawn_server.jobs.models import Checkpoint, Drill, Instance, InterruptionEvent, Job, MetricPoint
 
 PHASES = ("notice_seen_at", "save_committed_at", "replacement_requested_at", "replacement_booted_at", "validated_at",
           "training_again_at")

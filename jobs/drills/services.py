@@ -13,10 +13,9 @@ from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.audit import record_audit
 from respawn_server.jobs.core.choices import AuditAction, DrillStatus, InstanceState, InterruptionKind, JobStatus, NoticeSource, Purpose
 from respawn_server.jobs.core.transitions import log_job_event
-from respawn_server.jobs.drills.models import Drill
 from respawn_server.jobs.fleet.providers.base import MissingPermission, ProviderError, TransientError
 from respawn_server.jobs.fleet.registry import provider_for
-from respawn_server.jobs.models import Instance, InterruptionEvent, Job
+from respawn_server.jobs.models import Drill, Instance, InterruptionEvent, Job
 
 log = logging.getLogger(__name__)
 

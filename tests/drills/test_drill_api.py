@@ -5,8 +5,7 @@ import pytest
 
 from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import AuditAction, DrillStatus, InstanceState, JobStatus
-from respawn_server.jobs.drills.models import Drill
-from respawn_server.jobs.models import AuditEvent, JobEvent
+from respawn_server.jobs.models import AuditEvent, Drill, JobEvent
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -12,10 +12,9 @@ from respawn_server.jobs.core.services import after_instance_ended
 from respawn_server.jobs.core.transitions import end_instance
 from respawn_server.jobs.drills import services
 from respawn_server.jobs.core.drilled import caused_by_drill
-from respawn_server.jobs.drills.models import Drill
 from respawn_server.jobs.fleet import placement
 from respawn_server.jobs.fleet.providers.base import MissingPermission, TransientError
-from respawn_server.jobs.models import Instance, InterruptionEvent, Job
+from respawn_server.jobs.models import Drill, Instance, InterruptionEvent, Job
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

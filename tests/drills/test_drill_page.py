@@ -6,7 +6,7 @@ from django.test import Client
 
 from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
-from respawn_server.jobs.drills.models import Drill
+from respawn_server.jobs.models import Drill
 from tests.factories import make_instance, make_job, make_team_with_members
 
 

@@ -11,8 +11,7 @@ from django.utils import timezone
 
 from respawn_server.jobs.core.choices import CheckpointKind, DrillStatus, InstanceState, InterruptionKind, JobStatus
 from respawn_server.jobs.drills import report
-from respawn_server.jobs.drills.models import Drill
-from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint
+from respawn_server.jobs.models import Checkpoint, Drill, Instance, InterruptionEvent, MetricPoint
 from respawn.cli import commands
 from respawn.cli.__main__ import main
 from respawn.cli.errors import EXIT_FAILED, CliError

@@ -14,8 +14,7 @@ import requests
 
 from respawn_server.jobs.core.choices import CheckpointKind, DrillStatus, InterruptionKind, JobStatus
 from respawn_server.jobs.drills import report
-from respawn_server.jobs.drills.models import Drill
-from respawn_server.jobs.models import Checkpoint, InterruptionEvent, Job, MetricPoint
+from respawn_server.jobs.models import Checkpoint, Drill, InterruptionEvent, Job, MetricPoint
 from tests.conftest import WebServer, wait_until
 from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members

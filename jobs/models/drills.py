@@ -1,5 +1,5 @@
-"""The Drill table: one row per drill asked for, its phases as they happened and its
-verdict. Imported by respawn_server.jobs.models, so it belongs to the `jobs` app."""
+"""The drills' table: one row per drill asked for, its phases as they happened and its
+verdict (respawn_server.jobs.drills)."""
 
 from django.conf import settings
 from django.db import models

@@ -1,5 +1,7 @@
-"""The domain's tables (DESIGN §3). Status fields change only through
-`respawn_server.jobs.core.transitions`, which guards every update with the expected old state."""
+"""The core's tables: teams, jobs and their instances (one VM lifetime each), the
+checkpoints they commit, the events of each, and the audit log. Status fields change
+only through `respawn_server.jobs.core.transitions`, which guards every update with the
+expected old state."""
 
 import uuid
 
@@ -16,18 +18,14 @@ from respawn_server.jobs.core.choices import (
     PURPOSE_CHOICES,
     VALIDATION_CHOICES,
     AuditAction,
-    Channel,
     CheckpointKind,
-    DeliveryStatus,
     EndReason,
     FailureCause,
     InstanceState,
     InterruptionKind,
     JobStatus,
     Market,
-    NotificationKind,
     Purpose,
-    Role,
     ValidationResult,
 )
 
@@ -53,34 +51,6 @@ class Team(models.Model):
 
     def __str__(self):
         return self.name
-
-
-class Membership(models.Model):
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=10, choices=Role.CHOICES, default=Role.MEMBER)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "team"], name="membership_user_team_unique")]
-
-    def __str__(self):
-        return f"{self.user} in {self.team} as {self.role}"
-
-
-class ApiToken(models.Model):
-    """A person's API token. Only its SHA-256 is stored; the token is shown once."""
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
-    name = models.CharField(max_length=100)
-    key_hash = models.CharField(max_length=64, unique=True)
-    prefix = models.CharField(max_length=12, help_text="First characters, to tell tokens apart in lists.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    def __str__(self):
-        return f"{self.name} ({self.prefix}…)"
 
 
 class SourceArchive(models.Model):
@@ -452,120 +422,6 @@ class Checkpoint(models.Model):
         return f"checkpoint {self.checkpoint_id} step {self.step}"
 
 
-class MetricPoint(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
-    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="metrics")
-    time = models.DateTimeField()
-    step = models.PositiveBigIntegerField()
-    loss = models.FloatField(null=True, blank=True)
-    samples_per_s = models.FloatField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["time", "id"]
-        indexes = [models.Index(fields=["job", "time"], name="metric_job_time_idx")]
-
-
-class StepPoint(models.Model):
-    """One training step as the trainer reported it (`POST metrics`, shipped by the
-    agent in batches), for the loss curve. Apart from MetricPoint, whose one point per
-    heartbeat at the server's clock is what the ledger measures speed and restore time
-    from; `time` here is the VM's clock, for display only. One row per (instance, step):
-    a batch sent again, or a restarted trainer's repeated steps, add nothing."""
-
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="step_points")
-    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="step_points")
-    step = models.PositiveBigIntegerField()
-    time = models.DateTimeField()
-    loss = models.FloatField(null=True, blank=True)
-    samples_per_s = models.FloatField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["instance", "step"]
-        constraints = [models.UniqueConstraint(fields=["instance", "step"], name="steppoint_instance_step_unique")]
-        indexes = [models.Index(fields=["job", "instance", "step"], name="steppoint_job_curve_idx")]
-
-
-class LogChunk(models.Model):
-    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="log_chunks")
-    offset = models.PositiveBigIntegerField(help_text="Index of the first line in the instance's output.")
-    lines = models.JSONField()
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    class Meta:
-        ordering = ["instance", "offset"]
-        constraints = [models.UniqueConstraint(fields=["instance", "offset"], name="logchunk_instance_offset_unique")]
-
-
-class PriceQuote(models.Model):
-    provider = models.CharField(max_length=20)
-    region = models.CharField(max_length=50)
-    zone = models.CharField(max_length=50, blank=True, help_text="Empty: every zone of the region.")
-    instance_type = models.CharField(max_length=50)
-    market = models.CharField(max_length=10, choices=MARKET_CHOICES)
-    usd_per_hour = models.DecimalField(max_digits=10, decimal_places=5)
-    observed_at = models.DateTimeField()
-    source = models.CharField(max_length=300, blank=True)
-
-    class Meta:
-        ordering = ["provider", "region", "zone", "instance_type", "market", "observed_at"]
-        indexes = [
-            models.Index(fields=["provider", "instance_type", "market", "observed_at"], name="price_lookup_idx"),
-        ]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["provider", "region", "zone", "instance_type", "market", "observed_at"],
-                name="price_quote_unique",
-            )
-        ]
-
-
-class DiskPriceQuote(models.Model):
-    """A managed disk's list price per month in one region, kept like PriceQuote: every
-    quote ever seen, so the price in force at each moment prices a stopped disk."""
-
-    provider = models.CharField(max_length=20)
-    region = models.CharField(max_length=50)
-    sku = models.CharField(max_length=50, help_text="The cloud's price name, e.g. Azure's 'P10 LRS'.")
-    usd_per_month = models.DecimalField(max_digits=12, decimal_places=5)
-    observed_at = models.DateTimeField()
-    source = models.CharField(max_length=300, blank=True)
-
-    class Meta:
-        ordering = ["provider", "region", "sku", "observed_at"]
-        constraints = [
-            models.UniqueConstraint(fields=["provider", "region", "sku", "observed_at"], name="disk_price_quote_unique"),
-        ]
-
-
-class ProcessedEvent(models.Model):
-    """Every agent report's `event_id`, so a resend is applied at most once.
-
-    The unique (instance, event_id) pair does the deduplication: of two concurrent
-    resends one insert wins and the other gets an IntegrityError inside the same
-    transaction that would have applied it. Per instance, so that no VM can spend
-    another's event ids."""
-
-    instance = models.ForeignKey(Instance, on_delete=models.CASCADE, related_name="+")
-    event_id = models.UUIDField()
-    kind = models.CharField(max_length=20)
-    received_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["instance", "event_id"], name="processed_event_once")]
-
-
-class ServiceBeat(models.Model):
-    """When the agent API was last seen serving, and since when without a gap.
-
-    The reconciler marks no instance lost until the API has served for one full
-    heartbeat timeout: an outage of the control plane is not an outage of every VM."""
-
-    name = models.CharField(max_length=30, primary_key=True)
-    last_seen = models.DateTimeField()
-    serving_since = models.DateTimeField()
-
-
-
 class AuditEvent(models.Model):
     """Who did what to which object, and when. Rows are only ever added.
 
@@ -589,125 +445,3 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.actor_username} {self.action} {self.target}"
-
-
-class RateLimitBucket(models.Model):
-    """Recent attempts of one client at one rate-limited thing (respawn_server.jobs.people.ratelimit),
-    in the database so that every worker process counts against the same limit."""
-
-    scope = models.CharField(max_length=30)
-    ident = models.CharField(max_length=200, help_text="Client address, or person, the limit counts for.")
-    hits = models.JSONField(default=list, help_text="Unix times of the attempts within the rate's period.")
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["scope", "ident"], name="ratelimit_scope_ident_unique")]
-        indexes = [models.Index(fields=["scope", "updated_at"], name="ratelimit_scope_time_idx")]
-
-
-class Invitation(models.Model):
-    """A team admin's offer of a place in the team. Nobody joins a team without
-    saying yes: the membership exists only once the invited person accepts."""
-
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="invitations")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="invitations")
-    role = models.CharField(max_length=10, choices=Role.CHOICES)
-    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "team"], name="invitation_user_team_unique")]
-
-    def __str__(self):
-        return f"{self.user} invited to {self.team} as {self.role}"
-
-
-class Subscription(models.Model):
-    """Who is told of what, and how (respawn_server.jobs.notify). A team's subscription (no user) is
-    managed by the team's admins and covers every job of the team; a person's covers
-    the jobs they own and their team's budget. The webhook secret is kept sealed
-    (respawn_server.jobs.core.secret_env), opened only to sign with, and shown only when the
-    subscription is created; a URL is kept in the clear."""
-
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="subscriptions")
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
-                             related_name="subscriptions", help_text="Empty: the team's, managed by its admins.")
-    name = models.CharField(max_length=100)
-    events = models.JSONField(default=list, help_text="The NotificationKind values to be told of.")
-    channel = models.CharField(max_length=10, choices=Channel.CHOICES)
-    url = models.CharField(max_length=2000, blank=True, help_text="Webhook or Slack URL; checked at save and send.")
-    email = models.EmailField(blank=True)
-    secret = models.TextField(blank=True, help_text="HMAC-SHA256 key of the webhook signature, sealed "
-                                                    "(respawn_server.jobs.core.secret_env): never plaintext.")
-    preemption_burst = models.PositiveIntegerField(
-        default=3, validators=[MinValueValidator(1)], help_text="Preemptions of one job within an hour that make a burst.")
-    recovering_after_s = models.PositiveIntegerField(
-        default=1800, validators=[MinValueValidator(1)], help_text="A job recovering this long is reported.")
-    enabled = models.BooleanField(default=True)
-    failing_reason = models.TextField(blank=True, help_text="Why the last delivery failed every retry; cleared by a "
-                                                            "later success.")
-    failing_since = models.DateTimeField(null=True, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["team", "name", "id"]
-        indexes = [models.Index(fields=["team", "enabled"], name="subscription_team_enabled_idx")]
-
-    def __str__(self):
-        return f"{self.name} ({self.channel})"
-
-
-class Notification(models.Model):
-    """One happening people may be told of. `key` names it (e.g. 'job.failed:12'), so
-    the same happening reported twice (an agent's resend, two reconcilers) is one row."""
-
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="notifications")
-    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE, related_name="notifications")
-    kind = models.CharField(max_length=30, choices=NotificationKind.CHOICES)
-    key = models.CharField(max_length=200, unique=True)
-    title = models.CharField(max_length=300)
-    text = models.TextField(blank=True)
-    details = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self):
-        return self.key
-
-
-class Delivery(models.Model):
-    """One notification to one subscription: at most one per pair (DESIGN §11)."""
-
-    notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="deliveries")
-    subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="deliveries")
-    status = models.CharField(max_length=10, choices=DeliveryStatus.CHOICES, default=DeliveryStatus.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    last_error = models.TextField(blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    delivered_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        constraints = [models.UniqueConstraint(fields=["notification", "subscription"],
-                                               name="delivery_once_per_subscription")]
-        indexes = [models.Index(fields=["subscription", "-created_at"], name="delivery_subscription_time_idx")]
-
-
-class DeliveryAttempt(models.Model):
-    """One try at sending a delivery: what the endpoint answered, or why nothing did."""
-
-    delivery = models.ForeignKey(Delivery, on_delete=models.CASCADE, related_name="attempt_log")
-    started_at = models.DateTimeField()
-    duration_s = models.FloatField()
-    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    ok = models.BooleanField()
-
-    class Meta:
-        ordering = ["started_at", "id"]
-
-
-from respawn_server.jobs.drills.models import Drill  # noqa: E402,F401  (a table of this app, in the drills subsystem)
