@@ -31,8 +31,9 @@ from respawn_server.jobs.fleet.policies import market  # noqa: E402
 from respawn_server.jobs.fleet.policies.expected_cost import spot_overhead_fraction  # noqa: E402
 from respawn_server.jobs.fleet.policies.interval import checkpoint_interval  # noqa: E402
 from respawn_server.jobs.fleet.policies.rates import Lifetime, RatePrior, estimate_availability, estimate_rate, on_demand_rate  # noqa: E402
-from respawn_server.jobs.money.ledger import InstanceInterval, PriceIndex, PriceQuote, build_ledger  # noqa: E402
+from respawn_server.jobs.money.ledger import InstanceInterval, PriceIndex, build_ledger  # noqa: E402
 from respawn_server.jobs.money.pricebook import load_price_book  # noqa: E402
+from respawn_server.jobs.money.prices import Quote  # noqa: E402
 
 DEFAULT_TRACES = Path(__file__).resolve().parents[1] / "data" / "spot-traces"
 OFFSETS = 20
@@ -220,8 +221,8 @@ def simulate(available: list[bool], gap_s: float, start_tick: int, work_s: float
 def price_index(trace: Trace, spot_ratio: Decimal) -> PriceIndex:
     seen = EPOCH - dt.timedelta(days=1)
     return PriceIndex([
-        PriceQuote(provider=trace.provider, region=trace.region, zone="", instance_type=trace.instance_type,
-                   market=m, usd_per_hour=p, observed_at=seen)
+        Quote(provider=trace.provider, region=trace.region, zone="", instance_type=trace.instance_type,
+              market=m, usd_per_hour=p, observed_at=seen)
         for m, p in ((market.ON_DEMAND, Decimal(1)), (market.SPOT, spot_ratio))])
 
 

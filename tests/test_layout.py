@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TOP_TIER = ("respawn_server.jobs.api", "respawn_server.jobs.tasks", "respawn_server.jobs.management", "respawn_server.frontend")
 # Modules the simulator and the providers' emulator tests import without Django (the CLI's
 # share is in the library, respawn.vocabulary: test_the_library_imports_nothing_of_the_server).
-DJANGO_FREE = ("respawn_server.jobs.fleet.policies", "respawn_server.jobs.fleet.providers", "respawn_server.jobs.money.ledger", "respawn_server.jobs.money.pricebook")
+DJANGO_FREE = ("respawn_server.jobs.fleet.policies", "respawn_server.jobs.fleet.providers", "respawn_server.jobs.money.ledger", "respawn_server.jobs.money.pricebook",
+               "respawn_server.jobs.money.prices")
 
 
 # The server's folders and the names they install under (setup.py).

@@ -48,7 +48,7 @@ class Offer:
 
 @cache
 def max_accelerators_per_node() -> int:
-    return max(entry.accelerator_count for entry in load_price_book().entries)
+    return max(load_price_book().accelerators.values())
 
 
 def gpu_allowance_problem(team: Team, gpus: int) -> str | None:

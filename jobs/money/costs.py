@@ -53,6 +53,7 @@ from respawn_server.jobs.core.choices import EndReason, InstanceState, Interrupt
 from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint,
                          PriceQuote, WorldSize)
 from respawn_server.jobs.money import ledger
+from respawn_server.jobs.money.prices import DiskQuote, Quote
 
 MONTH_RE = re.compile(r"(\d{4})-(\d{2})", re.ASCII)
 # Months a deployment can have billed in; outside them the arithmetic on a month's
@@ -336,12 +337,11 @@ def price_index(instances, now: dt.datetime, disks=()) -> ledger.PriceIndex:
     where = reduce(or_, (Q(provider=p, region=r, instance_type=t) for p, r, t in keys))
     rows = PriceQuote.objects.filter(where, observed_at__lte=now).values_list(
         "provider", "region", "zone", "instance_type", "market", "usd_per_hour", "observed_at")
-    quotes = [ledger.PriceQuote(provider=p, region=r, zone=z, instance_type=t, market=m, usd_per_hour=price,
-                                observed_at=at)
+    quotes = [Quote(provider=p, region=r, zone=z, instance_type=t, market=m, usd_per_hour=price, observed_at=at)
               for p, r, z, t, m, price, at in rows]
     if disks:
         where = reduce(or_, (Q(provider=p, region=r, sku=sku) for p, r, sku in disks))
-        quotes += [ledger.DiskQuote(provider=p, region=r, sku=sku, usd_per_month=price, observed_at=at)
+        quotes += [DiskQuote(provider=p, region=r, sku=sku, usd_per_month=price, observed_at=at)
                    for p, r, sku, price, at in DiskPriceQuote.objects.filter(where, observed_at__lte=now)
                    .values_list("provider", "region", "sku", "usd_per_month", "observed_at")]
     return ledger.PriceIndex(quotes)
@@ -539,7 +539,7 @@ def _cpu_types() -> frozenset[str]:
     """Instance types without accelerators, by the shipped price book (local cpu-small)."""
     from respawn_server.jobs.money.pricebook import load_price_book
 
-    return frozenset(e.instance_type for e in load_price_book().entries if e.accelerator_count == 0)
+    return frozenset(kind for kind, count in load_price_book().accelerators.items() if count == 0)
 
 
 def accelerators_by_job(jobs) -> dict[int, int]:

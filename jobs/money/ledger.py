@@ -1,7 +1,8 @@
 """The cost ledger (DESIGN.md §8): money from instance intervals and price quotes.
 
-Pure functions over plain dataclasses, no Django, so the control plane's accrual task
-and bench/simulate.py compute money with the same code.
+Pure functions over plain dataclasses (the quotes: respawn_server.jobs.money.prices), no
+Django, so the control plane's accrual task and bench/simulate.py compute money with the
+same code.
 
 Conventions (binding for everything that shows money):
 - Billing is per whole second. An interval covers the seconds floor(start) up to, not
@@ -34,11 +35,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from respawn_server.jobs.money.prices import DISK, MARKETS, DiskQuote, Quote
+
 MONEY_QUANTUM = Decimal("0.00000001")
-MARKETS = ("spot", "on_demand")
 SECONDS_PER_HOUR = 3600
-DISK = "disk"
-"""The market of a disk's price key: its price is per month, its key has no zone."""
 HOURS_PER_MONTH = 730
 """Azure prices a managed disk per month and bills it prorated on a month of 730 hours."""
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -53,11 +53,6 @@ def _require_aware(value: dt.datetime, what: str) -> None:
         raise LedgerError(f"{what} must be a timezone-aware datetime (got {value!r})")
 
 
-def _require_price(value, what: str) -> None:
-    if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
-        raise LedgerError(f"{what} must be a non-negative Decimal (got {value!r})")
-
-
 def _whole_seconds(value: dt.datetime) -> int:
     delta = value - _EPOCH
     return delta.days * 86400 + delta.seconds  # floor: microseconds dropped
@@ -66,54 +61,6 @@ def _whole_seconds(value: dt.datetime) -> int:
 def _first_second_at_or_after(value: dt.datetime) -> int:
     delta = value - _EPOCH
     return delta.days * 86400 + delta.seconds + (1 if delta.microseconds else 0)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PriceQuote:
-    provider: str
-    region: str
-    zone: str
-    """Empty: applies to every zone of the region that has no quote of its own."""
-    instance_type: str
-    market: str
-    usd_per_hour: Decimal
-    observed_at: dt.datetime
-
-    def __post_init__(self):
-        _require_aware(self.observed_at, f"quote {self.key()} observed_at")
-        if self.market not in MARKETS:
-            raise LedgerError(f"quote {self.key()}: market must be one of {MARKETS}")
-        _require_price(self.usd_per_hour, f"quote {self.key()}: usd_per_hour")
-
-    def key(self) -> tuple[str, str, str, str, str]:
-        return (self.provider, self.region, self.zone, self.instance_type, self.market)
-
-    @property
-    def rate(self) -> Decimal:
-        return self.usd_per_hour
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DiskQuote:
-    """A managed disk's list price per month in one region (disks have no zone price)."""
-
-    provider: str
-    region: str
-    sku: str
-    """The cloud's price name of the disk, e.g. Azure's "P10 LRS"."""
-    usd_per_month: Decimal
-    observed_at: dt.datetime
-
-    def __post_init__(self):
-        _require_aware(self.observed_at, f"disk quote {self.key()} observed_at")
-        _require_price(self.usd_per_month, f"disk quote {self.key()}: usd_per_month")
-
-    def key(self) -> tuple[str, str, str, str, str]:
-        return (self.provider, self.region, "", self.sku, DISK)
-
-    @property
-    def rate(self) -> Decimal:
-        return self.usd_per_month
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,7 +184,7 @@ class PriceIndex:
     integration. A quote's `rate` is its price per its unit of time (hour or month)."""
 
     def __init__(self, quotes):
-        by_key: dict[tuple, dict[int, PriceQuote | DiskQuote]] = defaultdict(dict)
+        by_key: dict[tuple, dict[int, Quote | DiskQuote]] = defaultdict(dict)
         for quote in sorted(quotes, key=lambda q: q.observed_at):
             series = by_key[quote.key()]
             second = _first_second_at_or_after(quote.observed_at)

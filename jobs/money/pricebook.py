@@ -1,7 +1,9 @@
 """The shipped default price book: list prices per (cloud, region, zone, type, market).
 
 Pure Python (no Django) so the simulator and the cost ledger read the same file the
-control plane seeds its PriceQuote table from. An empty zone means "any zone of the
+control plane seeds its PriceQuote table from. Each row is a quote
+(respawn_server.jobs.money.prices) in force from midnight UTC of its `as_of` day; its
+accelerator columns describe the instance type. An empty zone means "any zone of the
 region"; a zone row, where present, is more specific and wins.
 """
 
@@ -9,15 +11,15 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+
+from respawn_server.jobs.money.prices import MARKETS, DiskQuote, Quote
 
 DEFAULT_PRICE_BOOK = Path(__file__).parent / "data" / "pricebook.csv"
 DEFAULT_DISK_PRICES = Path(__file__).parent / "data" / "disk_prices.csv"
 
 PROVIDERS = ("aws", "gcp", "azure", "local")
-MARKETS = ("spot", "on_demand")
 COLUMNS = (
     "provider", "region", "zone", "instance_type", "accelerator",
     "accelerator_count", "market", "usd_per_hour", "source", "as_of",
@@ -29,49 +31,21 @@ class PriceBookError(ValueError):
     """A price book row that cannot be used; the message names the row and column."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class PriceBookEntry:
-    provider: str
-    region: str
-    zone: str
-    """Empty: the price applies to every zone of the region without a zone row."""
-    instance_type: str
-    accelerator: str
-    """Empty for CPU-only types."""
-    accelerator_count: int
-    market: str
-    usd_per_hour: Decimal
-    source: str
-    as_of: dt.date
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DiskPriceEntry:
-    """A managed disk tier's list price per month (what a stopped VM's disk costs)."""
-
-    provider: str
-    region: str
-    sku: str
-    """The cloud's price name, e.g. Azure's "P10 LRS"."""
-    usd_per_month: Decimal
-    source: str
-    as_of: dt.date
-
-
 class PriceBook:
-    """Validated entries with the look-ups placement and the ledger need."""
+    """Validated quotes (`entries`) with the look-ups placement and the ledger need, and
+    `accelerators`: how many one VM of each instance type carries (0: a CPU-only type)."""
 
-    def __init__(self, entries: list[PriceBookEntry]):
+    def __init__(self, entries: list[Quote], accelerators: dict[str, int]):
         self.entries = tuple(entries)
+        self.accelerators = accelerators
         self._by_key = {}
         for entry in self.entries:
-            key = (entry.provider, entry.region, entry.zone, entry.instance_type, entry.market)
-            if key in self._by_key:
-                raise PriceBookError(f"duplicate price for {key}")
-            self._by_key[key] = entry
+            if entry.key() in self._by_key:
+                raise PriceBookError(f"duplicate price for {entry.key()}")
+            self._by_key[entry.key()] = entry
 
     def price(self, *, provider: str, region: str, zone: str, instance_type: str,
-              market: str) -> PriceBookEntry | None:
+              market: str) -> Quote | None:
         """The zone's own row if there is one, else the region-wide row, else None."""
         for candidate_zone in (zone, ""):
             entry = self._by_key.get((provider, region, candidate_zone, instance_type, market))
@@ -79,7 +53,7 @@ class PriceBook:
                 return entry
         return None
 
-    def for_instance_type(self, instance_type: str, market: str | None = None) -> list[PriceBookEntry]:
+    def for_instance_type(self, instance_type: str, market: str | None = None) -> list[Quote]:
         return [e for e in self.entries
                 if e.instance_type == instance_type and (market is None or e.market == market)]
 
@@ -115,14 +89,17 @@ class _Row:
             raise self.bad(column, "must be a positive finite number")
         return price
 
-    def as_of(self) -> dt.date:
+    def as_of(self) -> dt.datetime:
+        """The row's date as the moment its price is in force from: that day's midnight, UTC."""
         try:
-            return dt.date.fromisoformat(self.row["as_of"])
+            day = dt.date.fromisoformat(self.row["as_of"])
         except ValueError:
             raise self.bad("as_of", "must be a date YYYY-MM-DD") from None
+        return dt.datetime.combine(day, dt.time(), tzinfo=dt.timezone.utc)
 
 
-def _parse_row(row: dict[str, str], line: int) -> PriceBookEntry:
+def _parse_row(row: dict[str, str], line: int) -> tuple[Quote, int]:
+    """The row's quote, and how many accelerators its instance type carries."""
     checked = _Row(row, line, ("provider", "region", "instance_type", "market", "usd_per_hour", "source", "as_of"))
     if row["market"] not in MARKETS:
         raise checked.bad("market", f"must be one of {', '.join(MARKETS)}")
@@ -135,18 +112,17 @@ def _parse_row(row: dict[str, str], line: int) -> PriceBookEntry:
         raise checked.bad("accelerator_count", "must not be negative")
     if bool(count) != bool(row["accelerator"].strip()):
         raise checked.bad("accelerator", "must be named exactly when accelerator_count > 0")
-    return PriceBookEntry(
+    return Quote(
         provider=row["provider"], region=row["region"], zone=row["zone"].strip(),
-        instance_type=row["instance_type"], accelerator=row["accelerator"].strip(),
-        accelerator_count=count, market=row["market"], usd_per_hour=price,
-        source=row["source"], as_of=checked.as_of(),
-    )
+        instance_type=row["instance_type"], market=row["market"], usd_per_hour=price,
+        source=row["source"], observed_at=checked.as_of(),
+    ), count
 
 
-def _parse_disk_row(row: dict[str, str], line: int) -> DiskPriceEntry:
+def _parse_disk_row(row: dict[str, str], line: int) -> DiskQuote:
     checked = _Row(row, line, DISK_COLUMNS)
-    return DiskPriceEntry(provider=row["provider"], region=row["region"], sku=row["sku"],
-                          usd_per_month=checked.price("usd_per_month"), source=row["source"], as_of=checked.as_of())
+    return DiskQuote(provider=row["provider"], region=row["region"], sku=row["sku"],
+                     usd_per_month=checked.price("usd_per_month"), source=row["source"], observed_at=checked.as_of())
 
 
 def _rows(text: str, columns: tuple[str, ...], parse) -> list:
@@ -163,21 +139,27 @@ def _rows(text: str, columns: tuple[str, ...], parse) -> list:
 
 
 def parse_price_book(text: str) -> PriceBook:
-    return PriceBook(_rows(text, COLUMNS, _parse_row))
+    rows = _rows(text, COLUMNS, _parse_row)
+    accelerators: dict[str, int] = {}
+    for quote, count in rows:
+        if accelerators.setdefault(quote.instance_type, count) != count:
+            raise PriceBookError(f"price book: {quote.instance_type} carries {accelerators[quote.instance_type]} "
+                                 f"accelerators in one row and {count} in another")
+    return PriceBook([quote for quote, _ in rows], accelerators)
 
 
 def load_price_book(path: Path | str = DEFAULT_PRICE_BOOK) -> PriceBook:
     return parse_price_book(Path(path).read_text(encoding="utf-8"))
 
 
-def parse_disk_prices(text: str) -> list[DiskPriceEntry]:
+def parse_disk_prices(text: str) -> list[DiskQuote]:
     entries = _rows(text, DISK_COLUMNS, _parse_disk_row)
-    keys = [(e.provider, e.region, e.sku, e.as_of) for e in entries]
+    keys = [(*e.key(), e.observed_at) for e in entries]
     if len(set(keys)) != len(keys):
         raise PriceBookError(f"disk prices: duplicate price for {next(k for k in keys if keys.count(k) > 1)}")
     return entries
 
 
-def load_disk_prices(path: Path | str = DEFAULT_DISK_PRICES) -> list[DiskPriceEntry]:
+def load_disk_prices(path: Path | str = DEFAULT_DISK_PRICES) -> list[DiskQuote]:
     """The shipped monthly prices of the managed disk tiers Azure VMs get (the refresher adds newer ones)."""
     return parse_disk_prices(Path(path).read_text(encoding="utf-8"))

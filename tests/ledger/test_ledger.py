@@ -8,16 +8,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from respawn_server.jobs.money.ledger import (HOURS_PER_MONTH, MONEY_QUANTUM, DiskQuote, InstanceInterval, LedgerError, PriceQuote,
-                               build_ledger)
+from respawn_server.jobs.money.ledger import HOURS_PER_MONTH, MONEY_QUANTUM, InstanceInterval, LedgerError, build_ledger
+from respawn_server.jobs.money.prices import DiskQuote, Quote
 
 UTC = dt.UTC
 KEY = dict(provider="aws", region="us-east-1", instance_type="p3.2xlarge")
 
 
 def quote(price, at, *, zone="us-east-1a", market="spot", itype="p3.2xlarge"):
-    return PriceQuote(provider="aws", region="us-east-1", zone=zone, instance_type=itype,
-                      market=market, usd_per_hour=Decimal(price), observed_at=at)
+    return Quote(provider="aws", region="us-east-1", zone=zone, instance_type=itype,
+                 market=market, usd_per_hour=Decimal(price), observed_at=at)
 
 
 def disk_quote(price, at, *, sku="P10 LRS"):
@@ -40,7 +40,7 @@ def brute_force(intervals, quotes, now):
 
     def price_at(moment, iv, market):
         def in_zone(zone):
-            found = latest(lambda q: isinstance(q, PriceQuote) and (q.provider, q.region, q.zone, q.instance_type,
+            found = latest(lambda q: isinstance(q, Quote) and (q.provider, q.region, q.zone, q.instance_type,
                            q.market) == (iv.provider, iv.region, zone, iv.instance_type, market), moment)
             return found.usd_per_hour if found else None
         zoned = in_zone(iv.zone) if iv.zone else None

@@ -11,7 +11,7 @@ import pytest
 
 from respawn_server.jobs.models import PriceQuote
 from respawn_server.jobs.money.ledger import PriceIndex
-from respawn_server.jobs.money.ledger import PriceQuote as LedgerQuote
+from respawn_server.jobs.money.prices import Quote
 from respawn_server.jobs.money.refreshers import PriceRefreshError, refresh
 from respawn_server.jobs.tasks import refresh_prices
 from tests.emulators.gcp_billing import GcpBillingEmulator, sku
@@ -149,6 +149,6 @@ def test_the_ledger_prices_a_spot_vm_in_a_listed_zone_at_the_refreshed_price_fro
 
 def price_index(types):
     rows = PriceQuote.objects.filter(provider="gcp", instance_type__in=types)
-    return PriceIndex(LedgerQuote(provider=q.provider, region=q.region, zone=q.zone, instance_type=q.instance_type,
-                                  market=q.market, usd_per_hour=q.usd_per_hour, observed_at=q.observed_at)
+    return PriceIndex(Quote(provider=q.provider, region=q.region, zone=q.zone, instance_type=q.instance_type,
+                            market=q.market, usd_per_hour=q.usd_per_hour, observed_at=q.observed_at)
                       for q in rows)

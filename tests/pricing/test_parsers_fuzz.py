@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from respawn_server.jobs.money.refreshers import PriceRefreshError, aws, azure, gcp
-from respawn_server.jobs.money.refreshers.quotes import Quote, decode_json_object, store_quotes
+from respawn_server.jobs.money.prices import Quote
+from respawn_server.jobs.money.refreshers.quotes import decode_json_object, store_quotes
 from tests.emulators.azure_prices import meter_row
 from tests.emulators.gcp_billing import sku
 

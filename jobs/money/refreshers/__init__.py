@@ -18,8 +18,9 @@ from dataclasses import dataclass, replace
 
 from django.utils import timezone
 
+from respawn_server.jobs.money.prices import Quote
 from respawn_server.jobs.money.refreshers.config import RefreshConfig
-from respawn_server.jobs.money.refreshers.quotes import PriceRefreshError, Quote, priced_disks, priced_types, store_quotes
+from respawn_server.jobs.money.refreshers.quotes import PriceRefreshError, priced_disks, priced_types, store_quotes
 
 __all__ = ["REFRESHERS", "PriceRefreshError", "RefreshConfig", "RefreshResult", "refresh"]
 

@@ -13,8 +13,10 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from respawn_server.jobs.money.prices import Quote
 from respawn_server.jobs.money.refreshers.config import RefreshConfig
-from respawn_server.jobs.money.refreshers.quotes import BadRow, PriceRefreshError, Quote, as_utc, field, hourly_price, skip_bad_row
+from respawn_server.jobs.money.refreshers.quotes import (BadRow, PriceRefreshError, as_utc, field, fitting, hourly_price,
+                                                         skip_bad_row)
 
 SOURCE = "aws DescribeSpotPriceHistory"
 # "Linux/UNIX (Amazon VPC)" is the same price under EC2-Classic's old name (moto still says it).
@@ -63,8 +65,8 @@ def parse_row(row: object, region: str) -> Quote | None:
     zone = field(row, "AvailabilityZone", str)
     if not zone.startswith(region):
         raise BadRow(f"zone {zone!r} is not in region {region!r}")
-    return Quote(
+    return fitting(Quote(
         provider="aws", region=region, zone=zone, instance_type=field(row, "InstanceType", str), market="spot",
         usd_per_hour=hourly_price(field(row, "SpotPrice", str), "SpotPrice"),
         observed_at=as_utc(field(row, "Timestamp", dt.datetime), "Timestamp"), source=SOURCE,
-    )
+    ))

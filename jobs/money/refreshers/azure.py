@@ -20,9 +20,10 @@ from urllib.parse import urlsplit
 
 import requests
 
+from respawn_server.jobs.money.prices import DiskQuote, Quote
 from respawn_server.jobs.money.refreshers.config import RefreshConfig
-from respawn_server.jobs.money.refreshers.quotes import (BadRow, DiskQuote, PriceRefreshError, Quote, decode_json_object, field,
-                                          hourly_price, monthly_price, skip_bad_row, utc_timestamp)
+from respawn_server.jobs.money.refreshers.quotes import (BadRow, PriceRefreshError, decode_json_object, field, fitting,
+                                                         hourly_price, monthly_price, skip_bad_row, utc_timestamp)
 
 SOURCE = "azure retail prices"
 
@@ -116,13 +117,13 @@ def parse_item(item: object) -> Quote | None:
         raise BadRow(f"unitOfMeasure {item['unitOfMeasure']!r} is not '1 Hour'")
     if field(item, "currencyCode", str) != "USD":
         raise BadRow(f"currencyCode {item['currencyCode']!r} is not 'USD'")
-    return Quote(
+    return fitting(Quote(
         provider="azure", region=field(item, "armRegionName", str), zone="",
         instance_type=field(item, "armSkuName", str), market="spot" if "Spot" in meter else "on_demand",
         usd_per_hour=hourly_price(field(item, "retailPrice", (int, float, str)), "retailPrice"),
         observed_at=utc_timestamp(field(item, "effectiveStartDate", str), "effectiveStartDate"),
         source=f"{SOURCE} meter {meter!r}"[:300],
-    )
+    ))
 
 
 def parse_disk_item(item: object) -> DiskQuote | None:
@@ -135,9 +136,9 @@ def parse_disk_item(item: object) -> DiskQuote | None:
         raise BadRow(f"unitOfMeasure {item['unitOfMeasure']!r} is not '1/Month'")
     if field(item, "currencyCode", str) != "USD":
         raise BadRow(f"currencyCode {item['currencyCode']!r} is not 'USD'")
-    return DiskQuote(
+    return fitting(DiskQuote(
         provider="azure", region=field(item, "armRegionName", str), sku=sku,
         usd_per_month=monthly_price(field(item, "retailPrice", (int, float, str)), "retailPrice"),
         observed_at=utc_timestamp(field(item, "effectiveStartDate", str), "effectiveStartDate"),
         source=f"{SOURCE} meter {meter!r} of {field(item, 'productName', str)!r}"[:300],
-    )
+    ))

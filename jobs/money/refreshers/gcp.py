@@ -23,9 +23,10 @@ from decimal import Decimal
 
 import requests
 
+from respawn_server.jobs.money.prices import Quote
 from respawn_server.jobs.money.refreshers.config import RefreshConfig
-from respawn_server.jobs.money.refreshers.quotes import (BadRow, PriceRefreshError, Quote, decode_json_object, field, hourly_price,
-                                          skip_bad_row, utc_timestamp)
+from respawn_server.jobs.money.refreshers.quotes import (BadRow, PriceRefreshError, decode_json_object, field, fitting,
+                                                         hourly_price, skip_bad_row, utc_timestamp)
 
 SOURCE = "gcp billing catalog"
 COMPUTE_ENGINE_SERVICE = "6F81-5844-456A"
@@ -182,7 +183,7 @@ def compose(region: str, instance_type: str, parts: dict[tuple, PartPrice]) -> I
             continue
         total = sum((price.usd_per_unit * count for price, count in found), Decimal(0))
         try:
-            yield Quote(
+            yield fitting(Quote(
                 provider="gcp", region=region, zone="", instance_type=instance_type, market=market,
                 usd_per_hour=hourly_price(total, "composed price"),
                 # The machine's price changed when its last part's price did.
@@ -190,6 +191,6 @@ def compose(region: str, instance_type: str, parts: dict[tuple, PartPrice]) -> I
                 source=(f"{SOURCE}: {machine.vcpus} vCPU + {machine.memory_gib} GiB"
                         + (f" + {machine.gpus} {machine.gpu}" if machine.gpus else "")
                         + " (approximate: list price of the parts; no disks, discounts or bundled SSD)"),
-            )
+            ))
         except BadRow as exc:
             skip_bad_row(SOURCE, f"{instance_type} {market} in {region}", exc)

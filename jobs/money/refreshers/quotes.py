@@ -1,5 +1,5 @@
-"""What every refresher shares: a parsed quote, the checks on outside values, and
-the insert that keeps every quote ever seen.
+"""What every refresher shares: the checks on outside values (a quote's among them),
+and the insert that keeps every quote ever seen (the shipped price book's too).
 
 Outside data is checked field by field. A row that fails a check is skipped with
 one log line naming it (`BadRow`); a page that cannot be read at all stops the
@@ -13,10 +13,10 @@ import json
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from respawn_server.jobs.models import DiskPriceQuote, Instance, PriceQuote
+from respawn_server.jobs.money.prices import DiskQuote, Quote
 
 log = logging.getLogger(__name__)
 
@@ -37,67 +37,17 @@ class BadRow(ValueError):
     """One row of a page cannot be used; the message says which field and why."""
 
 
-def _fits_columns(quote, names: tuple[str, ...]) -> None:
-    """The limits of the quote tables' columns: a value beyond them would fail the whole insert."""
+def fitting(quote: Quote | DiskQuote) -> Quote | DiskQuote:
+    """`quote`, read from outside, once its names fit the quote tables' columns: a value
+    beyond them would fail the whole insert."""
+    names = ("region", "zone", "instance_type") if isinstance(quote, Quote) else ("region", "sku")
     for name in names:
         value = getattr(quote, name)
         if len(value) > NAME_LIMIT or not value.isprintable():
             raise BadRow(f"{name} {value!r:.80} is not a name of at most {NAME_LIMIT} printable characters")
     if len(quote.source) > SOURCE_LIMIT:
         raise BadRow(f"source is longer than {SOURCE_LIMIT} characters")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Quote:
-    provider: str
-    region: str
-    zone: str
-    instance_type: str
-    market: str
-    usd_per_hour: Decimal
-    observed_at: dt.datetime
-    source: str
-
-    def __post_init__(self) -> None:
-        _fits_columns(self, ("region", "zone", "instance_type"))
-
-    def key(self) -> tuple:
-        return (self.provider, self.region, self.zone, self.instance_type, self.market, self.observed_at)
-
-    @property
-    def price(self) -> Decimal:
-        return self.usd_per_hour
-
-    def row(self) -> PriceQuote:
-        return PriceQuote(provider=self.provider, region=self.region, zone=self.zone, instance_type=self.instance_type,
-                          market=self.market, usd_per_hour=self.usd_per_hour, observed_at=self.observed_at,
-                          source=self.source)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DiskQuote:
-    """A managed disk's price per month in a region (DESIGN §8: a stopped VM's disk)."""
-
-    provider: str
-    region: str
-    sku: str
-    usd_per_month: Decimal
-    observed_at: dt.datetime
-    source: str
-
-    def __post_init__(self) -> None:
-        _fits_columns(self, ("region", "sku"))
-
-    def key(self) -> tuple:
-        return (self.provider, self.region, self.sku, self.observed_at)
-
-    @property
-    def price(self) -> Decimal:
-        return self.usd_per_month
-
-    def row(self) -> DiskPriceQuote:
-        return DiskPriceQuote(provider=self.provider, region=self.region, sku=self.sku,
-                              usd_per_month=self.usd_per_month, observed_at=self.observed_at, source=self.source)
+    return quote
 
 
 def skip_bad_row(source: str, row: object, error: BadRow) -> None:
@@ -192,17 +142,17 @@ def as_utc(value: dt.datetime, name: str) -> dt.datetime:
 
 
 def store_quotes(quotes: Iterable[Quote | DiskQuote]) -> int:
-    """Insert the quotes (VM or disk) not yet stored; returns how many were new. A quote
+    """Insert the quotes (VM and disk) not yet stored; returns how many were new. A quote
     is never updated: the price in force at a past moment must stay what it was."""
     unique: dict[tuple, Quote | DiskQuote] = {}
     for quote in quotes:
-        kept = unique.setdefault((type(quote), *quote.key()), quote)
-        if kept.price != quote.price:
+        kept = unique.setdefault((*quote.key(), quote.observed_at), quote)
+        if kept.rate != quote.rate:
             log.warning("two prices for %s observed at the same time (%s and %s): kept the first",
-                        kept.key()[:-1], kept.price, quote.price)
+                        kept.key(), kept.rate, quote.rate)
     by_model: dict[type, list] = {}
     for quote in unique.values():
-        row = quote.row()
+        row = _row(quote)
         by_model.setdefault(type(row), []).append(row)
     added = 0
     for model, rows in by_model.items():
@@ -210,6 +160,16 @@ def store_quotes(quotes: Iterable[Quote | DiskQuote]) -> int:
         model.objects.bulk_create(rows, ignore_conflicts=True)
         added += model.objects.count() - before
     return added
+
+
+def _row(quote: Quote | DiskQuote) -> PriceQuote | DiskPriceQuote:
+    """The quote's stored form."""
+    if isinstance(quote, Quote):
+        return PriceQuote(provider=quote.provider, region=quote.region, zone=quote.zone,
+                          instance_type=quote.instance_type, market=quote.market, usd_per_hour=quote.usd_per_hour,
+                          observed_at=quote.observed_at, source=quote.source)
+    return DiskPriceQuote(provider=quote.provider, region=quote.region, sku=quote.sku,
+                          usd_per_month=quote.usd_per_month, observed_at=quote.observed_at, source=quote.source)
 
 
 def priced_types(provider: str) -> dict[str, set[str]]:
