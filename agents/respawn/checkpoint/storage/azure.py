@@ -26,7 +26,7 @@ from azure.core.exceptions import (
 from azure.storage.blob import BlobBlock, BlobServiceClient
 
 from .base import StorageError
-from .objectstore import MissingObjectError, ObjectRoot, PartedUploadConfig, PartedWriter, open_ranged_reader
+from .objectstore import MissingObjectError, ObjectRoot, ObjectStorage, PartedUploadConfig, PartedWriter, open_ranged_reader
 
 CONNECTION_STRING_ENV = "AZURE_STORAGE_CONNECTION_STRING"
 ACCOUNT_URL_ENV = "AZURE_STORAGE_ACCOUNT_URL"
@@ -106,7 +106,7 @@ class AzureBlockWriter(PartedWriter):
             self._blob.upload_blob(bytes(data), overwrite=True)
 
 
-class AzureBlobStorage:
+class AzureBlobStorage(ObjectStorage):
     def __init__(self, uri: str, config: PartedUploadConfig | None = None):
         self._root = ObjectRoot.parse(uri, "az")
         self.uri = self._root.uri
@@ -158,13 +158,6 @@ class AzureBlobStorage:
         with self._errors(key):
             return blob.get_blob_properties().size
 
-    def exists(self, key: str) -> bool:
-        try:
-            self.size(key)
-        except MissingObjectError:
-            return False
-        return True
-
     def list(self, prefix: str) -> list[str]:
         with self._errors(prefix):
             names = [item.name for item in self._container.list_blobs(name_starts_with=self._root.list_prefix(prefix))]
@@ -184,6 +177,3 @@ class AzureBlobStorage:
 
     def discard_unfinished(self, prefix: str) -> None:
         pass  # see `unfinished`
-
-    def url_for(self, key: str) -> str:
-        return self._root.url_for(key)

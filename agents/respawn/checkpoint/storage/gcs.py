@@ -22,7 +22,7 @@ from google.cloud.storage.fileio import BlobWriter
 from google.cloud.storage.retry import DEFAULT_RETRY
 
 from .base import StorageError
-from .objectstore import MIB, MissingObjectError, ObjectRoot, open_ranged_reader
+from .objectstore import MIB, MissingObjectError, ObjectRoot, ObjectStorage, open_ranged_reader
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 RESUMABLE_CHUNK_MULTIPLE = 256 * 1024  # GCS wants resumable chunks in multiples of 256 KiB
@@ -119,7 +119,7 @@ class GCSWriter:
             raise StorageError(f"{self.url}: writer is already {self._state}")
 
 
-class GCSStorage:
+class GCSStorage(ObjectStorage):
     def __init__(self, uri: str, chunk_size: int = 8 * MIB):
         if chunk_size <= 0 or chunk_size % RESUMABLE_CHUNK_MULTIPLE:
             raise ValueError(f"chunk_size={chunk_size} must be a positive multiple of {RESUMABLE_CHUNK_MULTIPLE} (256 KiB)")
@@ -176,13 +176,6 @@ class GCSStorage:
     def size(self, key: str) -> int:
         return self._existing_blob(key).size
 
-    def exists(self, key: str) -> bool:
-        try:
-            self._existing_blob(key)
-        except MissingObjectError:
-            return False
-        return True
-
     def list(self, prefix: str) -> list[str]:
         with self._errors(prefix):
             names = [blob.name for blob in self._client.list_blobs(self._bucket, prefix=self._root.list_prefix(prefix))]
@@ -202,6 +195,3 @@ class GCSStorage:
 
     def discard_unfinished(self, prefix: str) -> None:
         pass  # see `unfinished`
-
-    def url_for(self, key: str) -> str:
-        return self._root.url_for(key)

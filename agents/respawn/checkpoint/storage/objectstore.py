@@ -3,6 +3,8 @@
 - `ObjectRoot`: a `scheme://bucket/prefix` URI, and the mapping between our keys
   and object names, with the same key rules and directory-like prefix semantics
   as the local backend (`list("job-7")` never returns `job-70/...`).
+- `ObjectStorage`: the calls every object-store backend answers from its root and
+  its `size` alone (`exists`, `url_for`).
 - `PartedWriter`: one object uploaded as numbered parts in parallel threads and
   made visible only by the final commit in `close()`; the backends supply the
   four calls (start, upload part, complete, abort).
@@ -67,6 +69,23 @@ class ObjectRoot:
 
     def url_for(self, key: str) -> str:
         return f"{self.uri}/{key}" if key else self.uri
+
+
+class ObjectStorage:
+    """Base of the object-store backends: each keeps its root in `_root`, and its `size`
+    raises MissingObjectError for a key that names no object."""
+
+    _root: ObjectRoot
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except MissingObjectError:
+            return False
+        return True
+
+    def url_for(self, key: str) -> str:
+        return self._root.url_for(key)
 
 
 def check_key(key: str, uri: str) -> None:

@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
 from .base import StorageError
-from .objectstore import MissingObjectError, ObjectRoot, PartedUploadConfig, PartedWriter, open_ranged_reader
+from .objectstore import MissingObjectError, ObjectRoot, ObjectStorage, PartedUploadConfig, PartedWriter, open_ranged_reader
 
 DELETE_BATCH = 1000  # DeleteObjects takes at most 1000 keys
 CHECKSUM = "CRC32"  # what boto3's own transfers ask for (s3transfer's default)
@@ -94,7 +94,7 @@ class S3Writer(PartedWriter):
             self._client.put_object(Bucket=self._bucket, Key=self._name, Body=bytes(data))
 
 
-class S3Storage:
+class S3Storage(ObjectStorage):
     def __init__(self, uri: str, config: PartedUploadConfig | None = None):
         self._root = ObjectRoot.parse(uri, "s3")
         self.uri = self._root.uri
@@ -150,13 +150,6 @@ class S3Storage:
         with self._errors(key):
             return self._client.head_object(Bucket=self._root.bucket, Key=self._root.object_name(key))["ContentLength"]
 
-    def exists(self, key: str) -> bool:
-        try:
-            self.size(key)
-        except MissingObjectError:
-            return False
-        return True
-
     def _names_under(self, prefix: str) -> list[str]:
         names = []
         paginator = self._client.get_paginator("list_objects_v2")
@@ -202,6 +195,3 @@ class S3Storage:
                     f"{self.url_for(prefix)}: {len(response['Errors'])} objects not deleted, "
                     f"first {first.get('Key')!r}: {first.get('Code')} {first.get('Message', '')}"
                 )
-
-    def url_for(self, key: str) -> str:
-        return self._root.url_for(key)
