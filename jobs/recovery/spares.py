@@ -104,7 +104,12 @@ def end_notice_hold(instance_id: int, *, spare_ready: bool = False) -> None:
         return
     nodes = training_nodes(held.job_id) if held.job.nodes > 1 else Instance.objects.filter(
         pk=held.pk, state__in=InstanceState.LIVE)
-    if not spare_ready and not nodes.filter(state=InstanceState.PREEMPTING).exists():
+    if spare_ready:
+        # Ready spares end the hold of the nodes they stand by for, and of no others: once
+        # promoted, the spares are the gang's nodes, and a readiness read before (a standby
+        # poll in flight at the promotion) must not stop the gang they now are.
+        nodes = nodes.filter(spares__state__in=InstanceState.LIVE)
+    elif not nodes.filter(state=InstanceState.PREEMPTING).exists():
         return
     nodes.exclude(requested_action=Action.CHECKPOINT_AND_STOP).update(requested_action=Action.CHECKPOINT_AND_STOP,
                                                                       requested_action_at=timezone.now())

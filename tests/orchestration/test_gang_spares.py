@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from respawn.protocol import Action
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.services import heartbeat_action
 from respawn_server.jobs.fleet.reconciler import retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, Job
 from respawn_server.jobs.recovery.spares import launch_spare, release_stale_spares, spare_ready
@@ -113,6 +114,28 @@ def test_rank_0_s_notice_commit_hands_the_whole_gang_over_counting_one_preemptio
     assert (job.status, job.preemptions) == (JobStatus.RUNNING, 1)
     assert all(job.events.filter(message__contains=f"spare instance {s.pk} promoted").filter(
         message__contains="the price of the overlap").exists() for s in spares)
+
+
+def test_a_spare_s_readiness_read_before_its_promotion_leaves_the_new_gang_training(
+        gang, django_capture_on_commit_callbacks):
+    """The flake of tests/e2e/test_gang.py's notice test: a ready spare polls `standby`
+    every half second, and a poll that read the spare before the gang's last exit report
+    promoted it says it is ready after. Its readiness ends the hold of the nodes it stood
+    by for, which have ended; the new gang (the promoted spares) trains on."""
+    job, nodes = gang
+    spares = launched(nodes)
+    for spare in spares:
+        register(spare)
+        spare_ready(Instance.objects.get(pk=spare.pk))
+    assert actions(nodes) == [Action.CHECKPOINT_AND_STOP] * NODES
+    polled = Instance.objects.get(pk=spares[0].pk)  # what the standby view read, standing by
+    notice_save(nodes[0], django_capture_on_commit_callbacks)
+    with transaction.atomic():
+        record_exit(nodes[0], reason="stopped", exit_code=0, final_step=90, output_tail="",
+                    last_exception="", artifact_uri="", artifact_digest="")
+    assert all(Instance.objects.get(pk=s.pk).standby_for_id is None for s in spares)  # promoted
+    spare_ready(polled)
+    assert [heartbeat_action(Instance.objects.get(pk=s.pk)) for s in spares] == [Action.CONTINUE] * NODES
 
 
 def test_no_spare_trains_before_every_old_node_has_ended(gang):
