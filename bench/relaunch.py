@@ -6,8 +6,8 @@ The embedded default, for real: a fresh SQLite database and the filesystem
 broker in a temporary directory, a real Celery worker (subprocess) and the local
 provider booting real local VMs (supervisor + agent). Each round, this process
 plays the agent's side in the control plane's own code: the instance registers
-(`services.register_instance`) and then reports its exit as preempted
-(`services.record_exit` in a transaction, as the agent API's exit view does).
+(`reports.registration.register_instance`) and then reports its exit as preempted
+(`reports.exits.record_exit` in a transaction, as the agent API's exit view does).
 The worker takes it from there: schedule -> provision -> launch. (A preempted
 instance's recorded lifetime is then moved hours back, so the placement policy's
 back-off after a burst of preemptions does not turn the bench into a wait.)
@@ -115,6 +115,8 @@ def run(args, worker: subprocess.Popen, var_dir: Path) -> tuple[list[float], lis
     from respawn_server.jobs.core.choices import InstanceState
     from respawn_server.jobs.fleet.placement import refresh_interval
     from respawn_server.jobs.models import Instance, InstanceEvent, Team
+    from respawn_server.jobs.reports.exits import record_exit
+    from respawn_server.jobs.reports.registration import register_instance
 
     team = Team.objects.create(name="bench")
     owner = User.objects.create_user(username="bench")
@@ -139,13 +141,13 @@ def run(args, worker: subprocess.Popen, var_dir: Path) -> tuple[list[float], lis
     stop_at = time.monotonic() + args.time_limit_s
     instance = launched_instance()
     while len(to_launched) < args.relaunches and time.monotonic() < stop_at:
-        services.register_instance(instance, hostname="bench", agent_version="bench",
-                                   provider_instance_id=instance.provider_instance_id)
+        register_instance(instance, hostname="bench", agent_version="bench",
+                          provider_instance_id=instance.provider_instance_id)
         refresh_interval(instance)
         instance.refresh_from_db()
         with transaction.atomic():
-            services.record_exit(instance, reason=ExitReason.PREEMPTED, exit_code=0, final_step=None, output_tail="",
-                                 last_exception="", artifact_uri="", artifact_digest="")
+            record_exit(instance, reason=ExitReason.PREEMPTED, exit_code=0, final_step=None, output_tail="",
+                        last_exception="", artifact_uri="", artifact_digest="")
         replacement = launched_instance()
         ended_at = Instance.objects.get(pk=instance.pk).ended_at
         booted = InstanceEvent.objects.filter(instance=replacement, to_state=InstanceState.BOOTING).first()

@@ -12,13 +12,15 @@ from django.conf import settings
 from django.utils import timezone
 
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
-from respawn_server.jobs.core.services import expire_pending_validations, heartbeat_timeout
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.core.services import heartbeat_timeout
+from respawn_server.jobs.fleet import launcher, leftovers, reconciler, scheduler
 from respawn_server.jobs.fleet.providers.base import TransientError
 from respawn_server.jobs.models import Instance, ProcessedEvent, ServiceBeat, Team
 from respawn_server.jobs.money import budget, refreshers
 from respawn_server.jobs.notify import events as notify_events
 from respawn_server.jobs.notify import sending
+from respawn_server.jobs.recovery import joiners, spares
+from respawn_server.jobs.reports.checkpoints import expire_pending_validations
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +66,17 @@ CLOUD_RETRY = dict(autoretry_for=(TransientError,), retry_backoff=1, retry_backo
 
 @shared_task(name="respawn_server.jobs.tasks.schedule", ignore_result=True)
 def schedule() -> int:
-    return len(orchestration.schedule())
+    return len(scheduler.schedule())
 
 
 @shared_task(name="respawn_server.jobs.tasks.launch_instance", ignore_result=True, **CLOUD_RETRY)
 def launch_instance(instance_id: int) -> None:
-    orchestration.launch(instance_id)
+    launcher.launch(instance_id)
 
 
 @shared_task(name="respawn_server.jobs.tasks.terminate_instance", ignore_result=True, **CLOUD_RETRY)
 def terminate_instance(instance_id: int) -> None:
-    orchestration.terminate(instance_id)
+    launcher.terminate(instance_id)
 
 
 @shared_task(name="respawn_server.jobs.tasks.run_drill", ignore_result=True, **CLOUD_RETRY)
@@ -86,17 +88,17 @@ def run_drill(drill_id: int) -> None:
 
 @shared_task(name="respawn_server.jobs.tasks.launch_spare", ignore_result=True)
 def launch_spare(instance_id: int) -> None:
-    orchestration.launch_spare(instance_id)
+    spares.launch_spare(instance_id)
 
 
 @shared_task(name="respawn_server.jobs.tasks.check_gang_failure", ignore_result=True, **CLOUD_RETRY)
 def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_id: int | None = None) -> None:
-    orchestration.check_gang_failure(job_id, signature, output_tail, instance_id)
+    reconciler.check_gang_failure(job_id, signature, output_tail, instance_id)
 
 
 @shared_task(name="respawn_server.jobs.tasks.check_elastic_gang", ignore_result=True, **CLOUD_RETRY)
 def check_elastic_gang(job_id: int) -> None:
-    orchestration.check_elastic_gang(job_id)
+    reconciler.check_elastic_gang(job_id)
 
 
 @shared_task(name="respawn_server.jobs.tasks.reconcile", ignore_result=True)
@@ -119,19 +121,19 @@ def reconcile() -> int:
             .order_by("heartbeat_deadline")[: settings.RESPAWN["RECONCILE_BATCH"]]
         )
         for instance in overdue:
-            orchestration.confirm_silent(instance)
+            reconciler.confirm_silent(instance)
             handled += 1
-    handled += orchestration.retry_stuck_provisioning()
-    orchestration.release_stale_spares()
-    orchestration.grow_elastic_gangs()
-    orchestration.release_stopped_disks()
-    orchestration.resend_lost_launches()
+    handled += reconciler.retry_stuck_provisioning()
+    spares.release_stale_spares()
+    joiners.grow_elastic_gangs()
+    leftovers.release_stopped_disks()
+    reconciler.resend_lost_launches()
     expire_pending_validations(now, settings.RESPAWN["RECONCILE_BATCH"])
     for team in Team.objects.exclude(monthly_budget_usd=None).filter(jobs__status__in=JobStatus.ACTIVE).distinct():
         budget.warn_over_budget(team)
     notify_events.sweep(now)
-    orchestration.reap_orphans()
-    orchestration.schedule()
+    leftovers.reap_orphans()
+    scheduler.schedule()
     ProcessedEvent.objects.filter(received_at__lt=now - PROCESSED_EVENT_RETENTION).delete()
     return handled
 

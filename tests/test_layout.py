@@ -16,6 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TOP_TIER = ("respawn_server.jobs.api", "respawn_server.jobs.tasks", "respawn_server.jobs.management", "respawn_server.frontend")
 # Modules the simulator and the providers' emulator tests import without Django (the CLI's
 # share is in the library, respawn.vocabulary: test_the_library_imports_nothing_of_the_server).
+RECOVERY = "respawn_server.jobs.recovery"
+REPORTS = "respawn_server.jobs.reports"
+# What recovery may use of the fleet: what places a VM. The scheduler, launcher and reconciler
+# call recovery (a gang's rendezvous, an instance's end), so recovery calls none of them.
+FLEET_UNDER_RECOVERY = ("respawn_server.jobs.fleet.placement", "respawn_server.jobs.fleet.instances",
+                        "respawn_server.jobs.fleet.providers")
 DJANGO_FREE = ("respawn_server.jobs.fleet.policies", "respawn_server.jobs.fleet.providers", "respawn_server.jobs.money.ledger", "respawn_server.jobs.money.pricebook",
                "respawn_server.jobs.money.prices")
 
@@ -114,7 +120,8 @@ def test_the_tables_import_no_subsystem(imports):
 
 
 def test_subsystems_import_neither_the_api_nor_tasks_nor_the_dashboard(imports):
-    inner = ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.notify", "respawn_server.jobs.models"]
+    inner = ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.notify", "respawn_server.jobs.models",
+             RECOVERY, REPORTS]
     wrong = {(module, name) for module, names in imports.items() if under(module, inner) for name in names
              if under(name, TOP_TIER)}
     assert not wrong
@@ -123,8 +130,48 @@ def test_subsystems_import_neither_the_api_nor_tasks_nor_the_dashboard(imports):
 def test_nothing_the_notifications_build_on_imports_them(imports):
     # respawn_server.jobs.notify hears of happenings through respawn_server.jobs.core.signals: its senders never import it.
     wrong = {(module, name) for module, names in imports.items()
-             if under(module, ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.models"])
+             if under(module, ["respawn_server.jobs.core", "respawn_server.jobs.fleet", "respawn_server.jobs.money", "respawn_server.jobs.people", "respawn_server.jobs.models",
+                               RECOVERY, REPORTS])
              for name in names if under(name, ["respawn_server.jobs.notify"])}
+    assert not wrong
+
+
+def test_a_module_importing_one_that_imports_it_is_found():
+    """The arrow issue 36 took out (orchestration imported services, which answered by
+    nudges that came back to orchestration) is a cycle once it is an import: the layout
+    test above fails on two modules as on a longer circle, and on none without one."""
+    assert find_cycle({"fleet.a": {"recovery.b"}, "recovery.b": {"fleet.a"}}) == ["fleet.a", "recovery.b", "fleet.a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_recovery_imports_nothing_that_calls_it(imports):
+    """Recovery is called by the agents' reports, the fleet's scheduler, launcher and
+    reconciler, the tasks and the API: it imports none of them, only the core, money's
+    budget and what places a VM (FLEET_UNDER_RECOVERY)."""
+    wrong = {(module, name) for module, names in imports.items() if under(module, [RECOVERY]) for name in names
+             if under(name, [*TOP_TIER, REPORTS])
+             or (under(name, ["respawn_server.jobs.fleet"]) and name != "respawn_server.jobs.fleet"
+                 and not under(name, FLEET_UNDER_RECOVERY))}
+    assert not wrong
+
+
+def test_what_recovery_builds_on_never_reaches_back_into_it(imports):
+    graph = import_graph(imports)
+    below = {name for module in graph if under(module, [RECOVERY]) for name in graph[module] if not under(name, [RECOVERY])}
+    for module in below:
+        reached, todo = set(), [module]
+        while todo:
+            current = todo.pop()
+            reached.add(current)
+            todo += graph[current] - reached
+        assert not [m for m in reached if under(m, [RECOVERY, REPORTS])], f"{module} calls back into recovery"
+
+
+def test_only_the_api_tasks_and_commands_import_the_reports(imports):
+    """The agents' reports hand their work to recovery: nothing below them imports them."""
+    wrong = {(module, name) for module, names in imports.items() if not under(module, [*TOP_TIER, REPORTS])
+             for name in names if under(name, [REPORTS])}
     assert not wrong
 
 

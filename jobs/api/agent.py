@@ -33,6 +33,14 @@ from respawn_server.jobs.fleet.placement import refresh_interval
 from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
 from respawn_server.jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
 from respawn_server.jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
+from respawn_server.jobs.recovery.elastic import trainer_exited
+from respawn_server.jobs.recovery.joiners import joiner_ready
+from respawn_server.jobs.recovery.spares import spare_ready
+from respawn_server.jobs.reports.checkpoints import record_checkpoint, record_validation
+from respawn_server.jobs.reports.exits import record_exit
+from respawn_server.jobs.reports.notices import record_notice, record_rebalance
+from respawn_server.jobs.reports.registration import (REGISTER_MAX_FAILURES, record_prepare, register_failed,
+                                                        register_instance)
 
 log = logging.getLogger(__name__)
 
@@ -284,8 +292,8 @@ class HeartbeatView(AgentView):
             digest, event_id=data["event_id"], step=data["step"], loss=data["loss"],
             samples_per_s=data["samples_per_s"]))
         if data["trainer_exit_code"] is not None:  # an elastic gang's node waiting for the gang's word
-            services.trainer_exited(instance, exit_code=data["trainer_exit_code"],
-                                    generation=data["gang_generation"])
+            trainer_exited(instance, exit_code=data["trainer_exit_code"],
+                           generation=data["gang_generation"])
         return instance
 
     @staticmethod
@@ -320,9 +328,9 @@ class NoticeView(AgentView):
     def post(self, request):
         data = self.validated(request)
         if data["kind"] == protocol.NoticeKind.REBALANCE:
-            record = functools.partial(services.record_rebalance, self.instance, source=data["source"], raw=data["raw"])
+            record = functools.partial(record_rebalance, self.instance, source=data["source"], raw=data["raw"])
         else:
-            record = functools.partial(services.record_notice, self.instance, source=data["source"],
+            record = functools.partial(record_notice, self.instance, source=data["source"],
                                        notice_time=data["notice_time"], deadline=data["deadline"], raw=data["raw"])
         applied = apply_once(self.instance, data["event_id"], "notice", record)
         return ack(duplicate=not applied)
@@ -363,7 +371,7 @@ class CheckpointsView(AgentView):
         return ack(duplicate=not self.new)
 
     def record(self, data: dict) -> None:
-        checkpoint, self.new = services.record_checkpoint(self.instance, **data)
+        checkpoint, self.new = record_checkpoint(self.instance, **data)
         if not self.new:
             if checkpoint.job_id != self.instance.job_id:
                 raise CheckpointConflict("This checkpoint_id is already used by another job.")
@@ -394,7 +402,7 @@ class ValidationView(AgentView):
         checkpoint = checkpoints.first()
         if checkpoint is None:
             raise exceptions.NotFound("No checkpoint of this job has that checkpoint_id.")
-        applied = apply_once(self.instance, data["event_id"], "validation", lambda: services.record_validation(
+        applied = apply_once(self.instance, data["event_id"], "validation", lambda: record_validation(
             checkpoint, result=data["result"], loss=data["loss"], message=data["message"]))
         return ack(duplicate=not applied)
 
@@ -445,13 +453,13 @@ class ExitView(AgentView):
         kwargs = {f: data[f] for f in ("reason", "exit_code", "final_step", "output_tail", "last_exception",
                                        "artifact_uri", "artifact_digest")}
         applied = apply_once(self.instance, data["event_id"], "exit",
-                             lambda: services.record_exit(self.instance, **kwargs))
+                             lambda: record_exit(self.instance, **kwargs))
         return ack(duplicate=not applied)
 
 
 class RendezvousView(AgentView):
     """Rank 0's "host:port" for this instance's gang: on a cloud it is known only once
-    rank 0 registers (services.register_instance), so a rank that registered first
+    rank 0 registers (reports.registration.register_instance), so a rank that registered first
     polls here until it is not empty. An instance reads only its own gang's."""
 
     @extend_schema(responses=inline_serializer("RendezvousAnswer", {"rendezvous_addr": serializers.CharField()}))
@@ -462,14 +470,14 @@ class RendezvousView(AgentView):
 class StandbyView(AgentView):
     """A spare (docs/spares.md) polls here once prepared: `standby` while the instance it
     stands by for lives, then, promoted, the checkpoint to resume from, fixed at the
-    promotion (services.promote_spares). Asking says the spare is ready: once every spare
+    promotion (recovery.spares.promote_spares). Asking says the spare is ready: once every spare
     of the job is (a gang's every node has one), the instances they stand by for, training
     on through the notice, are told to save and stop (idempotent, as a GET must be). A
     joiner (docs/elastic.md) polls the same way: `standby` until its gang regroups with it,
     then its rank, world size, rendezvous and resume; its asking says it is ready
-    (services.joiner_ready). Any other instance reads `standby` false and its own resume
+    (recovery.joiners.joiner_ready). Any other instance reads `standby` false and its own resume
     checkpoint, with where it trains now: a node of an elastic gang asks here after a
-    regroup (services.regroup)."""
+    regroup (recovery.elastic.regroup)."""
 
     @extend_schema(responses=inline_serializer("StandbyAnswer", {
         "standby": serializers.BooleanField(), "resume_from": serializers.CharField(allow_null=True),
@@ -479,9 +487,9 @@ class StandbyView(AgentView):
     def get(self, request):
         instance = Instance.objects.select_related("resume_checkpoint").get(pk=self.instance.pk)
         if instance.standby_for_id is not None:
-            services.spare_ready(instance)
+            spare_ready(instance)
         elif instance.joining:
-            services.joiner_ready(instance)
+            joiner_ready(instance)
         resume = instance.resume_checkpoint
         return Response(protocol.to_dict(protocol.StandbyAnswer(
             standby=instance.standby_for_id is not None or instance.joining, resume_from=resume.uri if resume else None,
@@ -525,7 +533,7 @@ class PrepareView(AgentView):
         data = self.validated(request)
         kwargs = {f: data[f] for f in ("outcome", "key", "uri", "seconds", "message")}
         applied = apply_once(self.instance, data["event_id"], "prepare",
-                             lambda: services.record_prepare(self.instance, **kwargs))
+                             lambda: record_prepare(self.instance, **kwargs))
         return ack(duplicate=not applied)
 
 
@@ -541,7 +549,7 @@ class RegisterView(APIView):
 
     A register this server fails to answer (a job spec it cannot build) changes
     nothing but a count: the agent retries, and after a bounded number of such
-    failures the job fails with cause `setup` (services.register_failed) instead
+    failures the job fails with cause `setup` (reports.registration.register_failed) instead
     of its VMs timing out unregistered and being relaunched forever."""
 
     authentication_classes = []
@@ -572,9 +580,9 @@ class RegisterView(APIView):
                 Instance.objects.filter(pk=instance.pk).update(agent_token_hash=digest,
                                                                register_event_id=data["event_id"])
                 if first_use:
-                    services.register_instance(instance, hostname=data["hostname"],
-                                               agent_version=data["agent_version"],
-                                               provider_instance_id=data["provider_instance_id"])
+                    register_instance(instance, hostname=data["hostname"],
+                                      agent_version=data["agent_version"],
+                                      provider_instance_id=data["provider_instance_id"])
                     refresh_interval(instance)
                 instance.refresh_from_db()
                 answer = protocol.RegisterAnswer(agent_token=token, job=job_spec(instance))
@@ -584,9 +592,9 @@ class RegisterView(APIView):
             if found is None:
                 raise
             log.exception("could not answer the register of instance %s", found.pk)
-            failures = services.register_failed(found.pk, f"{type(exc).__name__}: {exc}")
+            failures = register_failed(found.pk, f"{type(exc).__name__}: {exc}")
             raise RegisterFailed(f"The control plane could not answer this register ({type(exc).__name__}): "
-                                 f"failure {failures} of the {services.REGISTER_MAX_FAILURES} after which the job "
+                                 f"failure {failures} of the {REGISTER_MAX_FAILURES} after which the job "
                                  "fails.")
         return Response(protocol.to_dict(answer))
 
@@ -635,6 +643,6 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         run_id=trackers.run_id(job),
         container_image=job.container_image,
         standby=instance.standby_for_id is not None or instance.joining,
-        notice_hold=not post,  # a training VM's notice launches spares (services.record_notice)
+        notice_hold=not post,  # a training VM's notice launches spares (reports.notices.record_notice)
         spare_on_rebalance=job.spare_on_rebalance and job.nodes == 1 and not post,
     )

@@ -10,9 +10,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, serializers
 
 from respawn_server.jobs.api.agent import AckSerializer, AgentView, ReportSerializer, ack, apply_once
-from respawn_server.jobs.core import services
 from respawn_server.jobs.fleet import agent_dist
 from respawn_server.jobs.people.auth import BootstrapOrAgentTokenAuthentication, BootstrapTokenAuthentication
+from respawn_server.jobs.reports.registration import agent_setup_failed
 
 
 class DistView(AgentView):
@@ -40,7 +40,7 @@ class SetupFailedView(AgentView):
     SHA-256 is not the pinned one, a download or pip install that failed). Only the
     bootstrap token of a VM whose agent never registered says so: an agent that runs
     reports its own setup failures in its exit. The job fails with cause `setup`
-    (services.agent_setup_failed) and its VMs are terminated: no retry keeps billing."""
+    (reports.registration.agent_setup_failed) and its VMs are terminated: no retry keeps billing."""
 
     authentication_classes = [BootstrapTokenAuthentication]
     body_serializer = SetupFailedSerializer
@@ -49,5 +49,5 @@ class SetupFailedView(AgentView):
     def post(self, request):
         data = self.validated(request)
         applied = apply_once(self.instance, data["event_id"], "setup-failed",
-                             lambda: services.agent_setup_failed(self.instance, data["message"]))
+                             lambda: agent_setup_failed(self.instance, data["message"]))
         return ack(duplicate=not applied)

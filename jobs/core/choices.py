@@ -28,7 +28,7 @@ class JobStatus:
     TRANSITIONS: dict[str, frozenset[str]] = {
         QUEUED: frozenset({PROVISIONING, CANCELLED}),
         PROVISIONING: frozenset({RUNNING, QUEUED, RECOVERING, FAILED, CANCELLING}),
-        # running -> finishing only for a job with a post step (respawn_server.jobs.core.services._maybe_succeed).
+        # running -> finishing only for a job with a post step (respawn_server.jobs.recovery.after_end._maybe_succeed).
         RUNNING: frozenset({SUCCEEDED, FINISHING, RECOVERING, FAILED, CANCELLING}),
         RECOVERING: frozenset({PROVISIONING, FAILED, CANCELLING}),
         # The post step's outcome is the job's: a failing post step fails the job (its

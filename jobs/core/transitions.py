@@ -71,7 +71,7 @@ def lock_job_endings(job_id: int) -> None:
 def end_instance(instance: Instance, end_reason: str, *, message: str = "") -> bool:
     """End a live instance from whatever live state it is in now (retrying once if
     it moved meanwhile, e.g. running -> preempting). Call it in the transaction that
-    then moves the job on (respawn_server.jobs.core.services.after_instance_ended): the job's lock is
+    then moves the job on (respawn_server.jobs.recovery.after_end.after_instance_ended): the job's lock is
     held from here to its end."""
     if instance.state != InstanceState.ENDED:
         lock_job_endings(instance.job_id)

@@ -40,7 +40,7 @@ INTERRUPTED = (EndReason.PREEMPTED, EndReason.LOST)
 # What the estimates every team's placement shares learn from: what the control plane saw
 # (a VM silent past its deadline), or a preemption the cloud confirmed. An agent's word
 # that it was preempted alone moves only its own job's next placement (_just_preempted):
-# any VM can say it (respawn_server.jobs.fleet.orchestration.confirm_claimed_preemptions).
+# any VM can say it (respawn_server.jobs.fleet.leftovers.confirm_claimed_preemptions).
 # A drill's interruption (respawn_server.jobs.drills) is neither: it was asked for, the market did not do it.
 SEEN_INTERRUPTED = (Q(end_reason=EndReason.LOST) | Q(end_reason=EndReason.PREEMPTED, preemption_confirmed=True)) \
     & not_drilled()

@@ -157,7 +157,7 @@ def timelines(job_id: int) -> list[Timeline]:
 
 
 def _went_on_without(old: Instance, interrupted: dt.datetime, regroup: WorldSize) -> Timeline:
-    """An elastic gang went on without the node on the VMs it had (services.regroup):
+    """An elastic gang went on without the node on the VMs it had (recovery.elastic.regroup):
     nothing was requested or booted (those marks are the regroup's moment), and it
     resumed at the first step a node's trainer reported since (StepPoint; a node's steps
     are kept once, so that is its first step past where it was before: the steps redone

@@ -142,7 +142,8 @@ def test_a_rebalance_recommendation_is_reported_and_only_acted_on_when_asked(tea
 
 def test_with_spare_on_rebalance_the_agent_reports_it_trains_on_and_hands_over_when_its_spare_is_ready(
         team_setup, child_env, web_server, tmp_path, imds, settings):
-    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.recovery.spares import end_notice_hold, launch_spare
+    from respawn_server.jobs.reports.registration import register_instance
 
     settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
     job, setup = make_running_job(team_setup, tmp_path, checkpoint_interval_s=3600, spare_on_rebalance=True,
@@ -158,10 +159,10 @@ def test_with_spare_on_rebalance_the_agent_reports_it_trains_on_and_hands_over_w
                    what="training on after the recommendation", proc=agent)
         assert Instance.objects.get(pk=setup.instance.pk).state == InstanceState.RUNNING
         # The spare (launched by the worker's task, run here) registers and, prepared, asks standby.
-        spare = Instance.objects.get(pk__in=orchestration.launch_spare(setup.instance.pk))
-        services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
+        spare = Instance.objects.get(pk__in=launch_spare(setup.instance.pk))
+        register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
         told_at = Instance.objects.get(pk=setup.instance.pk).last_step
-        services.end_notice_hold(setup.instance.pk, spare_ready=True)
+        end_notice_hold(setup.instance.pk, spare_ready=True)
         ended(setup.instance)
     finally:
         agent.stop(9)

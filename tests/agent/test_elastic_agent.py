@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.reconciler import _end_gone, check_elastic_gang
 from respawn_server.jobs.models import Instance, InstanceEvent
 from tests.agent.live import AgentProcess
 from tests.conftest import wait_until
@@ -48,7 +48,7 @@ def test_a_regroup_restarts_the_trainer_in_the_new_gang(team_setup, child_env, w
     try:
         wait_until(lambda: starts.exists() and starts.read_text().count("\n") == 1, timeout=60,
                    what="the trainer's first start", proc=agent)
-        orchestration._end_gone(rank1, "the cloud says gone")  # what the reconciler does for a vanished VM
+        _end_gone(rank1, "the cloud says gone")  # what the reconciler does for a vanished VM
         wait_until(lambda: starts.read_text().count("\n") == 2, timeout=60, what="the trainer's restart", proc=agent)
     finally:
         agent.stop(9)
@@ -72,7 +72,7 @@ def test_a_failing_trainer_waits_for_the_word_and_with_its_peers_there_ends_fail
         # What the nudge runs. Neither node has a VM the cloud could call gone (rank 0's id is the
         # metadata emulator's, which no provider here knows: forgotten, as if never launched).
         Instance.objects.filter(pk=rank0.instance.pk).update(provider_instance_id="")
-        orchestration.check_elastic_gang(job.pk)
+        check_elastic_gang(job.pk)
         wait_until(lambda: Instance.objects.get(pk=rank0.instance.pk).state == InstanceState.ENDED, timeout=60,
                    what="the node to end", proc=agent)
     finally:

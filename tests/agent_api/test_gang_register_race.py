@@ -4,15 +4,15 @@ must still learn that every node registered (the CI run that left a gang's job i
 
 import pytest
 
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.models import Instance, Job
+from respawn_server.jobs.reports.registration import register_instance
 from tests.factories import make_instance, make_job, make_team_with_members
 from tests.overlap import in_overlapping_transactions
 
 
 def register(instance: Instance) -> None:
-    services.register_instance(instance, hostname=f"node-{instance.rank}", agent_version="t", provider_instance_id="")
+    register_instance(instance, hostname=f"node-{instance.rank}", agent_version="t", provider_instance_id="")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -247,7 +247,7 @@ def test_ended_instance_is_told_to_stop_and_keeps_reporting_within_grace(agent, 
 
 
 def test_a_gang_notice_lets_the_other_nodes_train_on_until_no_spares_are_coming_then_stops_them_all(db):
-    from respawn_server.jobs.core import services
+    from respawn_server.jobs.recovery.spares import end_notice_hold
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=2, status=JobStatus.PROVISIONING)
@@ -261,9 +261,9 @@ def test_a_gang_notice_lets_the_other_nodes_train_on_until_no_spares_are_coming_
         nodes.append(node.instance)
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
     agents[1].post("notice", protocol.Notice(source="local", notice_time=timezone.now().isoformat()))
-    # The gang's spares are being placed (respawn_server.jobs.fleet.orchestration.launch_spare): the peer trains on.
+    # The gang's spares are being placed (respawn_server.jobs.recovery.spares.launch_spare): the peer trains on.
     assert agents[0].post("heartbeat", protocol.Heartbeat(step=9)).json()["action"] == "continue"
-    services.end_notice_hold(nodes[1].pk)  # what launch_spare does when none can be placed
+    end_notice_hold(nodes[1].pk)  # what launch_spare does when none can be placed
     assert agents[0].post("heartbeat", protocol.Heartbeat(step=10)).json()["action"] == "checkpoint_and_stop"
     assert agents[1].post("heartbeat", protocol.Heartbeat(step=10)).json()["action"] == "checkpoint_and_stop"
 

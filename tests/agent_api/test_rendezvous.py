@@ -6,7 +6,7 @@ from rest_framework.test import APIClient
 
 from respawn import protocol
 from respawn_server.jobs.core.choices import JobStatus
-from respawn_server.jobs.core.services import GANG_PORT
+from respawn_server.jobs.recovery.gangs import GANG_PORT
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 

@@ -70,9 +70,9 @@ def test_a_checkpoint_no_validator_will_judge_is_recorded_skipped_saying_why_not
     from django.utils import timezone
 
     from respawn_server.jobs.core.choices import EndReason, InstanceState
-    from respawn_server.jobs.core.services import expire_pending_validations
     from respawn_server.jobs.core.transitions import end_instance
     from respawn_server.jobs.models import Instance
+    from respawn_server.jobs.reports.checkpoints import expire_pending_validations
 
     job = make_job(setup.team, setup.people["member"].user, validation_model_factory="m:model",
                    validation_batch_factory="m:batch")

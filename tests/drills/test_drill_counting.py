@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from respawn_server.jobs.core.choices import DrillStatus, EndReason, InstanceState, InterruptionKind, JobStatus
-from respawn_server.jobs.core.services import after_instance_ended
+from respawn_server.jobs.recovery.after_end import after_instance_ended
 from respawn_server.jobs.core.transitions import end_instance
 from respawn_server.jobs.drills import services
 from respawn_server.jobs.core.drilled import caused_by_drill

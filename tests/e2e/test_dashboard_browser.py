@@ -13,11 +13,11 @@ import pytest
 import requests
 
 from respawn import protocol
+from respawn.vocabulary.money import money_figures
 from respawn_server.jobs.core.choices import JobStatus, Role
 from respawn_server.jobs.core.transitions import transition_job
 from respawn_server.jobs.models import Job
 from respawn_server.jobs.money.seed_prices import seed_price_book
-from respawn.vocabulary.money import money_figures
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_instance, make_team_with_members
 
@@ -142,7 +142,7 @@ def test_an_elastic_gangs_world_size_falls_on_its_chart_without_a_reload(dashboa
     from playwright.sync_api import expect
 
     from respawn_server.jobs.core.choices import InstanceState
-    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.fleet.reconciler import _end_gone
     from respawn_server.jobs.models import Instance, WorldSize
     from tests.conftest import wait_until
     from tests.factories import make_job
@@ -160,7 +160,7 @@ def test_an_elastic_gangs_world_size_falls_on_its_chart_without_a_reload(dashboa
         drawn = f"window.respawnCharts && respawnCharts.worldSize ? {sizes} : null"
         wait_until(lambda: page.evaluate(drawn) == [3, 3], timeout=LIVE_S / 1000, what="3 nodes from placing to now")
         page.evaluate("window.__sameDocument = true")
-        orchestration._end_gone(Instance.objects.get(pk=nodes[1].pk), "the cloud says gone")
+        _end_gone(Instance.objects.get(pk=nodes[1].pk), "the cloud says gone")
         wait_until(lambda: page.evaluate(drawn) == [3, 2, 2], timeout=LIVE_S / 1000, what="the chart to step down to 2")
         assert page.evaluate("window.__sameDocument") is True
         assert errors == [] and outside == []

@@ -162,8 +162,8 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
 
 def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db, django_capture_on_commit_callbacks):
     from respawn.protocol import ExitReason
-    from respawn_server.jobs.core import services
-    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.fleet.reconciler import check_gang_failure
+    from respawn_server.jobs.reports.exits import record_exit
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -171,13 +171,13 @@ def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db,
     survivor = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-900-0000aaaa").instance
     vanished = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-901-0000bbbb").instance
     with django_capture_on_commit_callbacks() as queued:
-        services.record_exit(survivor, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception=GLOO_ERROR,
-                             output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
+        record_exit(survivor, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception=GLOO_ERROR,
+                    output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
     assert len(queued) == 1  # the peers are checked before the code is blamed
     job.refresh_from_db()
     assert (job.status, job.failure_restarts) == (JobStatus.RUNNING, 0)
 
-    orchestration.check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR)  # what the queued task runs
+    check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR)  # what the queued task runs
     job.refresh_from_db()
     vanished.refresh_from_db()
     assert vanished.end_reason == EndReason.PREEMPTED  # the local provider has no such VM: gone
@@ -186,21 +186,21 @@ def test_a_rank_failing_because_its_peers_vm_vanished_counts_as_a_preemption(db,
 
 def test_a_rank_failing_with_no_live_peer_left_is_the_codes_failure(db):
     from respawn.protocol import ExitReason
-    from respawn_server.jobs.core import services
+    from respawn_server.jobs.reports.exits import record_exit
     from tests.factories import make_instance
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
     make_instance(job, rank=1, state=InstanceState.ENDED, end_reason=EndReason.FENCED)
     failed = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-902-0000cccc").instance
-    services.record_exit(failed, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception="ValueError: bad",
-                         output_tail="ValueError: bad", artifact_uri="", artifact_digest="")
+    record_exit(failed, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception="ValueError: bad",
+                output_tail="ValueError: bad", artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     assert (job.status, job.preemptions, job.failure_restarts) == (JobStatus.RECOVERING, 0, 1)
 
 
 def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db, django_capture_on_commit_callbacks):
-    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.fleet.reconciler import confirm_silent
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -208,7 +208,7 @@ def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db,
     alive = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-903-0000dddd").instance
     silent = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-904-0000eeee").instance
     with django_capture_on_commit_callbacks():
-        orchestration.confirm_silent(silent)  # the heartbeat deadline passed; the cloud has no such VM
+        confirm_silent(silent)  # the heartbeat deadline passed; the cloud has no such VM
     alive.refresh_from_db()
     job.refresh_from_db()
     assert alive.requested_action == "stop"  # not checkpoint_and_stop: no collective save can succeed without rank 1
@@ -217,7 +217,7 @@ def test_a_node_found_gone_without_a_notice_has_the_rest_of_its_gang_stopped(db,
 
 def test_a_late_judgement_about_a_replaced_gang_leaves_the_new_gang_alone(db, django_capture_on_commit_callbacks):
     from respawn_server.jobs.core.transitions import end_instance
-    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.fleet.reconciler import check_gang_failure
     from tests.factories import make_instance
 
     setup = make_team_with_members()
@@ -227,7 +227,7 @@ def test_a_late_judgement_about_a_replaced_gang_leaves_the_new_gang_alone(db, dj
     for rank in range(NODES):  # the gang was replaced before the queued check ran
         make_instance(job, rank=rank, state=InstanceState.RUNNING, provider_instance_id=f"local-9{rank}6-00001111")
     with django_capture_on_commit_callbacks():
-        orchestration.check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR, failed.pk)
+        check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR, failed.pk)
     job.refresh_from_db()
     assert (job.status, job.failure_restarts, job.preemptions) == (JobStatus.RUNNING, 0, 0)
 
@@ -238,17 +238,17 @@ def test_a_rank_failing_after_its_peer_was_found_gone_is_not_judged(db):
     as the code's failure, an illegal recovering -> recovering move: a 500, resent
     until the survivor was marked lost."""
     from respawn.protocol import ExitReason
-    from respawn_server.jobs.core import services
-    from respawn_server.jobs.fleet import orchestration
+    from respawn_server.jobs.fleet.reconciler import confirm_silent
+    from respawn_server.jobs.reports.exits import record_exit
     from tests.factories import make_instance
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
     survivor = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-907-0000aaaa").instance
     vanished = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-908-0000bbbb").instance
-    orchestration.confirm_silent(vanished)
-    services.record_exit(survivor, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception=GLOO_ERROR,
-                         output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
+    confirm_silent(vanished)
+    record_exit(survivor, reason=ExitReason.FAILED, exit_code=1, final_step=None, last_exception=GLOO_ERROR,
+                output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     survivor.refresh_from_db()
     assert survivor.end_reason == EndReason.FAILED
@@ -260,15 +260,15 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
     lost and the gang relaunched, asked the new gang to stop; the new gang stopped and
     the job stayed `running` with nothing running it."""
     from respawn.protocol import ExitReason
-    from respawn_server.jobs.core import services
+    from respawn_server.jobs.reports.exits import record_exit
     from tests.factories import make_instance
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RUNNING)
     old = make_instance(job, rank=0, state=InstanceState.ENDED, end_reason=EndReason.LOST).instance
     new = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(NODES)]
-    services.record_exit(old, reason=ExitReason.FAILED, exit_code=1, final_step=40, last_exception=GLOO_ERROR,
-                         output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
+    record_exit(old, reason=ExitReason.FAILED, exit_code=1, final_step=40, last_exception=GLOO_ERROR,
+                output_tail=GLOO_ERROR, artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     assert (job.status, job.failure_restarts) == (JobStatus.RUNNING, 0)
     assert [Instance.objects.get(pk=i.pk).requested_action for i in new] == [""] * NODES
@@ -276,14 +276,14 @@ def test_an_old_gangs_late_exit_report_leaves_the_new_gang_running(db):
 
 def test_a_running_job_whose_last_node_stops_unasked_is_recovered(db):
     from respawn.protocol import ExitReason
-    from respawn_server.jobs.core import services
+    from respawn_server.jobs.reports.exits import record_exit
     from tests.factories import make_instance
 
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING)
     only = make_instance(job, state=InstanceState.RUNNING).instance
-    services.record_exit(only, reason=ExitReason.STOPPED, exit_code=-15, final_step=None, last_exception="",
-                         output_tail="", artifact_uri="", artifact_digest="")
+    record_exit(only, reason=ExitReason.STOPPED, exit_code=-15, final_step=None, last_exception="",
+                output_tail="", artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     assert (job.status, job.failure_restarts) == (JobStatus.RECOVERING, 0)
 
@@ -294,7 +294,7 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     while rank 0's transaction is still open: without the job's lock each saw the
     other still live and neither succeeded the job."""
     from respawn.protocol import ExitReason
-    from respawn_server.jobs.core import services
+    from respawn_server.jobs.reports.exits import record_exit
     from tests.factories import make_instance
     from tests.overlap import in_overlapping_transactions
 
@@ -303,8 +303,8 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     ranks = [make_instance(job, rank=rank, state=InstanceState.RUNNING).instance for rank in range(NODES)]
 
     def complete(instance):
-        services.record_exit(instance, reason=ExitReason.COMPLETED, exit_code=0, final_step=STEPS, last_exception="",
-                             output_tail="", artifact_uri="", artifact_digest="")
+        record_exit(instance, reason=ExitReason.COMPLETED, exit_code=0, final_step=STEPS, last_exception="",
+                    output_tail="", artifact_uri="", artifact_digest="")
 
     in_overlapping_transactions(lambda: complete(ranks[0]), lambda: complete(ranks[1]), hold_s=2)
     job.refresh_from_db()

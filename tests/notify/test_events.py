@@ -14,12 +14,12 @@ from django.utils import timezone
 from respawn import protocol
 from respawn_server.jobs.core.choices import Channel, DeliveryStatus, EndReason, InstanceState, JobStatus
 from respawn_server.jobs.core.choices import NotificationKind as Kind
-from respawn_server.jobs.core.services import record_validation
 from respawn_server.jobs.core.transitions import transition_job
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import Checkpoint, Delivery, Job, JobEvent, Notification, Subscription, Team
 from respawn_server.jobs.money.budget import warn_over_budget
 from respawn_server.jobs.notify import events, subscriptions
+from respawn_server.jobs.reports.checkpoints import record_validation
 from respawn_server.jobs.tasks import deliver_notification
 from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.api.clients import client_for
@@ -198,8 +198,8 @@ def test_a_launch_held_by_the_budget_is_told_once_per_hold(setup, settings):
     sub = subscribe(setup.team, [Kind.LAUNCH_HELD], user=setup.people["member"].user)
     Team.objects.filter(pk=setup.team.pk).update(monthly_budget_usd=Decimal("0.10"))
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"])
-    orchestration.schedule()
-    orchestration.schedule()  # still held: the same hold
+    schedule()
+    schedule()  # still held: the same hold
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED
     delivery = Delivery.objects.get(subscription=sub)

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from respawn import protocol
 from respawn_server.jobs.core.choices import Channel, JobStatus
 from respawn_server.jobs.core.choices import NotificationKind as Kind
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import Instance, Job, Notification, Subscription
 from respawn_server.jobs.money.seed_prices import seed_price_book
 from tests.agent_api.helpers import AgentClient
@@ -49,7 +49,7 @@ def test_a_scheduling_pass_makes_the_same_queries_with_1000_subscriptions_as_wit
     def count() -> int:
         make_job(setup.team, setup.people["member"].user, instance_types=["cpu-small"], allowed_clouds=["local"])
         with CaptureQueriesContext(connection) as queries:
-            assert len(orchestration.schedule()) == 1
+            assert len(schedule()) == 1
         Instance.objects.all().delete()  # each pass starts from the same state
         Job.objects.all().delete()
         return len(queries)

@@ -10,14 +10,17 @@ import pytest
 from django.db.models import F
 
 from respawn.protocol import ExitReason
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.launcher import launch
+from respawn_server.jobs.fleet.leftovers import release_stopped_disks
 from respawn_server.jobs.fleet.providers.base import CloudState
+from respawn_server.jobs.fleet.reconciler import confirm_silent
 from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import DiskPriceQuote, Instance, InstanceEvent
 from respawn_server.jobs.money import costs
 from respawn_server.jobs.money.ledger import HOURS_PER_MONTH, MONEY_QUANTUM
+from respawn_server.jobs.reports.exits import record_exit
 from tests.emulators.azure_compute import AzureComputeEmulator
 from tests.factories import make_job, make_team_with_members
 from tests.providers.test_azure import SUBNET, StaticToken
@@ -48,9 +51,9 @@ def launched_spot(**fields):
     team = make_team_with_members()
     job = make_job(team.team, team.people["member"].user, allowed_clouds=["azure"],
                    instance_types=["Standard_NC24ads_A100_v4"], **fields)
-    orchestration.schedule()
+    schedule()
     instance = Instance.objects.get(job=job, state=InstanceState.REQUESTED)
-    orchestration.launch(instance.pk)
+    launch(instance.pk)
     instance.refresh_from_db()
     return instance
 
@@ -64,10 +67,10 @@ def evicted_a_while_ago(instance):
 
 def end_by(how, instance):
     if how == "reconciler":  # silent past its deadline; the cloud says stopped: an eviction
-        orchestration.confirm_silent(instance)
+        confirm_silent(instance)
     else:  # the agent saw the eviction notice and reported its exit
-        services.record_exit(instance, reason=ExitReason.PREEMPTED, exit_code=143, final_step=None, output_tail="",
-                             last_exception="", artifact_uri="", artifact_digest="")
+        record_exit(instance, reason=ExitReason.PREEMPTED, exit_code=143, final_step=None, output_tail="",
+                    last_exception="", artifact_uri="", artifact_digest="")
     instance.refresh_from_db()
 
 
@@ -86,13 +89,13 @@ def test_an_evicted_deallocated_vm_is_deleted_and_its_disk_billed_until_then(azu
     assert open_cost.ledger.waste.stopped_disk > 0, "billed up to now while the VM stays"
     assert costs.settled_keys([instance.job_id])[instance.job_id] is None, "its money still grows"
 
-    assert orchestration.release_stopped_disks() == 0  # still there: deleted now, looked at again next period
+    assert release_stopped_disks() == 0  # still there: deleted now, looked at again next period
     assert cloud.describe(instance.provider_instance_id).state == CloudState.GONE
     assert azure.requests_to("DELETE", f"/virtualMachines/{instance.provider_instance_id}")
-    assert orchestration.release_stopped_disks() == 1
+    assert release_stopped_disks() == 1
     instance.refresh_from_db()
     assert instance.storage_released_at >= instance.ended_at + EVICTED_FOR
-    assert orchestration.release_stopped_disks() == 0, "released once"
+    assert release_stopped_disks() == 0, "released once"
 
     cost = costs.job_cost(instance.job_id)
     seconds = int(instance.storage_released_at.timestamp()) - int(instance.ended_at.timestamp())
@@ -113,7 +116,7 @@ def test_an_evicted_vm_the_cloud_already_deleted_keeps_no_disk(azure):
 
     assert instance.end_reason == EndReason.PREEMPTED and instance.storage_released_at == instance.ended_at
     assert costs.job_cost(instance.job_id).ledger.waste.stopped_disk == Decimal(0)
-    assert orchestration.release_stopped_disks() == 0
+    assert release_stopped_disks() == 0
 
 
 def test_an_on_demand_vm_keeps_no_stopped_disk(azure):

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import Instance, Job, JobEvent, Team
 from respawn_server.jobs.money.budget import warn_over_budget
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -21,13 +21,13 @@ def setup(settings, db):
 def test_a_launch_that_would_overrun_the_budget_waits_then_goes_when_raised(setup):
     Team.objects.filter(pk=setup.team.pk).update(monthly_budget_usd=Decimal("0.10"))
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"])
-    orchestration.schedule()
+    schedule()
     job.refresh_from_db()
     # An hour of expected work (nothing measured yet) at $0.30/h would pass $0.10.
     assert job.status == JobStatus.QUEUED and job.status_reason.startswith("waiting: monthly budget")
     assert not Instance.objects.filter(job=job).exists()
     Team.objects.filter(pk=setup.team.pk).update(monthly_budget_usd=Decimal("5"))
-    orchestration.schedule()
+    schedule()
     assert Job.objects.get(pk=job.pk).status == JobStatus.PROVISIONING
 
 

@@ -12,10 +12,11 @@ import pytest
 from django.utils import timezone
 
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.launcher import launch, terminate_local_vms
 from respawn_server.jobs.fleet.placement import placement_events
 from respawn_server.jobs.fleet.providers.base import CloudState
 from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.fleet.scheduler import provision
 from respawn_server.jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
 from respawn_server.jobs.money.costs import job_cost
 from respawn_server.jobs.tasks import AGENT_API_BEAT, reconcile
@@ -46,8 +47,8 @@ def test_a_vm_terminated_by_the_stopping_control_plane_ends_cancelled_then_and_c
                    command=[sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.02"],
                    total_steps=100_000, checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0)
     with django_capture_on_commit_callbacks():  # its launch message: launched right here instead
-        [instance_id] = orchestration.provision(job)
-    orchestration.launch(instance_id)
+        [instance_id] = provision(job)
+    launch(instance_id)
     instance = Instance.objects.get(pk=instance_id)
     wait_until(lambda: Job.objects.get(pk=job.pk).newest_checkpoint_id is not None, timeout=90,
                what="the job to train and commit a checkpoint on its local VM",
@@ -55,7 +56,7 @@ def test_a_vm_terminated_by_the_stopping_control_plane_ends_cancelled_then_and_c
 
     before = timezone.now()
     step_at_stop = Instance.objects.get(pk=instance_id).last_step
-    assert orchestration.terminate_local_vms() == [instance.provider_instance_id]
+    assert terminate_local_vms() == [instance.provider_instance_id]
     after = timezone.now()
     assert local_cloud.describe(instance.provider_instance_id).state == CloudState.GONE
 

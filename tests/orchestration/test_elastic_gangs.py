@@ -14,10 +14,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn.protocol import Action
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.reconciler import _end_gone, check_elastic_gang, retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, Job, WorldSize
+from respawn_server.jobs.recovery.elastic import trainer_exited
+from respawn_server.jobs.reports.checkpoints import record_checkpoint
+from respawn_server.jobs.reports.exits import record_exit
 from tests.factories import make_instance, make_job, make_team_with_members
 
 NODES = 3
@@ -36,14 +38,14 @@ def elastic(settings, db):
     nodes = [make_instance(job, rank=rank, state=InstanceState.RUNNING, registered=True, hostname=f"node-{rank}",
                            rendezvous_addr="127.0.0.1:29400", last_step=55) for rank in range(NODES)]
     with transaction.atomic():
-        services.record_checkpoint(nodes[0].instance, checkpoint_id=uuid.uuid4(), step=40, uri="/c/40", bytes=1,
-                                   manifest_digest="d", kind="periodic", committed_at=timezone.now())
+        record_checkpoint(nodes[0].instance, checkpoint_id=uuid.uuid4(), step=40, uri="/c/40", bytes=1,
+                          manifest_digest="d", kind="periodic", committed_at=timezone.now())
     return job, nodes
 
 
 def gone(instance: Instance) -> None:
     """What the reconciler (or check_elastic_gang) does when the cloud says a VM is gone."""
-    orchestration._end_gone(instance, "heartbeat deadline passed; the cloud says gone")
+    _end_gone(instance, "heartbeat deadline passed; the cloud says gone")
 
 
 def rows(job) -> list[tuple]:
@@ -107,11 +109,11 @@ def test_a_trainer_exit_is_checked_once_per_generation_and_only_for_an_elastic_g
     Instance.objects.filter(pk=nodes[1].instance.pk).update(provider_instance_id="local-901-0000bbbb")  # never ran
     survivor = nodes[0].instance
     with django_capture_on_commit_callbacks() as sent, transaction.atomic():
-        services.trainer_exited(survivor, exit_code=1, generation=0)
-        services.trainer_exited(survivor, exit_code=1, generation=0)  # a resent heartbeat
+        trainer_exited(survivor, exit_code=1, generation=0)
+        trainer_exited(survivor, exit_code=1, generation=0)  # a resent heartbeat
     assert len(sent) == 1 and Instance.objects.get(pk=survivor.pk).trainer_exited_at is not None
 
-    orchestration.check_elastic_gang(job.pk)  # what the nudge runs: rank 1's VM is gone to the local provider
+    check_elastic_gang(job.pk)  # what the nudge runs: rank 1's VM is gone to the local provider
     assert Instance.objects.get(pk=nodes[1].instance.pk).end_reason == EndReason.PREEMPTED
     assert rows(job) == [(survivor.pk, 0, 2, 1), (nodes[2].instance.pk, 1, 2, 1)]
     assert not Instance.objects.filter(job=job, trainer_exited_at__isnull=False).exists()
@@ -119,12 +121,12 @@ def test_a_trainer_exit_is_checked_once_per_generation_and_only_for_an_elastic_g
     # A word about the old generation, from a node that has not yet seen the regroup, is none.
     late = Instance.objects.get(pk=nodes[2].instance.pk)
     with django_capture_on_commit_callbacks() as stale, transaction.atomic():
-        services.trainer_exited(late, exit_code=1, generation=0)
+        trainer_exited(late, exit_code=1, generation=0)
     assert stale == [] and Instance.objects.get(pk=late.pk).trainer_exited_at is None
 
     Job.objects.filter(pk=job.pk).update(nodes_min=None)  # nor is one from a gang that is not elastic
     with django_capture_on_commit_callbacks() as ignored, transaction.atomic():
-        services.trainer_exited(late, exit_code=1, generation=1)
+        trainer_exited(late, exit_code=1, generation=1)
     assert ignored == [] and Instance.objects.get(pk=late.pk).trainer_exited_at is None
 
 
@@ -144,8 +146,8 @@ def test_a_heartbeat_saying_the_trainer_exited_marks_the_node_waiting(elastic):
 
 def test_a_trainer_exit_with_every_peer_still_there_is_the_codes_and_stops_the_gang(elastic):
     job, nodes = elastic  # no node has a VM id: nothing the cloud could call gone
-    services.trainer_exited(nodes[0].instance, exit_code=1, generation=0)
-    orchestration.check_elastic_gang(job.pk)
+    trainer_exited(nodes[0].instance, exit_code=1, generation=0)
+    check_elastic_gang(job.pk)
     assert set(Instance.objects.filter(job=job).values_list("requested_action", flat=True)) == {Action.STOP}
     assert rows(job) == [(n.instance.pk, n.instance.rank, NODES, 0) for n in nodes]
     assert not job.events.filter(message__contains="failed before a step").exists()  # at its full size
@@ -157,8 +159,8 @@ def test_a_regrouped_gang_whose_trainers_fail_before_a_step_is_told_why_on_its_e
     job, nodes = elastic
     gone(nodes[1].instance)
     survivor = Instance.objects.get(pk=nodes[0].instance.pk)
-    services.trainer_exited(survivor, exit_code=1, generation=1)
-    orchestration.check_elastic_gang(job.pk)
+    trainer_exited(survivor, exit_code=1, generation=1)
+    check_elastic_gang(job.pk)
     assert set(Instance.objects.filter(job=job, state__in=InstanceState.LIVE).values_list(
         "requested_action", flat=True)) == {Action.STOP}
     assert job.events.filter(message__contains="failed before a step at its regrouped size of 2 nodes").exists()
@@ -171,7 +173,7 @@ def test_a_node_never_placed_in_time_leaves_the_gang_starting_with_the_rest(elas
     late = nodes[2].instance
     Instance.objects.filter(pk=late.pk).update(state=InstanceState.REQUESTED, agent_token_hash=None,
                                                requested_at=timezone.now() - dt.timedelta(hours=1))
-    assert orchestration.retry_stuck_provisioning() == 1
+    assert retry_stuck_provisioning() == 1
 
     job.refresh_from_db()
     assert Instance.objects.get(pk=late.pk).end_reason == EndReason.CAPACITY_ERROR
@@ -183,8 +185,8 @@ def test_a_regrouped_gang_succeeds_when_its_nodes_complete(elastic):
     job, nodes = elastic
     gone(nodes[1].instance)
     for pk in (nodes[0].instance.pk, nodes[2].instance.pk):
-        services.record_exit(Instance.objects.select_related("job").get(pk=pk), reason="completed", exit_code=0,
-                             final_step=1000, output_tail="", last_exception="", artifact_uri="", artifact_digest="")
+        record_exit(Instance.objects.select_related("job").get(pk=pk), reason="completed", exit_code=0,
+                    final_step=1000, output_tail="", last_exception="", artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
 
@@ -224,8 +226,8 @@ def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db
              for rank in range(NODES)]
     heartbeats(nodes[1], [(timezone.now() - timedelta(seconds=10), 130)])
     with transaction.atomic():
-        ckpt, _ = services.record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
-                                             manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
+        ckpt, _ = record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
+                                    manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
     gone(nodes[1])
     regrouped = job.world_sizes.get(world_size=2)
     StepPoint.objects.create(job=job, instance=nodes[2], step=131, time=regrouped.at + timedelta(seconds=3))

@@ -13,12 +13,16 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn.protocol import Action
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.launcher import _capacity_error
 from respawn_server.jobs.fleet.providers.base import Placement
 from respawn_server.jobs.models import Instance, Job
 from respawn_server.jobs.people.tokens import AGENT_PREFIX, new_token
+from respawn_server.jobs.recovery.gangs import current_world_size
+from respawn_server.jobs.recovery.joiners import grow_elastic_gangs, grow_with_joiners
+from respawn_server.jobs.reports.checkpoints import record_checkpoint
+from respawn_server.jobs.reports.exits import record_exit
+from respawn_server.jobs.reports.registration import register_instance
 from tests.factories import make_job, make_team_with_members
 from tests.orchestration.test_elastic_gangs import elastic, gone, rows  # noqa: F401  (elastic: a fixture)
 
@@ -39,14 +43,14 @@ def shrunk(elastic, settings):  # noqa: F811
 
 def launch_joiners(job) -> list[Instance]:
     with transaction.atomic():
-        orchestration.grow_elastic_gangs()
+        grow_elastic_gangs()
     return list(Instance.objects.filter(job=job, joining=True, state__in=InstanceState.LIVE).order_by("rank"))
 
 
 def registered(joiner: Instance) -> APIClient:
     """The joiner's agent, registered, as an API client with its token."""
     with transaction.atomic():
-        services.register_instance(joiner, hostname="joiner", agent_version="t", provider_instance_id="local-j")
+        register_instance(joiner, hostname="joiner", agent_version="t", provider_instance_id="local-j")
     token, digest = new_token(AGENT_PREFIX)
     Instance.objects.filter(pk=joiner.pk).update(agent_token_hash=digest)
     client = APIClient()
@@ -56,8 +60,8 @@ def registered(joiner: Instance) -> APIClient:
 
 def commit(rank0: Instance, step: int, capture) -> None:
     with capture(execute=True), transaction.atomic():
-        services.record_checkpoint(rank0, checkpoint_id=uuid.uuid4(), step=step, uri=f"/c/{step}", bytes=1,
-                                   manifest_digest="d", kind="periodic", committed_at=timezone.now())
+        record_checkpoint(rank0, checkpoint_id=uuid.uuid4(), step=step, uri=f"/c/{step}", bytes=1,
+                          manifest_digest="d", kind="periodic", committed_at=timezone.now())
 
 
 def test_a_shrunk_gang_grows_back_with_a_joiner_at_the_checkpoint_it_asks_for(shrunk, django_capture_on_commit_callbacks):
@@ -68,7 +72,7 @@ def test_a_shrunk_gang_grows_back_with_a_joiner_at_the_checkpoint_it_asks_for(sh
         (2, rank0.zone, rank0.instance_type, rank0.rendezvous_addr)
     assert job.events.filter(message__contains=f"joiner instance {joiner.pk} launching").exists()
     assert launch_joiners(job) == [joiner]  # growing already: no second one
-    assert services.current_world_size(job) == 2
+    assert current_world_size(job) == 2
 
     agent = registered(joiner)
     assert Instance.objects.get(pk=joiner.pk).resume_checkpoint is None  # fixed when the gang takes it in
@@ -105,8 +109,8 @@ def test_a_gang_tries_to_grow_only_retry_seconds_after_it_shrank_or_last_tried(s
     job.world_sizes.update(at=timezone.now() - dt.timedelta(seconds=RETRY_S + 1))
     [joiner] = launch_joiners(job)
     with transaction.atomic():  # the cloud has no capacity for it
-        orchestration._capacity_error(Instance.objects.select_related("job").get(pk=joiner.pk),
-                                      Placement(provider="local", region="local", zone=joiner.zone,
+        _capacity_error(Instance.objects.select_related("job").get(pk=joiner.pk),
+                        Placement(provider="local", region="local", zone=joiner.zone,
                                                 instance_type=joiner.instance_type), "InsufficientInstanceCapacity")
     assert Instance.objects.get(pk=joiner.pk).end_reason == EndReason.CAPACITY_ERROR
     assert rows(job)[0][1:] == (0, 2, 1)  # the gang trains on, untouched
@@ -134,9 +138,9 @@ def test_a_joiner_never_holds_up_the_job_finishing_or_counts_as_a_node(shrunk):
     registered(joiner)
     for node in (rank0, rank1):
         with transaction.atomic():
-            services.record_exit(Instance.objects.select_related("job").get(pk=node.pk), reason="completed",
-                                 exit_code=0, final_step=100, output_tail="", last_exception="", artifact_uri="",
-                                 artifact_digest="")
+            record_exit(Instance.objects.select_related("job").get(pk=node.pk), reason="completed",
+                        exit_code=0, final_step=100, output_tail="", last_exception="", artifact_uri="",
+                        artifact_digest="")
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED, list(job.events.values_list("message", flat=True))
     assert Instance.objects.get(pk=joiner.pk).end_reason == EndReason.FENCED
@@ -161,15 +165,15 @@ def test_the_money_counts_the_joiners_run_from_the_growth_checkpoint_and_the_sur
     job = make_job(setup.team, setup.people["member"].user, nodes=3, nodes_min=2, status=JobStatus.RUNNING)
     nodes = [launched(job, at=T(3, 1, 2), last_step=before_loss, rank=rank) for rank in range(3)]
     with transaction.atomic():
-        services.record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
-                                   manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
+        record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
+                          manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
     gone(nodes[1])
     Instance.objects.filter(pk__in=[nodes[0].pk, nodes[2].pk]).update(last_step=200)
     joiner = launched(job, at=T(3, 1, 4), rank=2, joining=True, standby_ready_at=T(3, 1, 4))
     with transaction.atomic():
-        services.record_checkpoint(Instance.objects.get(pk=nodes[0].pk), checkpoint_id=uuid.uuid4(), step=180,
-                                   uri="/c/180", bytes=1, manifest_digest="d", kind="periodic", committed_at=T(3, 1, 5))
-    assert services.grow_with_joiners(job.pk)
+        record_checkpoint(Instance.objects.get(pk=nodes[0].pk), checkpoint_id=uuid.uuid4(), step=180,
+                          uri="/c/180", bytes=1, manifest_digest="d", kind="periodic", committed_at=T(3, 1, 5))
+    assert grow_with_joiners(job.pk)
     Instance.objects.filter(job=job, state__in=InstanceState.LIVE).update(
         last_step=300, state=InstanceState.ENDED, end_reason=EndReason.COMPLETED, ended_at=T(3, 1, 7))
 

@@ -14,10 +14,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from respawn.protocol import Action
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.core.services import heartbeat_action
+from respawn_server.jobs.fleet.reconciler import retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, Job
+from respawn_server.jobs.recovery.spares import launch_spare, release_stale_spares, spare_ready
+from respawn_server.jobs.reports.checkpoints import record_checkpoint
+from respawn_server.jobs.reports.exits import record_exit
+from respawn_server.jobs.reports.notices import record_notice
+from respawn_server.jobs.reports.registration import register_instance
 from tests.factories import make_instance, make_job, make_team_with_members
 
 NODES = 2
@@ -35,20 +40,20 @@ def gang(settings, db):
                            rendezvous_addr="127.0.0.1:29400").instance for rank in range(NODES)]
     now = timezone.now()
     with transaction.atomic():
-        services.record_notice(nodes[1], source="local", notice_time=now, deadline=now + dt.timedelta(seconds=120),
-                               raw="")
+        record_notice(nodes[1], source="local", notice_time=now, deadline=now + dt.timedelta(seconds=120),
+                      raw="")
     for node in nodes:
         node.refresh_from_db()
     return job, nodes
 
 
 def launched(nodes) -> list[Instance]:
-    return list(Instance.objects.filter(pk__in=orchestration.launch_spare(nodes[1].pk)).order_by("rank"))
+    return list(Instance.objects.filter(pk__in=launch_spare(nodes[1].pk)).order_by("rank"))
 
 
 def register(spare: Instance) -> None:
     with transaction.atomic():
-        services.register_instance(spare, hostname=f"spare-{spare.rank}", agent_version="t", provider_instance_id="")
+        register_instance(spare, hostname=f"spare-{spare.rank}", agent_version="t", provider_instance_id="")
 
 
 def actions(nodes) -> list[str]:
@@ -57,8 +62,8 @@ def actions(nodes) -> list[str]:
 
 def notice_save(rank0: Instance, capture):
     with capture(execute=True), transaction.atomic():
-        save, _ = services.record_checkpoint(rank0, checkpoint_id=uuid.uuid4(), step=90, uri="/c/90", bytes=1,
-                                             manifest_digest="d", kind="notice", committed_at=timezone.now())
+        save, _ = record_checkpoint(rank0, checkpoint_id=uuid.uuid4(), step=90, uri="/c/90", bytes=1,
+                                    manifest_digest="d", kind="notice", committed_at=timezone.now())
     return save
 
 
@@ -75,15 +80,15 @@ def test_a_notice_to_one_node_launches_a_spare_for_every_node_in_one_placement_a
     # The noticed node trains on while they boot; its peer, told nothing, trains on too.
     assert actions(nodes) == ["", Action.HOLD]
     assert job.events.filter(message__contains=f"spare instances {spares[0].pk}, {spares[1].pk} launching").exists()
-    assert orchestration.launch_spare(nodes[0].pk) == []  # a second notice in the gang adds none
+    assert launch_spare(nodes[0].pk) == []  # a second notice in the gang adds none
 
 
 def test_the_gang_is_told_to_save_and_stop_only_once_every_spare_is_ready(gang):
     job, nodes = gang
     spares = launched(nodes)
-    services.spare_ready(spares[1])
+    spare_ready(spares[1])
     assert actions(nodes) == ["", Action.HOLD]  # a spare still boots: train on
-    services.spare_ready(spares[0])
+    spare_ready(spares[0])
     assert actions(nodes) == [Action.CHECKPOINT_AND_STOP] * NODES  # the whole gang, together
 
 
@@ -98,8 +103,8 @@ def test_rank_0_s_notice_commit_hands_the_whole_gang_over_counting_one_preemptio
     assert Instance.objects.get(pk=nodes[1].pk).end_reason == EndReason.PREEMPTED
     assert all(Instance.objects.get(pk=s.pk).standby_for_id is not None for s in spares)
     with transaction.atomic():
-        services.record_exit(nodes[0], reason="stopped", exit_code=0, final_step=90, output_tail="",
-                             last_exception="", artifact_uri="", artifact_digest="")
+        record_exit(nodes[0], reason="stopped", exit_code=0, final_step=90, output_tail="",
+                    last_exception="", artifact_uri="", artifact_digest="")
     nodes = [Instance.objects.get(pk=n.pk) for n in nodes]
     spares = [Instance.objects.get(pk=s.pk) for s in spares]
     assert [(n.state, n.end_reason) for n in nodes] == [(InstanceState.ENDED, EndReason.FENCED),
@@ -111,20 +116,42 @@ def test_rank_0_s_notice_commit_hands_the_whole_gang_over_counting_one_preemptio
         message__contains="the price of the overlap").exists() for s in spares)
 
 
+def test_a_spare_s_readiness_read_before_its_promotion_leaves_the_new_gang_training(
+        gang, django_capture_on_commit_callbacks):
+    """The flake of tests/e2e/test_gang.py's notice test: a ready spare polls `standby`
+    every half second, and a poll that read the spare before the gang's last exit report
+    promoted it says it is ready after. Its readiness ends the hold of the nodes it stood
+    by for, which have ended; the new gang (the promoted spares) trains on."""
+    job, nodes = gang
+    spares = launched(nodes)
+    for spare in spares:
+        register(spare)
+        spare_ready(Instance.objects.get(pk=spare.pk))
+    assert actions(nodes) == [Action.CHECKPOINT_AND_STOP] * NODES
+    polled = Instance.objects.get(pk=spares[0].pk)  # what the standby view read, standing by
+    notice_save(nodes[0], django_capture_on_commit_callbacks)
+    with transaction.atomic():
+        record_exit(nodes[0], reason="stopped", exit_code=0, final_step=90, output_tail="",
+                    last_exception="", artifact_uri="", artifact_digest="")
+    assert all(Instance.objects.get(pk=s.pk).standby_for_id is None for s in spares)  # promoted
+    spare_ready(polled)
+    assert [heartbeat_action(Instance.objects.get(pk=s.pk)) for s in spares] == [Action.CONTINUE] * NODES
+
+
 def test_no_spare_trains_before_every_old_node_has_ended(gang):
     job, nodes = gang
     spares = launched(nodes)
     for spare in spares:
         register(spare)
     with transaction.atomic():  # the noticed node's VM is gone before the gang could save
-        services.record_exit(nodes[1], reason="preempted", exit_code=0, final_step=80, output_tail="",
-                             last_exception="", artifact_uri="", artifact_digest="")
+        record_exit(nodes[1], reason="preempted", exit_code=0, final_step=80, output_tail="",
+                    last_exception="", artifact_uri="", artifact_digest="")
     assert all(Instance.objects.get(pk=s.pk).standby_for_id is not None for s in spares)
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
     assert actions(nodes)[0] == Action.CHECKPOINT_AND_STOP  # its peer stops: no collective without it
     with transaction.atomic():
-        services.record_exit(nodes[0], reason="stopped", exit_code=0, final_step=80, output_tail="",
-                             last_exception="", artifact_uri="", artifact_digest="")
+        record_exit(nodes[0], reason="stopped", exit_code=0, final_step=80, output_tail="",
+                    last_exception="", artifact_uri="", artifact_digest="")
     assert all(Instance.objects.get(pk=s.pk).standby_for_id is None for s in spares)
     job.refresh_from_db()
     assert (job.status, job.preemptions) == (JobStatus.RUNNING, 1)
@@ -134,7 +161,7 @@ def test_a_spare_lost_before_promotion_releases_the_rest_and_the_gang_saves_now(
     job, nodes = gang
     spares = launched(nodes)
     Instance.objects.filter(pk=spares[0].pk).update(requested_at=timezone.now() - dt.timedelta(hours=1))
-    orchestration.retry_stuck_provisioning()  # rank 0's spare never registered
+    retry_stuck_provisioning()  # rank 0's spare never registered
     spares = [Instance.objects.get(pk=s.pk) for s in spares]
     assert [(s.state, s.end_reason) for s in spares] == [(InstanceState.ENDED, EndReason.CAPACITY_ERROR),
                                                         (InstanceState.ENDED, EndReason.FENCED)]
@@ -143,8 +170,8 @@ def test_a_spare_lost_before_promotion_releases_the_rest_and_the_gang_saves_now(
     # The gang then relaunches as it would have without spares.
     for node, reason in zip(nodes, ("stopped", "preempted")):
         with transaction.atomic():
-            services.record_exit(node, reason=reason, exit_code=0, final_step=80, output_tail="", last_exception="",
-                                 artifact_uri="", artifact_digest="")
+            record_exit(node, reason=reason, exit_code=0, final_step=80, output_tail="", last_exception="",
+                        artifact_uri="", artifact_digest="")
     job.refresh_from_db()
     assert (job.status, job.preemptions) == (JobStatus.RECOVERING, 1)
 
@@ -153,6 +180,6 @@ def test_a_false_notice_releases_every_spare_of_the_gang(gang):
     job, nodes = gang
     spares = launched(nodes)
     nodes[1].interruptions.update(deadline=timezone.now() - dt.timedelta(hours=1))  # the VM outlived it
-    assert orchestration.release_stale_spares() == NODES
+    assert release_stale_spares() == NODES
     assert all(Instance.objects.get(pk=s.pk).end_reason == EndReason.FENCED for s in spares)
     assert all(Instance.objects.get(pk=n.pk).state in InstanceState.LIVE for n in nodes)  # they keep their slots

@@ -5,8 +5,11 @@ import pytest
 from django.utils import timezone
 
 from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.launcher import launch, terminate
+from respawn_server.jobs.fleet.leftovers import reap_orphans
+from respawn_server.jobs.fleet.reconciler import confirm_silent, resend_lost_launches
 from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import Instance, InterruptionEvent, Job, PriceQuote
 from respawn_server.jobs.people.tokens import hash_token
 from tests.emulators.gcp_compute import GcpComputeEmulator
@@ -42,9 +45,9 @@ def gcp_job(team, **fields):
 
 
 def launched(job):
-    orchestration.schedule()
+    schedule()
     instance = Instance.objects.get(job=job, state=InstanceState.REQUESTED)
-    orchestration.launch(instance.pk)
+    launch(instance.pk)
     instance.refresh_from_db()
     return instance
 
@@ -87,7 +90,7 @@ def test_a_launch_without_an_agent_wheel_fails_the_job_as_prechecks_with_the_fix
 def test_launching_twice_makes_one_vm(gcp, team):
     instance = launched(gcp_job(team))
     Instance.objects.filter(pk=instance.pk).update(state=InstanceState.REQUESTED)  # as if the first try's reply was lost
-    orchestration.launch(instance.pk)
+    launch(instance.pk)
     assert len(gcp.instances) == 1
 
 
@@ -96,7 +99,7 @@ def test_queue_order_is_priority_then_age_within_the_gpu_limit(gcp, team):
     team.team.save()
     low = gcp_job(team, name="low", priority=0)
     high = gcp_job(team, name="high", priority=10)
-    orchestration.schedule()
+    schedule()
     assert Job.objects.get(pk=high.pk).status == JobStatus.PROVISIONING
     low.refresh_from_db()
     assert low.status == JobStatus.QUEUED and "GPU limit (1 of 1 in use)" in low.status_reason
@@ -129,7 +132,7 @@ def test_a_silent_instance_the_cloud_says_is_gone_counts_as_preempted(gcp, team)
     Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
     (zone, name), _ = next(iter(gcp.instances.items()))
     gcp.preempt(zone, name)
-    orchestration.confirm_silent(Instance.objects.get(pk=instance.pk))
+    confirm_silent(Instance.objects.get(pk=instance.pk))
     instance.refresh_from_db()
     assert instance.end_reason == EndReason.PREEMPTED
     job.refresh_from_db()
@@ -141,7 +144,7 @@ def test_a_silent_instance_still_running_is_terminated_before_it_is_replaced(gcp
     instance = launched(job)
     Instance.objects.filter(pk=instance.pk).update(state=InstanceState.RUNNING, heartbeat_deadline=timezone.now())
     Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
-    orchestration.confirm_silent(Instance.objects.get(pk=instance.pk))
+    confirm_silent(Instance.objects.get(pk=instance.pk))
     assert Instance.objects.get(pk=instance.pk).end_reason == EndReason.LOST
     assert not gcp.instances  # fenced: no two VMs train the same slot
 
@@ -149,7 +152,7 @@ def test_a_silent_instance_still_running_is_terminated_before_it_is_replaced(gcp
 def test_vms_the_database_does_not_know_are_terminated(gcp, team):
     instance = launched(gcp_job(team))
     Instance.objects.filter(pk=instance.pk).update(state=InstanceState.ENDED, end_reason=EndReason.FENCED)
-    assert orchestration.reap_orphans() == 1
+    assert reap_orphans() == 1
     assert not gcp.instances
 
 
@@ -161,7 +164,7 @@ def test_cancel_terminates_every_live_vm(gcp, team, django_capture_on_commit_cal
     with django_capture_on_commit_callbacks() as callbacks:
         cancel_job(job, by=team.people["member"].user)
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLING
-    orchestration.terminate(instance.pk)  # what the enqueued terminate task does
+    terminate(instance.pk)  # what the enqueued terminate task does
     assert not gcp.instances
     assert Instance.objects.get(pk=instance.pk).end_reason == EndReason.CANCELLED
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
@@ -176,15 +179,15 @@ def test_a_launch_whose_message_was_lost_is_sent_again(gcp, team, settings, monk
 
     settings.RESPAWN = {**settings.RESPAWN, "LAUNCH_RESEND_S": 30}
     job = gcp_job(team)
-    orchestration.schedule()  # its launch message is "lost": nothing consumes it here
+    schedule()  # its launch message is "lost": nothing consumes it here
     instance = Instance.objects.get(job=job)
-    assert orchestration.resend_lost_launches() == 0  # too young: the first message may still be on its way
+    assert resend_lost_launches() == 0  # too young: the first message may still be on its way
     Instance.objects.filter(pk=instance.pk).update(requested_at=timezone.now() - timedelta(minutes=5))
     sent = []
     monkeypatch.setattr(nudges, "send", lambda task, *args: sent.append((task, *args)))  # the broker boundary
     with django_capture_on_commit_callbacks(execute=True):
-        assert orchestration.resend_lost_launches() == 1
+        assert resend_lost_launches() == 1
     assert sent == [("respawn_server.jobs.tasks.launch_instance", instance.pk)]
-    orchestration.launch(instance.pk)
-    orchestration.launch(instance.pk)  # the original message arriving late changes nothing
+    launch(instance.pk)
+    launch(instance.pk)  # the original message arriving late changes nothing
     assert len(gcp.instances) == 1

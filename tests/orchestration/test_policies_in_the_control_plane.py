@@ -11,8 +11,8 @@ from rest_framework.test import APIClient
 from respawn import protocol
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.core.transitions import end_instance
-from respawn_server.jobs.fleet import orchestration
 from respawn_server.jobs.fleet.placement import choose
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -78,7 +78,7 @@ def test_repeated_capacity_errors_put_a_zone_on_back_off(setup):
     for _ in range(2):
         failed = make_instance(job, zone="local-a").instance
         end_instance(failed, EndReason.CAPACITY_ERROR)
-    orchestration.schedule()
+    schedule()
     assert Instance.objects.get(job=job, state=InstanceState.REQUESTED).zone != "local-a"
 
 

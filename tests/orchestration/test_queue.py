@@ -7,7 +7,9 @@ import pytest
 
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.core.transitions import end_instance
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.launcher import launch
+from respawn_server.jobs.fleet.registry import provider_for
+from respawn_server.jobs.fleet.scheduler import schedule
 from respawn_server.jobs.models import Instance, Job, Team
 from tests.factories import make_job, make_team_with_members
 
@@ -26,7 +28,7 @@ def simulate_day(teams: list[Team], owner, hours: int = 12) -> dict[int, int]:
             make_job(team, owner, name=f"{team.name}-{i}", allowed_clouds=["local"])
     gpu_hours = {team.pk: 0 for team in teams}
     for _ in range(hours):
-        orchestration.schedule()
+        schedule()
         for instance in Instance.objects.filter(state__in=InstanceState.LIVE).select_related("job"):
             gpu_hours[instance.job.team_id] += 1
             end_instance(instance, EndReason.COMPLETED)
@@ -59,7 +61,7 @@ def test_higher_priority_starts_first_within_a_team(local_only, db):
     Team.objects.filter(pk=setup.team.pk).update(max_concurrent_gpus=1)
     old = make_job(setup.team, setup.people["member"].user, name="old", allowed_clouds=["local"])
     urgent = make_job(setup.team, setup.people["member"].user, name="urgent", priority=5, allowed_clouds=["local"])
-    orchestration.schedule()
+    schedule()
     assert Job.objects.get(pk=urgent.pk).status == JobStatus.PROVISIONING
     assert "team GPU limit" in Job.objects.get(pk=old.pk).status_reason
 
@@ -67,7 +69,7 @@ def test_higher_priority_starts_first_within_a_team(local_only, db):
 def test_a_job_no_placement_fits_waits_with_its_reason(local_only, db):
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], max_price_per_hour="0.01")
-    orchestration.schedule()
+    schedule()
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED and "no placement" in job.status_reason
 
@@ -76,7 +78,7 @@ def test_on_demand_after_n_preemptions(local_only, db):
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], on_demand_after_preemptions=2,
                    preemptions=2)
-    orchestration.schedule()
+    schedule()
     instance = Instance.objects.get(job=job)
     # The price book prices local on-demand region-wide: the VM goes to a zone the provider has.
     assert (instance.market, instance.zone) == ("on_demand", "local-a")
@@ -85,13 +87,13 @@ def test_on_demand_after_n_preemptions(local_only, db):
 def test_a_launch_refused_for_a_zone_respawn_chose_is_not_blamed_on_the_jobs_spec(local_only, db, tmp_path):
     local_only.RESPAWN = {**local_only.RESPAWN, "PROVIDER_CONFIG": {
         **local_only.RESPAWN["PROVIDER_CONFIG"], "local": {"root": str(tmp_path / "vms")}}}
-    orchestration.provider_for.cache_clear()
+    provider_for.cache_clear()
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"])
-    orchestration.schedule()
+    schedule()
     Instance.objects.filter(job=job).update(zone="local")  # what the price book's region-wide quote gave before
-    orchestration.launch(Instance.objects.get(job=job).pk)
-    orchestration.provider_for.cache_clear()
+    launch(Instance.objects.get(job=job).pk)
+    provider_for.cache_clear()
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and job.failure_cause == "controller"
     assert "not your job's spec" in job.failure_message
@@ -103,7 +105,7 @@ def test_every_waiting_job_says_why_and_when_it_is_tried_again(local_only, db):
     held = make_job(setup.team, setup.people["member"].user, name="held", allowed_clouds=["local"])
     other = make_team_with_members("other")
     priced_out = make_job(other.team, other.people["member"].user, allowed_clouds=["local"], max_price_per_hour="0.01")
-    orchestration.schedule()
+    schedule()
     for job in (held, priced_out):
         job.refresh_from_db()
         assert job.status == JobStatus.QUEUED and re.search(r"; next try at \d\d:\d\d:\d\d UTC$", job.status_reason), \

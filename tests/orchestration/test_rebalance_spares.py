@@ -13,10 +13,13 @@ from django.utils import timezone
 
 from respawn import protocol
 from respawn.protocol import Action
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.reconciler import retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, InterruptionEvent, Job
+from respawn_server.jobs.recovery.spares import end_notice_hold, launch_spare, release_stale_spares
+from respawn_server.jobs.reports.checkpoints import record_checkpoint
+from respawn_server.jobs.reports.notices import record_notice
+from respawn_server.jobs.reports.registration import register_instance
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job, make_team_with_members
 
@@ -40,9 +43,9 @@ def recommend(made, **body):
 
 def ready_spare(old: Instance) -> Instance:
     """The spare launched for `old`, registered and asking `standby` (it is prepared)."""
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     with transaction.atomic():
-        services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
+        register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
     return spare
 
 
@@ -56,10 +59,10 @@ def test_a_recommendation_launches_a_spare_and_the_instance_trains_on(running, d
     # Not an interruption: the instance runs on, untold to save or hold, and nothing is counted.
     assert (old.state, old.requested_action) == (InstanceState.RUNNING, "")
     assert not InterruptionEvent.objects.filter(instance=old).exists()
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     assert (spare.standby_for_id, spare.state) == (old.pk, InstanceState.REQUESTED)
     assert spare.zone != old.zone  # the recommended zone counts as just preempted
-    assert orchestration.launch_spare(old.pk) == []  # one spare an instance
+    assert launch_spare(old.pk) == []  # one spare an instance
     assert job.events.filter(message__contains="rebalance recommendation of instance").exists()
     assert Instance.objects.get(pk=old.pk).requested_action == ""  # still training
 
@@ -71,12 +74,12 @@ def test_the_ready_spare_takes_over_from_the_handover_save_and_no_preemption_is_
     old = made.instance
     spare = ready_spare(old)
     with transaction.atomic():
-        services.end_notice_hold(old.pk, spare_ready=True)  # what the spare's GET standby does
+        end_notice_hold(old.pk, spare_ready=True)  # what the spare's GET standby does
     assert Instance.objects.get(pk=old.pk).requested_action == Action.CHECKPOINT_AND_STOP
     with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
-        save, _ = services.record_checkpoint(Instance.objects.get(pk=old.pk), checkpoint_id=uuid.uuid4(), step=90,
-                                             uri="/c/90", bytes=1, manifest_digest="d", kind="notice",
-                                             committed_at=timezone.now())
+        save, _ = record_checkpoint(Instance.objects.get(pk=old.pk), checkpoint_id=uuid.uuid4(), step=90,
+                                    uri="/c/90", bytes=1, manifest_digest="d", kind="notice",
+                                    committed_at=timezone.now())
     old.refresh_from_db()
     spare.refresh_from_db()
     job.refresh_from_db()
@@ -90,13 +93,13 @@ def test_a_notice_after_the_recommendation_waits_for_the_same_spare(running):
     job, made, setup = running
     recommend(made)
     old = made.instance
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     now = timezone.now()
     with transaction.atomic():
-        services.record_notice(Instance.objects.get(pk=old.pk), source="aws_imds", notice_time=now,
-                               deadline=now + dt.timedelta(seconds=120), raw="")
+        record_notice(Instance.objects.get(pk=old.pk), source="aws_imds", notice_time=now,
+                      deadline=now + dt.timedelta(seconds=120), raw="")
     assert Instance.objects.get(pk=spare.pk).requested_action == ""  # the spare is not told to save and stop
-    assert orchestration.launch_spare(old.pk) == []  # no second spare
+    assert launch_spare(old.pk) == []  # no second spare
     assert Instance.objects.get(pk=old.pk).requested_action == Action.HOLD  # the noticed VM trains on for it
     assert Instance.objects.filter(standby_for=old).count() == 1
 
@@ -105,9 +108,9 @@ def test_a_spare_that_never_registers_leaves_the_instance_training(running):
     job, made, setup = running
     recommend(made)
     old = made.instance
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     Instance.objects.filter(pk=spare.pk).update(requested_at=timezone.now() - dt.timedelta(hours=1))
-    orchestration.retry_stuck_provisioning()
+    retry_stuck_provisioning()
     spare.refresh_from_db()
     assert (spare.state, spare.end_reason) == (InstanceState.ENDED, EndReason.CAPACITY_ERROR)
     old.refresh_from_db()
@@ -121,10 +124,10 @@ def test_an_instance_that_does_not_stop_for_its_ready_spare_keeps_its_slot(runni
     old = made.instance
     spare = ready_spare(old)
     with transaction.atomic():
-        services.end_notice_hold(old.pk, spare_ready=True)
-    assert orchestration.release_stale_spares() == 0  # it has its save budget to stop
+        end_notice_hold(old.pk, spare_ready=True)
+    assert release_stale_spares() == 0  # it has its save budget to stop
     Instance.objects.filter(pk=old.pk).update(requested_action_at=timezone.now() - dt.timedelta(hours=1))
-    assert orchestration.release_stale_spares() == 1
+    assert release_stale_spares() == 1
     spare.refresh_from_db()
     assert (spare.state, spare.end_reason) == (InstanceState.ENDED, EndReason.FENCED)
     assert job.events.filter(message__contains="did not stop when its spare was ready").exists()

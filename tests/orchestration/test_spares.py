@@ -9,11 +9,16 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from respawn.protocol import Action
-from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.core.transitions import end_instance
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.reconciler import retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, Job
+from respawn_server.jobs.recovery.after_end import after_instance_ended
+from respawn_server.jobs.recovery.spares import launch_spare, release_stale_spares
+from respawn_server.jobs.reports.checkpoints import record_checkpoint
+from respawn_server.jobs.reports.exits import record_exit
+from respawn_server.jobs.reports.notices import record_notice
+from respawn_server.jobs.reports.registration import register_instance
 from tests.factories import make_instance, make_job, make_team_with_members
 
 
@@ -26,7 +31,7 @@ def noticed(settings, db):
     old = make_instance(job, state=InstanceState.RUNNING, zone="local-a").instance
     now = timezone.now()
     with transaction.atomic():
-        services.record_notice(old, source="local", notice_time=now, deadline=now + dt.timedelta(seconds=120), raw="")
+        record_notice(old, source="local", notice_time=now, deadline=now + dt.timedelta(seconds=120), raw="")
     old.refresh_from_db()
     return job, old
 
@@ -37,11 +42,11 @@ def spare_of(old) -> Instance:
 
 def test_a_notice_places_a_spare_outside_the_noticed_zone_holding_no_slot(noticed):
     job, old = noticed
-    [spare_id] = orchestration.launch_spare(old.pk)
+    [spare_id] = launch_spare(old.pk)
     spare = Instance.objects.get(pk=spare_id)
     assert (spare.standby_for_id, spare.rank, spare.state) == (old.pk, old.rank, InstanceState.REQUESTED)
     assert spare.zone != old.zone  # the noticed zone counts as just preempted
-    assert orchestration.launch_spare(old.pk) == []  # a resent nudge adds none
+    assert launch_spare(old.pk) == []  # a resent nudge adds none
     assert job.events.filter(message__contains=f"spare instance {spare_id} launching").exists()
     # The slot is the old instance's: the database refuses a promotion while it lives.
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -52,15 +57,15 @@ def test_the_spare_takes_over_from_the_notice_checkpoint_once_the_old_instance_e
     from tests.downtime.test_downtime import _checkpoint
 
     job, old = noticed
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     with transaction.atomic():
-        services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
+        register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
     spare.refresh_from_db()
     assert spare.resume_checkpoint is None and spare.state == InstanceState.RUNNING  # nothing fixed before the save
     save = _checkpoint(old, 90, "notice", timezone.now())
     with transaction.atomic():
-        services.record_exit(old, reason="preempted", exit_code=0, final_step=90, output_tail="", last_exception="",
-                             artifact_uri="", artifact_digest="")
+        record_exit(old, reason="preempted", exit_code=0, final_step=90, output_tail="", last_exception="",
+                    artifact_uri="", artifact_digest="")
     spare.refresh_from_db()
     job.refresh_from_db()
     assert (spare.standby_for_id, spare.resume_checkpoint_id) == (None, save.pk)
@@ -70,10 +75,10 @@ def test_the_spare_takes_over_from_the_notice_checkpoint_once_the_old_instance_e
 
 def test_a_false_notice_releases_the_spare_and_says_what_the_overlap_cost(noticed):
     job, old = noticed
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
-    assert orchestration.release_stale_spares() == 0  # within its deadline
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
+    assert release_stale_spares() == 0  # within its deadline
     old.interruptions.update(deadline=timezone.now() - dt.timedelta(hours=1))  # the VM outlived it
-    assert orchestration.release_stale_spares() == 1
+    assert release_stale_spares() == 1
     spare.refresh_from_db()
     assert (spare.state, spare.end_reason) == (InstanceState.ENDED, EndReason.FENCED)
     released = job.events.get(message__contains=f"spare instance {spare.pk} released")
@@ -85,9 +90,9 @@ def test_a_false_notice_releases_the_spare_and_says_what_the_overlap_cost(notice
 
 def test_a_spare_that_never_registers_fails_on_its_boot_deadline_and_the_job_goes_on(noticed, settings):
     job, old = noticed
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     Instance.objects.filter(pk=spare.pk).update(requested_at=timezone.now() - dt.timedelta(hours=1))
-    orchestration.retry_stuck_provisioning()
+    retry_stuck_provisioning()
     spare.refresh_from_db()
     job.refresh_from_db()
     assert (spare.state, spare.end_reason) == (InstanceState.ENDED, EndReason.CAPACITY_ERROR)
@@ -98,7 +103,7 @@ def test_a_spare_that_never_registers_fails_on_its_boot_deadline_and_the_job_goe
     # When the old instance then ends, the job recovers as without a spare.
     with transaction.atomic():
         end_instance(old, EndReason.PREEMPTED)
-        services.after_instance_ended(job.pk, EndReason.PREEMPTED, instance_id=old.pk)
+        after_instance_ended(job.pk, EndReason.PREEMPTED, instance_id=old.pk)
     assert Job.objects.get(pk=job.pk).status == JobStatus.RECOVERING
 
 
@@ -106,12 +111,12 @@ def test_a_notice_for_a_vm_already_gone_is_ignored_with_a_reason(noticed):
     job, old = noticed
     with transaction.atomic():
         end_instance(old, EndReason.PREEMPTED)
-    assert orchestration.launch_spare(old.pk) == []
+    assert launch_spare(old.pk) == []
     assert not Instance.objects.filter(standby_for=old).exists()
     assert job.events.filter(message__contains=f"no spare for instance {old.pk}: its VM had already ended").exists()
     now = timezone.now()
     with transaction.atomic():
-        assert services.record_notice(old, source="local", notice_time=now, deadline=now, raw="") is None
+        assert record_notice(old, source="local", notice_time=now, deadline=now, raw="") is None
     assert job.events.filter(message__contains=f"instance {old.pk} ignored: the instance had already ended").exists()
 
 
@@ -120,18 +125,18 @@ def test_the_notice_save_s_commit_hands_the_slot_over_before_the_old_agent_s_exi
     import uuid
 
     job, old = noticed
-    spare = Instance.objects.get(pk__in=orchestration.launch_spare(old.pk))
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
     with transaction.atomic():
-        services.register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
+        register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
     with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
-        save, _ = services.record_checkpoint(old, checkpoint_id=uuid.uuid4(), step=90, uri="/c/90", bytes=1,
-                                             manifest_digest="d", kind="notice", committed_at=timezone.now())
+        save, _ = record_checkpoint(old, checkpoint_id=uuid.uuid4(), step=90, uri="/c/90", bytes=1,
+                                    manifest_digest="d", kind="notice", committed_at=timezone.now())
     old.refresh_from_db()
     spare.refresh_from_db()
     assert (old.state, old.end_reason) == (InstanceState.ENDED, EndReason.PREEMPTED)
     assert (spare.standby_for_id, spare.resume_checkpoint_id) == (None, save.pk)
     # Its agent's exit report, coming after, is taken and changes nothing.
     with transaction.atomic():
-        services.record_exit(old, reason="preempted", exit_code=0, final_step=90, output_tail="", last_exception="",
-                             artifact_uri="", artifact_digest="")
+        record_exit(old, reason="preempted", exit_code=0, final_step=90, output_tail="", last_exception="",
+                    artifact_uri="", artifact_digest="")
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING

@@ -14,6 +14,7 @@ from respawn import protocol
 from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, JobEvent, LogChunk
+from respawn_server.jobs.reports.notices import record_notice
 from tests.agent_api.helpers import AgentClient, checkpoint_report, checkpoint_uri
 from tests.factories import make_instance, make_job, make_team_with_members
 
@@ -74,7 +75,7 @@ def test_a_notice_from_an_instance_fenced_after_its_token_was_checked_asks_nothi
     stale = Instance.objects.get(pk=old.instance.pk)  # as the view loaded it: running
     fence(old)
     new = live_agent(job, rank=0)
-    assert services.record_notice(stale, source="aws_imds", notice_time=timezone.now(), deadline=None, raw="") is None
+    assert record_notice(stale, source="aws_imds", notice_time=timezone.now(), deadline=None, raw="") is None
     assert new.post("heartbeat", protocol.Heartbeat(step=1)).json()["action"] == protocol.Action.CONTINUE
 
 

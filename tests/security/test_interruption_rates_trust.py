@@ -14,7 +14,8 @@ from rest_framework.test import APIClient
 
 from respawn import protocol
 from respawn_server.jobs.core.choices import InstanceState
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.instances import bootstrap_token_for
+from respawn_server.jobs.fleet.leftovers import CLAIM_WAIT, confirm_claimed_preemptions, reap_orphans
 from respawn_server.jobs.fleet.placement import placement_events
 from respawn_server.jobs.models import Instance
 from tests.agent_api.helpers import AgentClient
@@ -37,7 +38,7 @@ def row_of(user, instance) -> dict:
 
 def running_for_hours(instance, hours: float) -> Instance:
     agent = AgentClient()
-    assert agent.register(orchestration.bootstrap_token_for(instance)).status_code == 200
+    assert agent.register(bootstrap_token_for(instance)).status_code == 200
     assert Instance.objects.get(pk=instance.pk).provider_instance_id == instance.provider_instance_id, \
         "the VM id the cloud gave at launch, not the agent's word, is the one asked about"
     Instance.objects.filter(pk=instance.pk).update(running_at=timezone.now() - timedelta(hours=hours))
@@ -56,17 +57,17 @@ def test_an_agents_word_that_it_was_preempted_moves_no_shared_estimate(azure):
     before = row_of(member, instance)
 
     exits_preempted(instance)  # but the cloud runs it still
-    assert orchestration.confirm_claimed_preemptions() == 0  # the cloud may yet take it: asked again later
-    assert orchestration.reap_orphans() == 0, "kept while the cloud may still take it: its absence is the cloud's word"
-    Instance.objects.filter(pk=instance.pk).update(ended_at=timezone.now() - orchestration.CLAIM_WAIT)
-    assert orchestration.confirm_claimed_preemptions() == 1
+    assert confirm_claimed_preemptions() == 0  # the cloud may yet take it: asked again later
+    assert reap_orphans() == 0, "kept while the cloud may still take it: its absence is the cloud's word"
+    Instance.objects.filter(pk=instance.pk).update(ended_at=timezone.now() - CLAIM_WAIT)
+    assert confirm_claimed_preemptions() == 1
 
     instance.refresh_from_db()
     assert instance.preemption_confirmed is False
     after = row_of(member, instance)
     assert after["events"] == 0 and after["per_hour"] == pytest.approx(before["per_hour"], rel=0.1)
     assert not placement_events(timezone.now()), "no zone on back-off for every team on one VM's word"
-    assert orchestration.reap_orphans() == 1  # now terminated
+    assert reap_orphans() == 1  # now terminated
     assert "not counted in the interruption rates" in instance.job.events.last().message
 
 
@@ -77,7 +78,7 @@ def test_a_preemption_the_cloud_confirms_is_counted(azure):
     azure.evict(instance.provider_instance_id)
     exits_preempted(instance)
 
-    assert orchestration.confirm_claimed_preemptions() == 1
+    assert confirm_claimed_preemptions() == 1
     instance.refresh_from_db()
     assert instance.preemption_confirmed is True
     after = row_of(member, instance)

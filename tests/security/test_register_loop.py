@@ -11,9 +11,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus
-from respawn_server.jobs.core.services import REGISTER_MAX_FAILURES
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.reconciler import retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, Job
+from respawn_server.jobs.reports.registration import REGISTER_MAX_FAILURES
 from tests.agent_api.helpers import AgentClient
 from tests.factories import make_instance, make_job
 
@@ -61,7 +61,7 @@ def test_a_vm_that_gave_up_registering_is_no_capacity_error(team_setup, settings
     assert AgentClient().register(vm.bootstrap_token).status_code == 500  # then its agent died
     Instance.objects.filter(pk=vm.instance.pk).update(requested_at=timezone.now() - timedelta(hours=1))
 
-    orchestration.retry_stuck_provisioning()
+    retry_stuck_provisioning()
 
     instance = Instance.objects.get(pk=vm.instance.pk)
     assert instance.end_reason == EndReason.FAILED  # its zone had capacity: no back-off for anyone

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 
 from respawn import protocol
 from respawn_server.jobs.core.choices import InstanceState
-from respawn_server.jobs.fleet.orchestration import bootstrap_token_for
+from respawn_server.jobs.fleet.instances import bootstrap_token_for
 from respawn_server.jobs.people.tokens import hash_token
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for

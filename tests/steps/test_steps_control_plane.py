@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from respawn import protocol
+from respawn.cli.jobspec import InvalidSpec, load_job_spec
 from respawn_server.jobs.core import services
 from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, JobStatus, Market, Purpose
 from respawn_server.jobs.core.transitions import end_instance
-from respawn_server.jobs.fleet import orchestration
+from respawn_server.jobs.fleet.instances import bootstrap_token_for
+from respawn_server.jobs.fleet.post_steps import POST_MAX_LAUNCHES, start_post_steps
+from respawn_server.jobs.fleet.reconciler import mark_lost
 from respawn_server.jobs.models import Instance, Job
-from respawn.cli.jobspec import InvalidSpec, load_job_spec
+from respawn_server.jobs.reports.exits import record_exit
 from tests.agent_api.helpers import AgentClient
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
@@ -37,15 +40,15 @@ def trained_job(setup, *, post_command=POST, zone="local-b") -> Job:
     job = make_job(setup.team, setup.people["member"].user, status=JobStatus.RUNNING, post_command=post_command,
                    prepare_command=["python", "prep.py"])
     trainer = make_instance(job, state=InstanceState.RUNNING, zone=zone).instance
-    services.record_exit(trainer, reason=protocol.ExitReason.COMPLETED, exit_code=0, final_step=1000,
-                         output_tail="", last_exception="", artifact_uri="/ckpt/export/model.safetensors",
-                         artifact_digest="sha256:ab")
+    record_exit(trainer, reason=protocol.ExitReason.COMPLETED, exit_code=0, final_step=1000,
+                output_tail="", last_exception="", artifact_uri="/ckpt/export/model.safetensors",
+                artifact_digest="sha256:ab")
     job.refresh_from_db()
     return job
 
 
 def post_instance(job: Job) -> Instance:
-    (instance_id,) = orchestration.start_post_steps()
+    (instance_id,) = start_post_steps()
     return Instance.objects.get(pk=instance_id)
 
 
@@ -117,20 +120,20 @@ def test_training_success_moves_a_job_with_a_post_step_to_finishing_and_its_vm_g
     assert (post.purpose, post.market, post.zone, post.instance_type, post.world_size) == (
         Purpose.POST, Market.ON_DEMAND, "local-b", "cpu-small", 1)
     assert post.price_per_hour_at_launch is not None  # priced as the ledger prices it
-    assert orchestration.start_post_steps() == []  # one post VM at a time
+    assert start_post_steps() == []  # one post VM at a time
     launching = f"post step: launching instance {post.pk} on local local-b cpu-small (on-demand, $1.00000/h)"
     assert launching in messages(job)
 
 
 def test_a_job_without_a_post_step_succeeds_when_training_does(setup):
     assert trained_job(setup, post_command=[]).status == JobStatus.SUCCEEDED
-    assert orchestration.start_post_steps() == []
+    assert start_post_steps() == []
 
 
 def test_the_post_vm_registers_and_is_told_the_post_command_and_the_artifact(setup):
     job = trained_job(setup)
     post = post_instance(job)
-    response = AgentClient().register(orchestration.bootstrap_token_for(post))
+    response = AgentClient().register(bootstrap_token_for(post))
     assert response.status_code == 200, response.content  # an on-demand VM's interval is storable
     spec = protocol.from_dict(protocol.RegisterAnswer, response.json()).job
     assert (spec.command, spec.purpose, spec.artifact_uri, spec.artifact_digest) == (
@@ -141,8 +144,8 @@ def test_the_post_vm_registers_and_is_told_the_post_command_and_the_artifact(set
 
 
 def post_exit(post: Instance, reason: str, code: int, exception: str = "") -> Job:
-    services.record_exit(post, reason=reason, exit_code=code, final_step=None, output_tail="Traceback ...",
-                         last_exception=exception, artifact_uri="/elsewhere/model.onnx", artifact_digest="sha256:cd")
+    record_exit(post, reason=reason, exit_code=code, final_step=None, output_tail="Traceback ...",
+                last_exception=exception, artifact_uri="/elsewhere/model.onnx", artifact_digest="sha256:cd")
     return Job.objects.get(pk=post.job_id)
 
 
@@ -159,16 +162,16 @@ def test_a_failing_post_step_fails_the_job_and_keeps_the_trained_artifact(setup)
     assert job.status_reason == "post step failed (exit 1: ValueError: empty split)"
     assert job.failure_message.startswith("post step: exit 1: ValueError: empty split\nTraceback")
     assert (job.artifact_uri, job.artifact_digest) == ("/ckpt/export/model.safetensors", "sha256:ab")
-    assert orchestration.start_post_steps() == []  # the code failed: not retried
+    assert start_post_steps() == []  # the code failed: not retried
 
 
 def test_a_lost_post_vm_is_replaced_until_the_third(setup):
     job = trained_job(setup)
-    for attempt in range(orchestration.POST_MAX_LAUNCHES):
+    for attempt in range(POST_MAX_LAUNCHES):
         post = post_instance(job)
-        services.mark_lost(post)
+        mark_lost(post)
         assert f"post step instance {post.pk} ended lost; launching another" in messages(job)
-    assert orchestration.start_post_steps() == []
+    assert start_post_steps() == []
     job.refresh_from_db()
     assert (job.status, job.failure_cause) == (JobStatus.FAILED, FailureCause.NO_CAPACITY)
     assert job.status_reason == "post step: 3 on-demand VMs ended without finishing it"
@@ -178,7 +181,7 @@ def test_a_zone_that_refused_a_post_vm_for_capacity_is_not_tried_again(setup):
     job = trained_job(setup, zone="local-a")
     first = post_instance(job)
     end_instance(first, EndReason.CAPACITY_ERROR, message="no capacity")
-    assert orchestration.start_post_steps() == []  # training ran in local-a only: nowhere left
+    assert start_post_steps() == []  # training ran in local-a only: nowhere left
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and job.status_reason.startswith("post step: no on-demand placement")
 
@@ -187,8 +190,8 @@ def test_a_late_report_of_a_training_vm_does_not_judge_the_post_step(setup):
     job = trained_job(setup)
     post_instance(job)
     trainer = job.instances.get(purpose=Purpose.TRAIN)
-    services.record_exit(trainer, reason=protocol.ExitReason.FAILED, exit_code=1, final_step=None, output_tail="",
-                         last_exception="late", artifact_uri="", artifact_digest="")
+    record_exit(trainer, reason=protocol.ExitReason.FAILED, exit_code=1, final_step=None, output_tail="",
+                last_exception="late", artifact_uri="", artifact_digest="")
     assert Job.objects.get(pk=job.pk).status == JobStatus.FINISHING
 
 
@@ -197,8 +200,8 @@ def test_cancelling_a_finishing_job_ends_with_its_post_vm(setup):
     post = post_instance(job)
     assert services.cancel_job(job, by=setup.people["member"].user)
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLING
-    services.record_exit(post, reason=protocol.ExitReason.STOPPED, exit_code=-15, final_step=None, output_tail="",
-                         last_exception="", artifact_uri="", artifact_digest="")
+    record_exit(post, reason=protocol.ExitReason.STOPPED, exit_code=-15, final_step=None, output_tail="",
+                last_exception="", artifact_uri="", artifact_digest="")
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
 
 

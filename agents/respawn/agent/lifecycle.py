@@ -447,7 +447,7 @@ class Agent:
                 break
             if not self.regroup_wanted:
                 # A peer gone breaks the gang's collectives, and so does a bug: the control plane
-                # tells which (respawn_server.jobs.fleet.orchestration.check_elastic_gang).
+                # tells which (respawn_server.jobs.fleet.reconciler.check_elastic_gang).
                 self.trainer_exit_code = code
                 self._agent_line(f"the trainer exited (code {code}); as a node of an elastic gang, waiting for the "
                                  "control plane's word: a peer lost (the gang goes on without it) or the code failed "

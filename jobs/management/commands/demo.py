@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from respawn_server.jobs.core.choices import JobStatus, Role
 from respawn_server.jobs.core.services import create_job
-from respawn_server.jobs.fleet.orchestration import terminate_local_vms
+from respawn_server.jobs.fleet.launcher import terminate_local_vms
 from respawn_server.jobs.management.children import Child
 from respawn_server.jobs.models import ApiToken, Job, Membership, Team
 from respawn_server.jobs.people.tokens import PERSONAL_PREFIX, new_token

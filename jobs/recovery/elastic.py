@@ -1,0 +1,87 @@
+"""An elastic gang that loses a node goes on with the rest (docs/elastic.md): the
+regroup, and a node's word that its trainer exited."""
+
+from __future__ import annotations
+
+from django.db.models import F
+from django.utils import timezone
+
+from respawn.protocol import Action
+from respawn_server.jobs.core import nudges
+from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.drilled import caused_by_drill
+from respawn_server.jobs.core.services import usable_checkpoint
+from respawn_server.jobs.core.transitions import log_job_event
+from respawn_server.jobs.models import Instance, Job, WorldSize
+from respawn_server.jobs.recovery.gangs import (GANG_PORT, free_local_address, running_once_all_registered,
+                                                training_nodes)
+
+
+def go_on_with_survivors(job: Job, end_reason: str, instance_id: int | None) -> bool:
+    """A node of an elastic gang was lost (preempted, lost, or refused for capacity
+    while the gang was placed): with at least nodes_min nodes left, they go on without
+    it (regroup), and no gang is relaunched. Whether they did."""
+    if not job.elastic or job.status not in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+        return False
+    survivors = list(training_nodes(job.pk).select_related("resume_checkpoint").order_by("rank"))
+    what = f"instance {instance_id} {end_reason}" if instance_id is not None else f"a node {end_reason}"
+    if len(survivors) < job.nodes_min:
+        log_job_event(job.pk, f"{what}: {len(survivors)} node(s) left, fewer than the {job.nodes_min} the job "
+                              "trains on at least; the gang is relaunched whole")
+        return False
+    regroup(job, survivors, f"{what}: the gang goes on with {len(survivors)} of {job.nodes} nodes", after=instance_id)
+    if end_reason in (EndReason.PREEMPTED, EndReason.LOST) and not caused_by_drill(instance_id):
+        # The job's row last, after the instances': the order a heartbeat locks them in.
+        Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
+    return True
+
+
+def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = None) -> None:
+    """Make `nodes` (in rank order) the job's gang: ranks 0..n-1 of world size n, a fresh
+    rendezvous, the newest usable checkpoint to resume from (resharded by the trainer's
+    checkpointer), and a new generation, which their heartbeat answers carry: each agent
+    then restarts its trainer (respawn.agent.lifecycle). A node not yet registered learns
+    it all from its register answer. Ranks only move down, so taking the rows in rank
+    order keeps one live instance per slot at every statement, and the job's row is
+    written only after them (a survivor's heartbeat locks its instance, then the job:
+    the other order deadlocks with it). Each node's run until now
+    is kept in its earlier_runs, for the money (the work each run kept); `after`: the
+    instance whose loss caused it."""
+    resume = usable_checkpoint(job)
+    now = timezone.now()
+    generation = max(node.gang_generation for node in nodes) + 1
+    first = nodes[0]
+    if first.provider == "local":
+        addr = free_local_address()
+    else:  # rank 0's host, known once it registered (register_instance sets it then)
+        addr = f"{first.hostname}:{GANG_PORT}" if first.hostname else ""
+    for rank, node in enumerate(nodes):
+        ran = {"rank": node.rank, "resume_step": node.resume_checkpoint.step if node.resume_checkpoint else 0,
+               "resume_from": node.resume_checkpoint.instance_id if node.resume_checkpoint else None,
+               "last_step": node.last_step, "kept_until": resume.step if resume else 0, "until": now.isoformat()}
+        Instance.objects.filter(pk=node.pk).update(
+            rank=rank, world_size=len(nodes), rendezvous_addr=addr, gang_generation=generation,
+            trainer_exited_at=None, resume_checkpoint=resume, last_step=resume.step if resume else 0, joining=False,
+            earlier_runs=[*node.earlier_runs, ran] if node.registered_at and not node.joining else [])
+    # A checkpoint asked of a trainer that now restarts is void (a joiner's readiness asks one).
+    Instance.objects.filter(pk__in=[node.pk for node in nodes], requested_action=Action.CHECKPOINT).update(
+        requested_action="")
+    WorldSize.objects.create(job=job, at=now, world_size=len(nodes), reason=why, after_instance_id=after,
+                             resume_checkpoint=resume)
+    log_job_event(job.pk, f"{why}, from " + (f"step {resume.step}" if resume else "the start")
+                  + f" (elastic gang, generation {generation})")
+    running_once_all_registered(Job.objects.get(pk=job.pk))
+
+
+def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:
+    """An elastic gang's node says its trainer exited (a heartbeat's trainer_exit_code)
+    and waits for the gang's word. Said about the gang it trains in now, the first time
+    only, a worker asks the cloud about its peers (respawn_server.jobs.fleet.reconciler.check_elastic_gang);
+    a word about an older generation is a node that has not yet seen the regroup, and
+    one from a job that is not elastic is no word at all."""
+    if Instance.objects.filter(pk=instance.pk, state__in=InstanceState.LIVE, gang_generation=generation,
+                               job__nodes_min__lt=F("job__nodes"), trainer_exited_at__isnull=True).update(
+            trainer_exited_at=timezone.now()):
+        log_job_event(instance.job_id, f"instance {instance.pk}: its trainer exited (code {exit_code}); the gang's "
+                                       "peers are put to the cloud before the code is blamed")
+        nudges.send_on_commit(nudges.CHECK_ELASTIC_GANG, instance.job_id)
