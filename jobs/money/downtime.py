@@ -114,8 +114,8 @@ def total_s(downtimes: list[Downtime], now: dt.datetime) -> float:
     return total
 
 
-INSTANCE, CHECKPOINT = Instance._meta.db_table, Checkpoint._meta.db_table
-INTERRUPTION, METRIC, WORLD_SIZE = InterruptionEvent._meta.db_table, MetricPoint._meta.db_table, WorldSize._meta.db_table
+INSTANCE, CHECKPOINT, INTERRUPTION = Instance._meta.db_table, Checkpoint._meta.db_table, InterruptionEvent._meta.db_table
+METRIC, WORLD_SIZE = MetricPoint._meta.db_table, WorldSize._meta.db_table
 
 
 def reads(job_id: int) -> list[tuple[str, list]]:
@@ -199,7 +199,8 @@ def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroup
         trained = next((vm for vm in after if vm.trained_at is not None), None)
         replacement = trained or (first if first and first.registered_at else None)
         found.append(Timeline(
-            instance_id=old.pk, kind=InterruptionKind.NOTICE if noticed else ended, interrupted=at, saved=saved, requested=first.requested_at if first else None,
+            instance_id=old.pk, kind=InterruptionKind.NOTICE if noticed else ended, interrupted=at, saved=saved,
+            requested=first.requested_at if first else None,
             registered=replacement.registered_at if replacement else None,
             validated=replacement.resume_validated_at if replacement else None,
             resumed=trained.trained_at if trained else None, replacement_id=replacement.pk if replacement else None))

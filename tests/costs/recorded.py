@@ -73,7 +73,8 @@ def load(team, owner, run: dict, until: dt.datetime | None = None):
         Instance.objects.filter(pk=instance.pk).update(
             state=row["state"] if ended else InstanceState.RUNNING, end_reason=row["end_reason"] if ended else "",
             requested_at=at(row["requested_at"]), registered_at=at(row["registered_at"]),
-            running_at=at(row["running_at"]), ended_at=ended, preemption_confirmed=_confirmed(row, run) if ended else None,
+            running_at=at(row["running_at"]), ended_at=ended,
+            preemption_confirmed=_confirmed(row, run) if ended else None,
             last_step=row["last_step"] if ended else max(mine, default=0),
             resume_checkpoint=checkpoints.get(row["resume_checkpoint_id"]))
         instances[row["id"]] = instance
