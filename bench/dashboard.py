@@ -1,8 +1,8 @@
 """Dashboard server time and query counts on a big PostgreSQL history (issue 6).
 
 Builds a fresh database (default `respawn_bench_dashboard` on 127.0.0.1:5432) with
-N jobs, 5 instances per job (relaunches across zones and markets, each resuming
-from its predecessor's checkpoint) and M metric points, then times, in-process
+N jobs, 5 instances per job (relaunches across zones and markets after a notice,
+each resuming from its predecessor's notice checkpoint) and M metric points, then times, in-process
 through the whole middleware stack, the jobs page, a job page (and its status
 JSON), the team overview (and its JSON) against a trivial signed-in view in the
 same run. Query counts are compared between a small and a big case of each page:
@@ -82,7 +82,8 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
     from django.db import connection
 
     from respawn_server.jobs.core.choices import Purpose
-    from respawn_server.jobs.models import Checkpoint, Instance, Job, Membership, MetricPoint, PriceQuote, Team
+    from respawn_server.jobs.models import (Checkpoint, Instance, InterruptionEvent, Job, Membership, MetricPoint,
+                                            PriceQuote, Team)
 
     call_command("migrate", verbosity=0)  # seeds the price book
     # The history reaches back before the shipped book's date: the same prices, in force from a year ago.
@@ -119,10 +120,21 @@ def fill(jobs: int, points: int, now: dt.datetime) -> None:
         copy_rows(cur, Instance, instances)
         cur.execute("SELECT id, job_id, registered_at, ended_at, last_step FROM jobs_instance ORDER BY id")
         instances = cur.fetchall()
+        # Each preempted VM had its notice (3 minutes before its end) and saved on it: the
+        # job page splits each such interruption's downtime (jobs/money/downtime.py). The
+        # small team's lone job has none, so its page is the small case of that read too.
+        preempted = {instance_id for instance_id, job_id, *_, last_step in instances
+                     if last_step < INSTANCES_PER_JOB * 2_000 and job_id != job_ids[0]}
+        copy_rows(cur, InterruptionEvent, (
+            dict(instance_id=instance_id, kind="notice", source="local", notice_time=ended - dt.timedelta(minutes=3),
+                 deadline=ended - dt.timedelta(minutes=1), received_at=ended - dt.timedelta(minutes=3))
+            for instance_id, _, _, ended, _ in instances if instance_id in preempted))
         copy_rows(cur, Checkpoint, (
             dict(checkpoint_id=uuid.uuid4(), job_id=job_id, instance_id=instance_id, step=last_step - 100,
-                 uri="file:///ckpt", bytes=1_048_576, manifest_digest="xxh3:0", kind="periodic",
-                 committed_at=ended - dt.timedelta(minutes=2), stall_s=0.4, validation="valid", created_at=ended)
+                 uri="file:///ckpt", bytes=1_048_576, manifest_digest="xxh3:0",
+                 kind="notice" if instance_id in preempted else "periodic",
+                 committed_at=ended - dt.timedelta(minutes=2), stall_s=0.4, validation="valid", created_at=ended,
+                 validated_at=ended + dt.timedelta(minutes=1))
             for instance_id, job_id, _, ended, last_step in instances))
         cur.execute("UPDATE jobs_instance i SET resume_checkpoint_id = c.id FROM jobs_checkpoint c "
                     "WHERE c.instance_id = i.id - 1 AND c.job_id = i.job_id")
@@ -248,7 +260,7 @@ def main(argv=None) -> int:
         "trivial view": ("/bench/trivial", None),
         "jobs page": ("/", "/?q=train-0000"),  # a full page vs a search matching a few rows
         "jobs JSON": ("/jobs.json", "/jobs.json?q=train-0000"),
-        "job page": (f"/jobs/{busiest.pk}/", f"/jobs/{lone.pk}/"),
+        "job page": (f"/jobs/{busiest.pk}/", f"/jobs/{lone.pk}/"),  # interrupted 4 times vs never
         "job JSON": (f"/jobs/{busiest.pk}/status.json", f"/jobs/{lone.pk}/status.json"),
         "team overview": (f"/teams/{big.pk}/", f"/teams/{small.pk}/"),
         "team JSON": (f"/teams/{big.pk}/status.json", f"/teams/{small.pk}/status.json"),

@@ -70,7 +70,11 @@ def scoped_job(user, pk: int, action: str = "job.view") -> Job:
 
 def scoped_job_row(user, pk: int, action: str = "job.view") -> dict:
     """As `scoped_job`, for the polled pages: the job's row as `reads.job` gives it."""
-    job = reads.job(pk).run()
+    return require_job_row(user, reads.job(pk).run(), action)
+
+
+def require_job_row(user, job: dict | None, action: str = "job.view") -> dict:
+    """`job` (`reads.job`'s answer, read with others in a page's round trip) if `user` may do `action` to it."""
     if job is None or job["team_id"] not in visible_team_ids(user):
         raise Http404("No such job.")
     require(user, action, job["team_id"])

@@ -31,6 +31,8 @@ def job_drill(request, pk: int):
     return redirect("job", pk=job.pk)
 
 
-def latest_report(job_id: int) -> dict | None:
-    drill = Drill.objects.filter(job_id=job_id).select_related("requested_by").first()
-    return report.as_report(report.refresh(drill)) if drill else None
+def report_of(drill_id: int | None) -> dict | None:
+    """The report of the drill (`reads.latest_drill_id`'s answer); None for none."""
+    if drill_id is None:
+        return None
+    return report.as_report(report.refresh(Drill.objects.select_related("requested_by").get(pk=drill_id)))

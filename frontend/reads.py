@@ -27,15 +27,16 @@ from django.contrib.auth.models import User
 from django.db import connection, models
 
 from respawn_server.jobs.core.choices import InstanceState
-from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Instance, InterruptionEvent, Job, JobEvent, LogChunk, Membership,
-                         MetricPoint, PriceQuote, StepPoint, Team, WorldSize)
+from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Drill, Instance, InterruptionEvent, Job, JobEvent, LogChunk,
+                                       Membership, MetricPoint, PriceQuote, StepPoint, Team, WorldSize)
 from respawn_server.jobs.money import costs
+from respawn_server.jobs.money import downtime as money_downtime
 
 JOB, INSTANCE, CHECKPOINT = Job._meta.db_table, Instance._meta.db_table, Checkpoint._meta.db_table
 EVENT, INTERRUPTION, LOG = JobEvent._meta.db_table, InterruptionEvent._meta.db_table, LogChunk._meta.db_table
 METRIC, TEAM, USER = MetricPoint._meta.db_table, Team._meta.db_table, User._meta.db_table
 MEMBERSHIP, QUOTE, DISK_QUOTE = Membership._meta.db_table, PriceQuote._meta.db_table, DiskPriceQuote._meta.db_table
-STEP, WORLD_SIZE = StepPoint._meta.db_table, WorldSize._meta.db_table
+STEP, WORLD_SIZE, DRILL = StepPoint._meta.db_table, WorldSize._meta.db_table, Drill._meta.db_table
 LIVE_STATES = tuple(sorted(InstanceState.LIVE))
 
 
@@ -286,6 +287,23 @@ def newest_events(job_id: int, limit: int) -> Read:
     return Read(f"SELECT created_at, from_status, to_status, message FROM {EVENT} WHERE job_id = %s "
                 "ORDER BY created_at DESC, id DESC LIMIT %s", [job_id, limit],
                 _named("created_at", "from_status", "to_status", "message"))
+
+
+def tracked_job(pk: int) -> Read:
+    """The job as `respawn_server.jobs.core.trackers.links` reads it: its pk, creation and env; None if none."""
+    return Read(f"SELECT id, created_at, env FROM {JOB} WHERE id = %s", [pk],
+                lambda rows: Job(pk=rows[0][0], created_at=rows[0][1], env=json.loads(rows[0][2])) if rows else None)
+
+
+def latest_drill_id(job_id: int) -> Read:
+    """The id of the job's newest drill; None if none."""
+    return Read(f"SELECT id FROM {DRILL} WHERE job_id = %s ORDER BY requested_at DESC, id DESC LIMIT 1", [job_id],
+                lambda rows: rows[0][0] if rows else None)
+
+
+def downtime(job_id: int) -> list[Read]:
+    """The rows `respawn_server.jobs.money.downtime.job_downtime` reads, to go in a page's round trip."""
+    return [Read(sql, params) for sql, params in money_downtime.reads(job_id)]
 
 
 def world_sizes(job_id: int) -> Read:

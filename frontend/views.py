@@ -22,7 +22,7 @@ from respawn_server.frontend import access, drills, money, reads, selectors, sto
 from respawn_server.frontend.forms import JobFilterForm, PriceFilterForm, SubmitJobForm, configured_clouds
 from respawn_server.jobs.core import trackers
 from respawn_server.jobs.core.services import cancel_job
-from respawn_server.jobs.models import Job, PriceQuote
+from respawn_server.jobs.models import PriceQuote
 from respawn_server.jobs.money import downtime
 from respawn_server.jobs.money.costs import CostError, parse_month
 from respawn_server.jobs.people.permissions import can
@@ -124,19 +124,20 @@ def switch_team(request):
 def job_page(request, pk: int):
     """The job's summary and the checkpoint interval; its script fetches the rest
     (timeline, charts, tables) from `job_json` at once, then polls it."""
-    job = access.scoped_job_row(request.user, pk)
+    # One round trip: the job's own reads go with its row and are dropped if it may not be seen.
+    job, teams, interval, fit, tracked, drill_id, *downtime_rows = reads.batch(
+        reads.job(pk), access.team_choices(request.user), reads.checkpoint_interval(pk), reads.save_fit(pk),
+        reads.tracked_job(pk), reads.latest_drill_id(pk), *reads.downtime(pk))
+    access.require_job_row(request.user, job)
     now = timezone.now()
     summary = selectors.job_summary(job, selectors.job_money(job, now), now=now,
                                     may_cancel=can(request.user, "job.cancel", job["team_id"]))
-    teams, interval, fit = reads.batch(access.team_choices(request.user), reads.checkpoint_interval(job["id"]),
-                                       reads.save_fit(job["id"]))
     interval = interval and story.interval_words(**interval)
-    tracker_links = trackers.links(Job.objects.only("pk", "created_at", "env").get(pk=pk))
-    downtime_s, interruptions = downtime.job_downtime(pk, now)
+    downtime_s, interruptions = downtime.job_downtime(pk, now, downtime_rows)
     return page(request, "frontend/job.html", teams=teams, job=job, status=summary, interval=interval,
-                save_warning=story.save_fit_warning(fit), tracker_links=tracker_links, downtime_s=downtime_s,
+                save_warning=story.save_fit_warning(fit), tracker_links=trackers.links(tracked), downtime_s=downtime_s,
                 interruptions=interruptions, may_drill=can(request.user, "job.drill", job["team_id"]),
-                drill=drills.latest_report(pk))
+                drill=drills.report_of(drill_id))
 
 
 @json_view

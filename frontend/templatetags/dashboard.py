@@ -1,12 +1,17 @@
-"""Rows of the jobs list, rendered in Python: 25 rows of twenty template variables
-each were the largest cost of the list page. The markup is the one jobs.js builds
-when it refreshes the rows in place. Texts people or machines wrote are escaped;
-the rest is ours (ints, a reversed URL, formatted money and durations)."""
+"""Rows of the jobs list and of a job's downtime table, rendered in Python: 25 rows of
+twenty template variables each were the largest cost of the list page, and a job's
+interruptions, a dozen variables each, of the job page. The list's markup is the one
+jobs.js builds when it refreshes the rows in place. Texts people or machines wrote are
+escaped; the rest is ours (ints, a reversed URL, formatted money and durations)."""
 
+import datetime as dt
 from html import escape
 
 from django import template
+from django.template.defaultfilters import floatformat
 from django.utils.safestring import SafeString, mark_safe
+
+from respawn_server.jobs.money.downtime import PARTS
 
 register = template.Library()
 
@@ -37,3 +42,18 @@ def _row(row: dict) -> str:
 def job_rows(rows: list[dict]) -> SafeString:
     """The <tr> of each row of `respawn_server.frontend.selectors.job_rows`."""
     return mark_safe("".join(_row(row) for row in rows) if rows else EMPTY)  # noqa: S308 (each text escaped)
+
+
+def _downtime_row(d) -> str:
+    interrupted = d.interrupted.astimezone(dt.UTC)
+    replacement = f"#{int(d.replacement_id)}" if d.replacement_id else "–"
+    parts = "".join(f'<td class="num">{floatformat(d.parts[name], 0)}</td>' for name in PARTS)
+    return (f'<tr><td><time datetime="{interrupted.isoformat()}">{interrupted:%Y-%m-%d %H:%M:%S} UTC</time></td>'
+            f'<td>#{int(d.instance_id)} {escape(d.kind)} → {replacement}</td>{parts}'
+            f'<td class="num">{floatformat(d.total_s, 0)}{" (ongoing)" if d.ongoing else ""}</td></tr>\n')
+
+
+@register.simple_tag
+def downtime_rows(downtimes: list) -> SafeString:
+    """The <tr> of each interruption of `respawn_server.jobs.money.downtime.job_downtime`."""
+    return mark_safe("".join(_downtime_row(d) for d in downtimes))  # noqa: S308 (the kind escaped, the rest numbers)

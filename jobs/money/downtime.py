@@ -29,11 +29,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from django.db.models import Min, Q
+from django.db import connection
+from django.db.models import Min
 
 from respawn.protocol import CheckpointKind, Purpose
 from respawn_server.jobs.core.choices import InterruptionKind
-from respawn_server.jobs.models import Checkpoint, Instance, MetricPoint, StepPoint, WorldSize
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, MetricPoint, StepPoint, WorldSize
 
 PARTS = ("save", "capacity", "boot", "validation", "restore")
 # Marks a recovery must pass; a missing one means the recovery is still in that part.
@@ -113,50 +114,114 @@ def total_s(downtimes: list[Downtime], now: dt.datetime) -> float:
     return total
 
 
-def timelines(job_id: int) -> list[Timeline]:
+INSTANCE, CHECKPOINT, INTERRUPTION = Instance._meta.db_table, Checkpoint._meta.db_table, InterruptionEvent._meta.db_table
+METRIC, WORLD_SIZE = MetricPoint._meta.db_table, WorldSize._meta.db_table
+
+
+def reads(job_id: int) -> list[tuple[str, list]]:
+    """The SELECTs (SQL, params) whose rows `from_rows` makes the job's timelines of: a
+    fixed number however many times the job was interrupted (the job page sends them in
+    its one round trip, respawn_server.frontend.reads.batch). Per training VM: its node
+    slot, its moments, its resume checkpoint's step and verdict, the time of its last
+    step (a VM that trained on through its notice, while its spare booted, was down only
+    after it) and of its first heartbeat past its resume step."""
+    train = [job_id, Purpose.TRAIN]
+    return [
+        (f"SELECT i.id, i.rank, i.joining, i.standby_for_id, i.requested_at, i.registered_at, i.ended_at, "
+         f"c.validated_at, (SELECT m.time FROM {METRIC} m WHERE m.instance_id = i.id ORDER BY m.step DESC, m.time "
+         f"LIMIT 1), (SELECT MIN(m.time) FROM {METRIC} m WHERE m.instance_id = i.id AND m.step > COALESCE(c.step, 0)) "
+         f"FROM {INSTANCE} i LEFT JOIN {CHECKPOINT} c ON c.id = i.resume_checkpoint_id "
+         "WHERE i.job_id = %s AND i.purpose = %s ORDER BY i.id", train),
+        (f"SELECT e.instance_id, e.kind, e.notice_time, e.received_at FROM {INTERRUPTION} e "
+         f"JOIN {INSTANCE} i ON i.id = e.instance_id WHERE i.job_id = %s AND i.purpose = %s "
+         f"AND e.kind IN ({', '.join(['%s'] * len(INTERRUPTING))})", [*train, *INTERRUPTING]),
+        (f"SELECT committed_at FROM {CHECKPOINT} WHERE job_id = %s AND kind = %s ORDER BY committed_at",
+         [job_id, CheckpointKind.NOTICE]),
+        (f"SELECT after_instance_id, id FROM {WORLD_SIZE} WHERE job_id = %s AND after_instance_id IS NOT NULL "
+         "ORDER BY at, id", [job_id]),
+    ]
+
+
+def _moment(value) -> dt.datetime | None:
+    """A timestamp as an aware datetime: SQLite hands back a column naive and a
+    subquery's value as text."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value.replace(tzinfo=dt.UTC) if value is not None and value.tzinfo is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class _Vm:
+    pk: int
+    rank: int
+    joining: bool
+    standby_for: int | None
+    requested_at: dt.datetime | None
+    registered_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    resume_validated_at: dt.datetime | None
+    last_step_at: dt.datetime | None
+    trained_at: dt.datetime | None
+
+
+def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroups: list[tuple]) -> list[Timeline]:
     """Each interrupted training VM of the job, with the moments of its recovery: the
     first VM requested for its node slot after it, and the first of those that trained. A
-    spare or joiner lost before it trained interrupted nothing."""
-    interrupted = (Instance.objects.filter(job_id=job_id, purpose=Purpose.TRAIN, interruptions__kind__in=INTERRUPTING)
-                   .annotate(noticed=Min("interruptions__notice_time",
-                                         filter=Q(interruptions__kind=InterruptionKind.NOTICE)),
-                             notice_received=Min("interruptions__received_at",
-                                                 filter=Q(interruptions__kind=InterruptionKind.NOTICE)),
-                             first_event=Min("interruptions__received_at"))
-                   .filter(standby_for__isnull=True, joining=False).order_by("pk").distinct())
+    spare or joiner lost before it trained interrupted nothing. The rows are `reads`'s."""
+    vms = [_Vm(pk, rank, bool(joining), standby, *map(_moment, moments))
+           for pk, rank, joining, standby, *moments in vms]
+    kinds: dict[int, list[tuple]] = {}
+    for instance_id, kind, notice_time, received_at in events:
+        kinds.setdefault(instance_id, []).append((kind, _moment(notice_time), _moment(received_at)))
+    saves = [_moment(committed) for (committed,) in saves]
+    regrouped = {}
+    for instance_id, pk in regroups:
+        regrouped.setdefault(instance_id, pk)
     found = []
-    for old in interrupted:
-        noticed = old.noticed or old.notice_received
-        # Its last step: a VM that trained on through its notice (while its spare booted) was down only after it.
-        last_step_at = MetricPoint.objects.filter(instance=old).order_by("-step", "time").values_list(
-            "time", flat=True).first()
-        at = max(filter(None, (noticed, last_step_at)), default=None) or old.ended_at or old.first_event
+    for old in vms:
+        if old.pk not in kinds or old.standby_for is not None or old.joining:
+            continue
+        noticed = _first(t for kind, t, _ in kinds[old.pk] if kind == InterruptionKind.NOTICE) or _first(
+            t for kind, _, t in kinds[old.pk] if kind == InterruptionKind.NOTICE)
+        at = (max(filter(None, (noticed, old.last_step_at)), default=None) or old.ended_at
+              or _first(t for _, _, t in kinds[old.pk]))
         saved = None
         if noticed is not None:  # its notice's save: in a gang rank 0 commits it, and before the VM has ended
-            saves = Checkpoint.objects.filter(job_id=job_id, kind=CheckpointKind.NOTICE, committed_at__gte=noticed)
-            if old.ended_at is not None:
-                saves = saves.filter(committed_at__lte=old.ended_at)
-            saved = saves.order_by("committed_at").values_list("committed_at", flat=True).first()
-        regroup = WorldSize.objects.filter(after_instance=old).select_related("resume_checkpoint").first()
-        if regroup is not None:
-            found.append(_went_on_without(old, at, regroup))
+            saved = _first(t for t in saves if t >= noticed and (old.ended_at is None or t <= old.ended_at))
+        ended = (InterruptionKind.LOST if any(k == InterruptionKind.LOST for k, _, _ in kinds[old.pk])
+                 else InterruptionKind.PREEMPTED)
+        if old.pk in regrouped:
+            found.append(_went_on_without(old, ended, at, WorldSize.objects.select_related("resume_checkpoint").get(
+                pk=regrouped[old.pk])))
             continue
-        after = Instance.objects.filter(job_id=job_id, rank=old.rank, purpose=Purpose.TRAIN, joining=False,
-                                        pk__gt=old.pk).order_by("pk")
-        first = after.first()
-        trained = _first_training(after)
-        replacement = trained[0] if trained else (first if first and first.registered_at else None)
+        after = [vm for vm in vms if vm.rank == old.rank and not vm.joining and vm.pk > old.pk]
+        first = after[0] if after else None
+        trained = next((vm for vm in after if vm.trained_at is not None), None)
+        replacement = trained or (first if first and first.registered_at else None)
         found.append(Timeline(
-            instance_id=old.pk, kind=InterruptionKind.NOTICE if noticed else _end_kind(old), interrupted=at,
-            saved=saved, requested=first.requested_at if first else None,
+            instance_id=old.pk, kind=InterruptionKind.NOTICE if noticed else ended, interrupted=at, saved=saved,
+            requested=first.requested_at if first else None,
             registered=replacement.registered_at if replacement else None,
-            validated=(replacement.resume_checkpoint.validated_at
-                       if replacement and replacement.resume_checkpoint else None),
-            resumed=trained[1] if trained else None, replacement_id=replacement.pk if replacement else None))
+            validated=replacement.resume_validated_at if replacement else None,
+            resumed=trained.trained_at if trained else None, replacement_id=replacement.pk if replacement else None))
     return found
 
 
-def _went_on_without(old: Instance, interrupted: dt.datetime, regroup: WorldSize) -> Timeline:
+def _first(moments) -> dt.datetime | None:
+    return min(filter(None, moments), default=None)
+
+
+def timelines(job_id: int) -> list[Timeline]:
+    """`from_rows` of the job's rows as they are now."""
+    found = []
+    with connection.cursor() as cursor:
+        for sql, params in reads(job_id):
+            cursor.execute(sql, params)
+            found.append(cursor.fetchall())
+    return from_rows(*found)
+
+
+def _went_on_without(old: _Vm, kind: str, interrupted: dt.datetime, regroup: WorldSize) -> Timeline:
     """An elastic gang went on without the node on the VMs it had (recovery.elastic.regroup):
     nothing was requested or booted (those marks are the regroup's moment), and it
     resumed at the first step a node's trainer reported since (StepPoint; a node's steps
@@ -164,30 +229,16 @@ def _went_on_without(old: Instance, interrupted: dt.datetime, regroup: WorldSize
     from the checkpoint count as restore); a trainer that reports no steps, at the first
     heartbeat past the resume step."""
     resume_step = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
-    after = {"job_id": old.job_id, "time__gt": regroup.at}
+    after = {"job_id": regroup.job_id, "time__gt": regroup.at}
     resumed = (StepPoint.objects.filter(**after).aggregate(at=Min("time"))["at"]
-               or MetricPoint.objects.filter(**after, step__gt=resume_step).exclude(instance=old).aggregate(
+               or MetricPoint.objects.filter(**after, step__gt=resume_step).exclude(instance=old.pk).aggregate(
                    at=Min("time"))["at"])
-    return Timeline(instance_id=old.pk, kind=_end_kind(old), interrupted=interrupted, requested=regroup.at,
+    return Timeline(instance_id=old.pk, kind=kind, interrupted=interrupted, requested=regroup.at,
                     registered=regroup.at, resumed=resumed)
 
 
-def _first_training(instances) -> tuple[Instance, dt.datetime] | None:
-    """The first of `instances` with a heartbeat past its resume step, and that heartbeat's time."""
-    for instance in instances.select_related("resume_checkpoint"):
-        resume_step = instance.resume_checkpoint.step if instance.resume_checkpoint else 0
-        at = MetricPoint.objects.filter(instance=instance, step__gt=resume_step).aggregate(at=Min("time"))["at"]
-        if at is not None:
-            return instance, at
-    return None
-
-
-def _end_kind(instance: Instance) -> str:
-    return InterruptionKind.LOST if instance.interruptions.filter(kind=InterruptionKind.LOST).exists() \
-        else InterruptionKind.PREEMPTED
-
-
-def job_downtime(job_id: int, now: dt.datetime) -> tuple[float, list[Downtime]]:
-    """The job's total downtime in seconds and each interruption's parts."""
-    downtimes = [split(t, now) for t in timelines(job_id)]
+def job_downtime(job_id: int, now: dt.datetime, rows: list[list[tuple]] | None = None) -> tuple[float, list[Downtime]]:
+    """The job's total downtime in seconds and each interruption's parts (from `rows`,
+    the answers to `reads`, when the caller read them already)."""
+    downtimes = [split(t, now) for t in (from_rows(*rows) if rows is not None else timelines(job_id))]
     return total_s(downtimes, now), downtimes

@@ -35,7 +35,7 @@ MARKET = {"RESPAWN_LOCAL_MARKET": "every", "RESPAWN_LOCAL_PREEMPT_EVERY_S": "20"
 
 INSTANCE_FIELDS = ("id", "rank", "provider", "region", "zone", "instance_type", "market", "state", "end_reason",
                    "requested_at", "registered_at", "running_at", "ended_at", "last_step", "resume_checkpoint_id",
-                   "price_per_hour_at_launch", "agent_version")
+                   "price_per_hour_at_launch", "agent_version", "preemption_confirmed")
 EVENT_FIELDS = ("instance_id", "created_at", "from_state", "to_state", "message")
 POINT_FIELDS = ("instance_id", "time", "step", "loss", "samples_per_s")
 CHECKPOINT_FIELDS = ("id", "instance_id", "step", "kind", "committed_at", "save_s", "stall_s", "validation")

@@ -25,8 +25,34 @@ def at(text: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(text) if text else None
 
 
+MOMENTS = {"job": ("created_at",), "instances": ("requested_at", "registered_at", "running_at", "ended_at"),
+           "instance_events": ("created_at",), "metric_points": ("time",), "checkpoints": ("committed_at",),
+           "interruptions": ("notice_time", "deadline", "received_at"), "price_quotes": ("observed_at",)}
+
+
+def moved(run: dict, by: dt.timedelta) -> dict:
+    """The run with every moment `by` later (what weighs recent history, placement's
+    estimates, reads it as recent)."""
+    def move(row: dict, names) -> dict:
+        return row | {name: (at(row[name]) + by).isoformat() for name in names if row.get(name)}
+
+    return run | {key: move(run[key], names) if isinstance(run[key], dict) else [move(row, names) for row in run[key]]
+                  for key, names in MOMENTS.items()}
+
+
 def _before(rows, field, until):
     return [r for r in rows if until is None or at(r[field]) <= until]
+
+
+def _confirmed(row: dict, run: dict) -> bool | None:
+    """Whether the cloud confirmed the instance's preemption. Recordings made before the
+    recorder kept the field: the local market's reclaims after its notice, which the
+    control plane confirms (the VM is gone)."""
+    if "preemption_confirmed" in row:
+        return row["preemption_confirmed"]
+    if row["end_reason"] != "preempted":
+        return None
+    return any(i["instance_id"] == row["id"] and i["kind"] == "notice" for i in run["interruptions"])
 
 
 def load(team, owner, run: dict, until: dt.datetime | None = None):
@@ -48,6 +74,7 @@ def load(team, owner, run: dict, until: dt.datetime | None = None):
             state=row["state"] if ended else InstanceState.RUNNING, end_reason=row["end_reason"] if ended else "",
             requested_at=at(row["requested_at"]), registered_at=at(row["registered_at"]),
             running_at=at(row["running_at"]), ended_at=ended,
+            preemption_confirmed=_confirmed(row, run) if ended else None,
             last_step=row["last_step"] if ended else max(mine, default=0),
             resume_checkpoint=checkpoints.get(row["resume_checkpoint_id"]))
         instances[row["id"]] = instance
@@ -73,6 +100,8 @@ def load(team, owner, run: dict, until: dt.datetime | None = None):
     newest = max(instances.values(), key=lambda i: i.pk)
     newest.refresh_from_db()
     job.last_step = newest.last_step
-    job.preemptions = sum(1 for i in instances.values() if Instance.objects.get(pk=i.pk).end_reason == "preempted")
+    # The whole run: the counter as the control plane kept it; part of it: the preemptions so far.
+    job.preemptions = run["job"]["preemptions"] if finished else sum(
+        1 for i in instances.values() if Instance.objects.get(pk=i.pk).end_reason == "preempted")
     job.save(update_fields=["last_step", "preemptions"])
     return job, instances
