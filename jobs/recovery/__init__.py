@@ -1,7 +1,7 @@
 """Recovery: what a job does when its VMs end or are about to. The decisions after an
 instance's end (`after_end`), spares (`spares`), an elastic gang going on smaller
-(`elastic`) and growing back with joiners (`joiners`), and a gang's nodes, size and
-rendezvous (`gangs`).
+(`elastic`) and growing back with joiners (`joiners`), a gang's nodes, size and
+rendezvous (`gangs`), and which VM ends the job's preemption counter counts (`counting`).
 
 Imports the core, money's budget, and from the fleet only what places a VM (placement,
 `instances`, the providers' `Placement`); never the fleet's scheduler, launcher or

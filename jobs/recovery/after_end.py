@@ -11,10 +11,10 @@ from django.db.models import F, Q
 from respawn.protocol import Action, Purpose
 from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import EndReason, FailureCause, InstanceState, InterruptionKind, JobStatus
-from respawn_server.jobs.core.drilled import caused_by_drill
 from respawn_server.jobs.core.services import enqueue_terminate, finish_cancelling, nudge_schedule, request_action
 from respawn_server.jobs.core.transitions import end_instance, log_job_event, transition_job
 from respawn_server.jobs.models import Instance, Job, failure_message
+from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.elastic import go_on_with_survivors
 from respawn_server.jobs.recovery.gangs import current_world_size, training_nodes
 from respawn_server.jobs.recovery.joiners import release_joiners
@@ -191,8 +191,7 @@ def _after_interruption(job: Job, end_reason: str, instance_id: int | None = Non
     request_action(job.pk, Action.STOP if end_reason == EndReason.LOST else Action.CHECKPOINT_AND_STOP)
     if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
         # A drill's interruption is recovered from like any other, and counted as none.
-        counted = {"preemptions": F("preemptions") + 1} if end_reason != EndReason.CAPACITY_ERROR and \
-            not caused_by_drill(instance_id) else {}
+        counted = {"preemptions": F("preemptions") + 1} if counts_as_preemption(end_reason, instance_id) else {}
         if transition_job(job.pk, job.status, JobStatus.RECOVERING, message=f"instance {end_reason}", **counted):
             nudge_schedule()
 

@@ -8,11 +8,11 @@ from django.utils import timezone
 
 from respawn.protocol import Action
 from respawn_server.jobs.core import nudges
-from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
-from respawn_server.jobs.core.drilled import caused_by_drill
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.core.services import usable_checkpoint
 from respawn_server.jobs.core.transitions import log_job_event
 from respawn_server.jobs.models import Instance, Job, WorldSize
+from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.gangs import (GANG_PORT, free_local_address, running_once_all_registered,
                                                 training_nodes)
 
@@ -30,7 +30,7 @@ def go_on_with_survivors(job: Job, end_reason: str, instance_id: int | None) -> 
                               "trains on at least; the gang is relaunched whole")
         return False
     regroup(job, survivors, f"{what}: the gang goes on with {len(survivors)} of {job.nodes} nodes", after=instance_id)
-    if end_reason in (EndReason.PREEMPTED, EndReason.LOST) and not caused_by_drill(instance_id):
+    if counts_as_preemption(end_reason, instance_id):
         # The job's row last, after the instances': the order a heartbeat locks them in.
         Job.objects.filter(pk=job.pk).update(preemptions=F("preemptions") + 1)
     return True

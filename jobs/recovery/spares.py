@@ -12,14 +12,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from respawn.protocol import Action
-from respawn_server.jobs.core.choices import EndReason, InstanceState, InterruptionKind, JobStatus
-from respawn_server.jobs.core.drilled import caused_by_drill
+from respawn_server.jobs.core.choices import InstanceState, InterruptionKind, JobStatus
 from respawn_server.jobs.core.services import fence, usable_checkpoint
 from respawn_server.jobs.core.transitions import log_job_event, transition_job
 from respawn_server.jobs.fleet import placement as placements
 from respawn_server.jobs.fleet.instances import enqueue_launches, new_instance, no_gpu_room
 from respawn_server.jobs.models import Instance, Job
 from respawn_server.jobs.money import budget
+from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.gangs import gang_rendezvous, training_nodes
 
 
@@ -140,8 +140,7 @@ def promote_spares(job: Job, spares: list[Instance]) -> None:
         Instance.objects.filter(pk=spare.pk).update(
             standby_for=None, **({"resume_checkpoint": resume, "last_step": resume.step if resume else 0}
                                  if spare.state == InstanceState.RUNNING else {}))
-    interrupted = any(old.end_reason in (EndReason.PREEMPTED, EndReason.LOST) and not caused_by_drill(old.pk)
-                      for old in olds)
+    interrupted = any(counts_as_preemption(old.end_reason, old.pk) for old in olds)
     counted = {"preemptions": F("preemptions") + 1} if interrupted else {}
     transition_job(job.pk, job.status, JobStatus.RECOVERING,
                    message=", ".join(f"instance {old.pk} {old.end_reason}" for old in olds), **counted)
