@@ -683,11 +683,18 @@ def spare_ready(spare: Instance) -> None:
     """A spare, booted and prepared, asked whether it may train. Once every spare of the
     job is ready, the instances they stand by for are told to save and stop: a gang hands
     over whole, never with a node slot waiting on a spare still booting. (Two spares asking
-    at once may each miss the other's mark; they ask again in half a second.)"""
-    Instance.objects.filter(pk=spare.pk, standby_ready_at__isnull=True).update(standby_ready_at=timezone.now())
-    if not Instance.objects.filter(job_id=spare.job_id, state__in=InstanceState.LIVE, standby_for__isnull=False,
-                                   standby_ready_at__isnull=True).exists():
-        end_notice_hold(spare.standby_for_id, spare_ready=True)
+    at once may each miss the other's mark; they ask again in half a second.) `spare` may have
+    been read before its promotion: its row is read again, locked, and a spare promoted since
+    is a node of the new gang, which must not be told to stop."""
+    with transaction.atomic():
+        standing_by = Instance.objects.select_for_update(of=("self",)).filter(
+            pk=spare.pk, standby_for__isnull=False).values_list("standby_for_id", flat=True).first()
+        if standing_by is None:
+            return
+        Instance.objects.filter(pk=spare.pk, standby_ready_at__isnull=True).update(standby_ready_at=timezone.now())
+        if not Instance.objects.filter(job_id=spare.job_id, state__in=InstanceState.LIVE, standby_for__isnull=False,
+                                       standby_ready_at__isnull=True).exists():
+            end_notice_hold(standing_by, spare_ready=True)
 
 
 def _fence(instances, message: str) -> list[Instance]:

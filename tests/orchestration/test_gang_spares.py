@@ -111,6 +111,25 @@ def test_rank_0_s_notice_commit_hands_the_whole_gang_over_counting_one_preemptio
         message__contains="the price of the overlap").exists() for s in spares)
 
 
+def test_a_spares_ready_call_read_before_its_promotion_leaves_the_new_gang_training(
+        gang, django_capture_on_commit_callbacks):
+    # Seen end to end under load (a drilled gang): a spare's standby poll read its row while
+    # it stood by; the gang was handed over and it promoted before the poll said it was
+    # ready, and the stale "ready" told the new gang, the spares themselves, to save and stop.
+    job, nodes = gang
+    spares = launched(nodes)
+    for spare in spares:
+        register(spare)
+    stale = Instance.objects.get(pk=spares[0].pk)  # what the poll read
+    notice_save(nodes[0], django_capture_on_commit_callbacks)
+    with transaction.atomic():
+        services.record_exit(nodes[0], reason="stopped", exit_code=0, final_step=90, output_tail="",
+                             last_exception="", artifact_uri="", artifact_digest="")
+    assert Instance.objects.get(pk=spares[0].pk).standby_for_id is None  # promoted
+    services.spare_ready(stale)
+    assert actions(spares) == ["", ""]
+
+
 def test_no_spare_trains_before_every_old_node_has_ended(gang):
     job, nodes = gang
     spares = launched(nodes)
