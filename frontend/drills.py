@@ -33,4 +33,4 @@ def job_drill(request, pk: int):
 
 def latest_report(job_id: int) -> dict | None:
     drill = Drill.objects.filter(job_id=job_id).select_related("requested_by").first()
-    return report.as_report(report.refresh(drill)) if drill else None
+    return report.as_report(drill) if drill else None
