@@ -32,7 +32,7 @@ def job_drill(request, pk: int):
 
 
 def report_of(drill_id: int | None) -> dict | None:
-    """The report of the drill (`reads.latest_drill_id`'s answer); None for none."""
+    """The report of the drill (`reads.latest_drill_id`'s answer), derived as it is read; None for none."""
     if drill_id is None:
         return None
-    return report.as_report(report.refresh(Drill.objects.select_related("requested_by").get(pk=drill_id)))
+    return report.as_report(Drill.objects.select_related("requested_by").get(pk=drill_id))

@@ -57,8 +57,12 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
             detail["spent"], detail["savings"], detail["on_demand_baseline"]).items()},
         "waste_display": display_money(detail["waste"]["total"]),
         "waste_parts_display": waste_parts_display(detail["waste"]),
+        # What drills spent, apart from spent and savings (shown only for a job drilled).
+        "drills": detail["drills"]["total"],
+        "drills_display": display_money(detail["drills"]["total"]) if Decimal(detail["drills"]["total"]) else "",
+        "drills_parts_display": parts_display(detail["drills"], DRILL_PARTS),
         "seconds_per_step": str(newest.seconds_per_step) if newest else None,
-        "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds)
+        "months": {month: (str(row.spent), str(row.baseline), str(row.waste), row.billed_seconds, str(row.drill))
                    for month, row in costs.job_months(cost).items()},
     }
     return {"summary": summary, "detail": detail, "curve": cost_curve(detail, cost.now) if with_curve else None}
@@ -66,15 +70,22 @@ def _documents(cost: costs.JobCost, *, with_curve: bool) -> dict[str, dict | lis
 
 WASTE_PARTS = (("recomputed", "recomputed"), ("boot_restore", "boot/restore"),
                ("checkpoint_stalls", "checkpoint stalls"), ("stopped_disk", "stopped disk"))
+DRILL_PARTS = (("lost_work", "lost work"), ("replacement_boot", "replacement boot"))
+
+
+def parts_display(figures: dict, parts) -> str:
+    """A breakdown in a line, e.g. "recomputed $0.10 · boot/restore $0.15 · …"."""
+    return " · ".join(f"{label} {display_money(figures[part])}" for part, label in parts)
 
 
 def waste_parts_display(waste: dict) -> str:
-    """The waste breakdown in a line, e.g. "recomputed $0.10 · boot/restore $0.15 · …"."""
-    return " · ".join(f"{label} {display_money(waste[part])}" for part, label in WASTE_PARTS)
+    return parts_display(waste, WASTE_PARTS)
 
 
 KINDS = ("summary", "detail", "curve")
-DOCUMENTS_VERSION = 3  # in the keys: documents stored by an older release are not read (2: savings with their share; 3: money_figures)
+# In the keys: documents stored by an older release are not read (2: savings with their share;
+# 3: money_figures; 4: drills apart).
+DOCUMENTS_VERSION = 4
 
 
 def _stored_as(kind: str, settled_key: str) -> str:
@@ -117,7 +128,7 @@ def job_money(keys: dict[int, str | None], now: dt.datetime, *, detail: bool = F
 def _job_month(summary: dict, label: str) -> costs.JobMonth | None:
     row = summary["months"].get(label)
     return costs.JobMonth(spent=Decimal(row[0]), baseline=Decimal(row[1]), waste=Decimal(row[2]),
-                          billed_seconds=row[3]) if row else None
+                          billed_seconds=row[3], drill=Decimal(row[4])) if row else None
 
 
 # ---- a team's month ---------------------------------------------------------------------------

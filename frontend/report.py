@@ -3,6 +3,8 @@ cumulative savings chart, with the same figures offered as CSV and JSON."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.contrib.auth.decorators import login_required
 from django.urls import reverse
 from django.utils import timezone
@@ -22,6 +24,8 @@ def _displayed(data: dict) -> dict:
         for name, text in money_figures(row["spent"], row["savings"], row["on_demand_baseline"]).items():
             row[f"{name}_display"] = text
         row["waste_display"] = usd(row["waste"])
+        drills = row["drills"]["total"] if isinstance(row["drills"], dict) else row["drills"]
+        row["drills_display"] = usd(drills) if Decimal(drills) else ""  # shown apart, for what was drilled
     # A year's range of a team that ran in two months: the other ten are rows of zeros. The
     # CSV and JSON keep every month (a series); people read the months that had jobs.
     data["empty_months"] = sum(1 for m in data["months"] if not m["jobs"])

@@ -61,10 +61,13 @@ def _eta_seconds(job: dict, money) -> int | None:
 def _money_fields(money) -> dict:
     if isinstance(money, str):
         return {"spent": None, "savings": None, "spent_display": "no price", "savings_display": "no price",
-                "waste_display": "no price", "waste_parts_display": "", "cost_error": money}
+                "waste_display": "no price", "waste_parts_display": "", "drills": None, "drills_display": "",
+                "drills_parts_display": "", "cost_error": money}
     return {"spent": money["spent"], "savings": money["savings"], "spent_display": money["spent_display"],
             "savings_display": money["savings_display"], "waste_display": money["waste_display"],
-            "waste_parts_display": money["waste_parts_display"], "cost_error": None}
+            "waste_parts_display": money["waste_parts_display"], "drills": money["drills"],
+            "drills_display": money["drills_display"], "drills_parts_display": money["drills_parts_display"],
+            "cost_error": None}
 
 
 def job_rows(jobs: list[dict], now: dt.datetime | None = None) -> list[dict]:

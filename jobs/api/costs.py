@@ -1,7 +1,11 @@
 """Cost endpoints of the people's API: a job's money and a team's month.
 
 Money is a decimal string (exact, 8 places) so no client rounds it twice.
-Another team's job or team answers 404, like every other object of the API."""
+Another team's job or team answers 404, like every other object of the API.
+
+`spent` is the spot work's own cost, the figure `savings` is taken from; what drills
+spent (a rehearsed interruption's lost work and its replacements' boot) is `drills`,
+apart, and `billed` is both: what the cloud charged."""
 
 from __future__ import annotations
 
@@ -22,14 +26,20 @@ def money(value) -> str:
     return f"{value.quantize(costs.ledger.MONEY_QUANTUM):f}"  # never "0E-8"
 
 
+def drill_data(drill: costs.ledger.Drill) -> dict:
+    return {**{part: money(getattr(drill, part)) for part in costs.ledger.Drill.PARTS}, "total": money(drill.total)}
+
+
 def job_cost_data(cost: costs.JobCost) -> dict:
     result = cost.ledger
     return {
         "job": cost.job_id,
         "as_of": cost.now.isoformat(),
-        "spent": money(result.spent),
+        "spent": money(result.spot_spent),
         "on_demand_baseline": money(result.baseline),
         "savings": money(result.savings),
+        "drills": drill_data(result.drill),
+        "billed": money(result.spent),
         "waste": {
             "recomputed": money(result.waste.recomputed),
             "boot_restore": money(result.waste.boot_restore),
@@ -37,8 +47,8 @@ def job_cost_data(cost: costs.JobCost) -> dict:
             "stopped_disk": money(result.waste.stopped_disk),
             "total": money(result.waste.total),
         },
-        "by_month": {m: {"spent": money(row.spent), "on_demand_baseline": money(row.baseline),
-                         "savings": money(row.savings), "waste": money(row.waste)}
+        "by_month": {m: {"spent": money(row.spent - row.drill), "on_demand_baseline": money(row.baseline),
+                         "savings": money(row.savings), "waste": money(row.waste), "drills": money(row.drill)}
                      for m, row in result.by_month.items()},
         "instances": [_instance_data(cost.work[int(row.instance_id)], row) for row in result.instances],
     }
@@ -51,9 +61,11 @@ def _instance_data(work: costs.InstanceWork, row) -> dict:
         "billed_from": work.billed_from.isoformat(),
         "billed_to": work.billed_to.isoformat() if work.billed_to else None,
         "billed_seconds": row.billed_seconds,
-        "spent": money(row.spent),
+        "spent": money(row.spot_spent),
         "on_demand_baseline": money(row.baseline),
         "savings": money(row.savings),
+        "drills": money(row.drill.total),
+        "billed": money(row.spent),
         "steps_kept": work.steps_kept,
         "recomputed_steps": work.recomputed_steps,
         "seconds_per_step": str(work.seconds_per_step),
@@ -82,9 +94,11 @@ def team_month_data(cost: costs.TeamMonthCost) -> dict:
         "team": cost.team_id,
         "month": cost.month,
         "as_of": cost.now.isoformat(),
-        "spent": money(cost.spent),
+        "spent": money(cost.spent - cost.drill),
         "on_demand_baseline": money(cost.baseline),
         "savings": money(cost.savings),
+        "drills": money(cost.drill),
+        "billed": money(cost.spent),
         "waste": money(cost.waste),
         "budget": str(cost.budget) if cost.budget is not None else None,
         "gpu_hours": str(cost.gpu_hours),
@@ -103,9 +117,24 @@ WasteAnswer = inline_serializer("Waste", {
                   "Deallocate), billed from the instance's end until the VM was deleted; part of spent too"),
     "total": _money_field(),
 })
+def _drills_field():
+    return serializers.CharField(help_text="USD, exact decimal string: what drills spent (their lost work and their "
+                                           "replacements' boot), apart from spent and savings; billed holds it")
+
+
+def _billed_field():
+    return serializers.CharField(help_text="USD, exact decimal string: spent plus drills, what the cloud charged")
+
+
+DrillMoneyAnswer = inline_serializer("DrillMoney", {
+    "lost_work": serializers.CharField(help_text="USD: the steps the drilled VMs had run past the save, run again"),
+    "replacement_boot": serializers.CharField(help_text="USD: the replacements' boot and restore"),
+    "total": _money_field(),
+})
 JobCostAnswer = inline_serializer("JobCost", {
     "job": serializers.IntegerField(), "as_of": serializers.DateTimeField(), "spent": _money_field(),
-    "on_demand_baseline": _money_field(), "savings": _money_field(),
+    "on_demand_baseline": _money_field(), "savings": _money_field(), "drills": DrillMoneyAnswer,
+    "billed": _billed_field(),
     "waste": WasteAnswer,
     "by_month": serializers.DictField(child=serializers.DictField(child=_money_field())),
     "instances": serializers.ListField(child=serializers.DictField()),
@@ -113,6 +142,7 @@ JobCostAnswer = inline_serializer("JobCost", {
 TeamCostAnswer = inline_serializer("TeamMonthCost", {
     "team": serializers.IntegerField(), "month": serializers.CharField(), "as_of": serializers.DateTimeField(),
     "spent": _money_field(), "on_demand_baseline": _money_field(), "savings": _money_field(),
+    "drills": _drills_field(), "billed": _billed_field(),
     "waste": _money_field(), "budget": serializers.CharField(allow_null=True),
     "gpu_hours": serializers.CharField(), "jobs": serializers.IntegerField(),
 })

@@ -21,7 +21,8 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from respawn_server.jobs.api.costs import _money_field, _scoped, job_cost_data, money
+from respawn_server.jobs.api.costs import (DrillMoneyAnswer, _billed_field, _drills_field, _money_field, _scoped,
+                                           drill_data, job_cost_data, money)
 from respawn_server.jobs.models import Team
 from respawn_server.jobs.money import ledger
 from respawn_server.jobs.money.curve import cost_curve
@@ -38,7 +39,8 @@ def _job_row(row, cost_data: dict) -> dict:
     return {"job": row.job_id, "name": row.name, "status": row.status, "preemptions": row.preemptions,
             "spent": cost_data["spent"], "on_demand_baseline": cost_data["on_demand_baseline"],
             "savings": cost_data["savings"], "waste": cost_data["waste"]["total"],
-            **{f"waste_{part}": cost_data["waste"][part] for part in ledger.Waste.PARTS}}
+            **{f"waste_{part}": cost_data["waste"][part] for part in ledger.Waste.PARTS},
+            "drills": cost_data["drills"]["total"], "billed": cost_data["billed"]}
 
 
 def report_data(report: SavingsReport) -> dict:
@@ -46,10 +48,12 @@ def report_data(report: SavingsReport) -> dict:
     curve = cost_curve({"instances": [i for detail in details.values() for i in detail["instances"]]}, report.now)
     return {
         "team": report.team_id, "from": report.first, "to": report.last, "as_of": report.now.isoformat(),
-        "totals": {"spent": money(report.spent), "on_demand_baseline": money(report.baseline),
-                   "savings": money(report.savings), "waste": money(report.waste.total), "jobs": len(report.jobs)},
-        "months": [{"month": m.month, "spent": money(m.spent), "on_demand_baseline": money(m.baseline),
-                    "savings": money(m.savings), "waste": money(m.waste), "jobs": m.jobs} for m in report.months],
+        "totals": {"spent": money(report.spent - report.drill.total), "on_demand_baseline": money(report.baseline),
+                   "savings": money(report.savings), "waste": money(report.waste.total), "jobs": len(report.jobs),
+                   "drills": drill_data(report.drill), "billed": money(report.spent)},
+        "months": [{"month": m.month, "spent": money(m.spent - m.drill), "on_demand_baseline": money(m.baseline),
+                    "savings": money(m.savings), "waste": money(m.waste), "jobs": m.jobs, "drills": money(m.drill),
+                    "billed": money(m.spent)} for m in report.months],
         "jobs": [_job_row(row, details[row.job_id]) for row in report.jobs],
         "waste": {**{part: money(getattr(report.waste, part)) for part in ledger.Waste.PARTS},
                   "total": money(report.waste.total)},
@@ -73,8 +77,9 @@ def _waste_rows(data: dict) -> list[dict]:
 # Each CSV table: its columns and where its rows are in `report_data`.
 TABLES = {
     "jobs": (("job", "name", "status", "preemptions", "spent", "on_demand_baseline", "savings", "waste",
-              *(f"waste_{part}" for part in ledger.Waste.PARTS)), lambda data: data["jobs"]),
-    "months": (("month", "spent", "on_demand_baseline", "savings", "waste", "jobs"), lambda data: data["months"]),
+              *(f"waste_{part}" for part in ledger.Waste.PARTS), "drills", "billed"), lambda data: data["jobs"]),
+    "months": (("month", "spent", "on_demand_baseline", "savings", "waste", "jobs", "drills", "billed"),
+               lambda data: data["months"]),
     "waste": (("kind", "usd"), _waste_rows),
     "interruptions": (("cloud", "zone", *INTERRUPTION_KINDS, "total"), lambda data: data["interruptions"]),
     "cumulative": (("at", "spent", "on_demand", "savings"), lambda data: data["cumulative"]),
@@ -114,15 +119,18 @@ ReportAnswer = inline_serializer("SavingsReport", {
     "as_of": serializers.DateTimeField(),
     "totals": inline_serializer("SavingsReportTotals", {
         "spent": _money_field(), "on_demand_baseline": _money_field(), "savings": _money_field(),
-        "waste": _money_field(), "jobs": serializers.IntegerField()}),
+        "waste": _money_field(), "jobs": serializers.IntegerField(), "drills": DrillMoneyAnswer,
+        "billed": _billed_field()}),
     "months": serializers.ListField(child=inline_serializer("SavingsReportMonth", {
         "month": serializers.CharField(), "spent": _money_field(), "on_demand_baseline": _money_field(),
-        "savings": _money_field(), "waste": _money_field(), "jobs": serializers.IntegerField()})),
+        "savings": _money_field(), "waste": _money_field(), "jobs": serializers.IntegerField(),
+        "drills": _drills_field(), "billed": _billed_field()})),
     "jobs": serializers.ListField(child=inline_serializer("SavingsReportJob", {
         "job": serializers.IntegerField(), "name": serializers.CharField(), "status": serializers.CharField(),
         "preemptions": serializers.IntegerField(), "spent": _money_field(), "on_demand_baseline": _money_field(),
         "savings": _money_field(), "waste": _money_field(),
-        **{f"waste_{part}": _money_field() for part in ledger.Waste.PARTS}})),
+        **{f"waste_{part}": _money_field() for part in ledger.Waste.PARTS}, "drills": _drills_field(),
+        "billed": _billed_field()})),
     "waste": serializers.DictField(child=_money_field(), help_text="USD per kind of waste, and total"),
     "interruptions": serializers.ListField(child=inline_serializer("SavingsReportZone", {
         "cloud": serializers.CharField(), "zone": serializers.CharField(),

@@ -149,26 +149,26 @@ class AuditAction:
 
 
 class DrillStatus:
-    """A drill (respawn_server.jobs.drills): asked for, sent to the cloud, then judged from what followed."""
+    """A drill (respawn_server.jobs.drills): asked for, sent to the cloud, then judged from what
+    followed. The row holds the first four; a sent drill's report derives PASSED or FAILED
+    from the job's rows each time it is read (respawn_server.jobs.drills.report)."""
 
     REQUESTED = "requested"  # recorded by the web request; a worker calls the cloud
     SENDING = "sending"  # a worker claimed it and is calling the cloud
-    SENT = "sent"  # the cloud accepted the interruption: the job is recovering from it
+    SENT = "sent"  # the cloud accepted the interruption: the job recovers from it, the report judges
     REFUSED = "refused"  # never sent: a missing permission, no live VM, a cloud that cannot
-    PASSED = "passed"
-    FAILED = "failed"
-    ALL = (REQUESTED, SENDING, SENT, REFUSED, PASSED, FAILED)
+    PASSED = "passed"  # a report's verdict, never stored
+    FAILED = "failed"  # a report's verdict, never stored
+    ALL = (REQUESTED, SENDING, SENT, REFUSED)
     # Sent (or being sent) to the cloud: the instance's interruption is the drill's, not a preemption.
-    INTERRUPTING = frozenset({SENDING, SENT, PASSED, FAILED})
-    OPEN = frozenset({REQUESTED, SENDING, SENT})
+    INTERRUPTING = frozenset({SENDING, SENT})
+    OPEN = frozenset({REQUESTED, SENDING, SENT})  # SENT stays open until its report has a verdict
     CHOICES = [(s, s) for s in ALL]
 
     TRANSITIONS: dict[str, frozenset[str]] = {
         REQUESTED: frozenset({SENDING, REFUSED}),
         # Back to requested when the cloud call failed transiently and is retried.
         SENDING: frozenset({SENT, REFUSED, REQUESTED}),
-        SENT: frozenset({PASSED, FAILED}),
+        SENT: frozenset(),
         REFUSED: frozenset(),
-        PASSED: frozenset(),
-        FAILED: frozenset(),
     }

@@ -58,7 +58,7 @@ def _job(request, pk: int) -> Job:
 
 def drill_reports(job: Job) -> list[dict]:
     drills = job.drills.select_related("requested_by")[:LATEST]
-    return [report.as_report(report.refresh(drill)) for drill in drills]
+    return [report.as_report(drill) for drill in drills]
 
 
 class JobDrillView(APIView):

@@ -13,6 +13,7 @@ from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.audit import record_audit
 from respawn_server.jobs.core.choices import AuditAction, DrillStatus, InstanceState, InterruptionKind, JobStatus, NoticeSource, Purpose
 from respawn_server.jobs.core.transitions import log_job_event
+from respawn_server.jobs.drills import report
 from respawn_server.jobs.fleet.providers.base import MissingPermission, ProviderError, TransientError
 from respawn_server.jobs.fleet.registry import provider_for
 from respawn_server.jobs.models import Drill, Instance, InterruptionEvent, Job
@@ -40,9 +41,9 @@ def request_drill(job: Job, *, by, rank: int, with_notice: bool) -> Drill:
     instance = drill_target(job, rank)
     if instance is None:
         raise DrillConflict(f"job {job.pk} has no running instance of node {rank}")
-    open_drill = job.drills.filter(status__in=DrillStatus.OPEN).first()
+    open_drill = next((drill for drill in job.drills.filter(status__in=DrillStatus.OPEN) if report.is_open(drill)), None)
     if open_drill is not None:
-        raise DrillConflict(f"drill {open_drill.pk} of job {job.pk} is still {open_drill.status}: one at a time")
+        raise DrillConflict(f"drill {open_drill.pk} of job {job.pk} is still in flight ({open_drill.status}): one at a time")
     drill = Drill.objects.create(job=job, instance=instance, rank=rank, with_notice=with_notice, requested_by=by)
     how = "with the cloud's notice" if with_notice else "without notice (a hard reclaim)"
     record_audit(by, AuditAction.JOB_DRILLED, f"job:{job.pk}", team=job.team_id, name=job.name, drill=drill.pk,

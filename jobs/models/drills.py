@@ -1,5 +1,6 @@
-"""The drills' table: one row per drill asked for, its phases as they happened and its
-verdict (respawn_server.jobs.drills)."""
+"""The drills' table: one row per drill asked for, and what happened to the request (sent
+when, or refused why). Its phases and verdict are derived when read
+(respawn_server.jobs.drills.report), so no figure here can go stale."""
 
 from django.conf import settings
 from django.db import models
@@ -16,22 +17,13 @@ class Drill(models.Model):
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     status = models.CharField(max_length=12, choices=DrillStatus.CHOICES, default=DrillStatus.REQUESTED)
 
-    # Phases, each when the control plane saw it (empty until then).
     requested_at = models.DateTimeField(auto_now_add=True)
     interrupted_at = models.DateTimeField(null=True, blank=True, help_text="The cloud accepted the interruption.")
-    notice_seen_at = models.DateTimeField(null=True, blank=True, help_text="The agent's report of the notice.")
-    save_committed_at = models.DateTimeField(null=True, blank=True, help_text="The notice checkpoint committed.")
-    replacement_requested_at = models.DateTimeField(null=True, blank=True)
-    replacement_booted_at = models.DateTimeField(null=True, blank=True, help_text="The replacement's agent registered.")
-    validated_at = models.DateTimeField(null=True, blank=True, help_text="The checkpoint resumed from was validated.")
-    training_again_at = models.DateTimeField(null=True, blank=True, help_text="First step past the resume point.")
-    steps_lost = models.PositiveBigIntegerField(null=True, blank=True)
-    window_s = models.FloatField(null=True, blank=True, help_text="The notice window the save had to meet.")
-
-    cause = models.TextField(blank=True, help_text="Why it failed or was refused, in words; empty when it passed.")
+    cause = models.TextField(blank=True, help_text="Why it was refused, in words (a sent drill's report names why "
+                                                   "it failed).")
     missing_permission = models.CharField(max_length=200, blank=True,
                                           help_text="The cloud permission the drill lacked, when refused for it.")
-    finished_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="When it was refused.")
 
     class Meta:
         ordering = ["-requested_at", "-id"]

@@ -21,6 +21,10 @@ instance's interval and work were, from what the control plane recorded:
 - Boot/restore: billed time until its trainer was at work: up to the last
   heartbeat before the first one past its resume step (all of it while there is
   none). Checkpoint stalls: Σ Checkpoint.stall_s.
+- A drill's runs (`ledger.Drill`): per node slot, the first instance launched after a
+  drill's interruption recovers from it (the spare or relaunch of the node drilled, and
+  of the rest of its gang, which hands over whole); its boot/restore and recomputed
+  steps are the drill's money, shown apart from spot's.
 - A stopped disk: an instance that ended preempted with a disk its cloud keeps
   (`Instance.DISK_KEPT`: an Azure spot VM evicted with policy Deallocate) bills that
   disk from `ended_at` until `storage_released_at` (the reconciler saw the VM
@@ -49,9 +53,10 @@ from django.db.models import Case, Count, Exists, F, Max, Min, OuterRef, Q, Sum,
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from respawn_server.jobs.core.choices import EndReason, InstanceState, InterruptionKind
-from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Instance, InstanceEvent, InterruptionEvent, Job, MetricPoint,
-                         PriceQuote, WorldSize)
+from respawn_server.jobs.core.choices import DrillStatus, EndReason, InstanceState, InterruptionKind
+from respawn_server.jobs.core.drilled import not_drilled
+from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Drill, Instance, InstanceEvent, InterruptionEvent, Job,
+                                        MetricPoint, PriceQuote, WorldSize)
 from respawn_server.jobs.money import ledger
 from respawn_server.jobs.money.prices import DiskQuote, Quote
 
@@ -85,6 +90,8 @@ class InstanceWork:
     stopped_disk: str = ""
     """Price SKU of the disk billed after its end ("" when none)."""
     disk_released: dt.datetime | None = None
+    drill: bool = False
+    """It recovers from a drill: its boot/restore and recomputed steps are the drill's."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -255,10 +262,32 @@ def _runs(instance: Instance, start: dt.datetime) -> list[tuple[dt.datetime, int
                                                         instance.resume_step, instance.resume_from, instance.last_step))]
 
 
+def _drill_runs(instances) -> set[int]:
+    """The instances that recover from a drill: per node slot, the first launched after a
+    drill's interruption (one query)."""
+    drills = defaultdict(list)
+    for job_id, interrupted_at in Drill.objects.filter(
+            job_id__in={i.job_id for i in instances}, status__in=DrillStatus.INTERRUPTING,
+            interrupted_at__isnull=False).values_list("job_id", "interrupted_at"):
+        drills[job_id].append(interrupted_at)
+    slots = defaultdict(list)
+    for instance in instances:
+        if instance.job_id in drills:
+            slots[(instance.job_id, instance.rank)].append(instance)
+    runs = set()
+    for (job_id, _), slot in slots.items():
+        for moment in drills[job_id]:
+            after = [i for i in slot if i.requested_at >= moment]
+            if after:
+                runs.add(min(after, key=lambda i: (i.requested_at, i.pk)).pk)
+    return runs
+
+
 def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
     starts = _billing_starts(instances)
     billed = [i for i in instances if i.pk in starts]
     ids = [i.pk for i in billed]
+    drill_runs = _drill_runs(billed)
     # A regrouped node's boot and restore are those of its first run, from its first resume step.
     first_resume = {i.pk: i.earlier_runs[0]["resume_step"] for i in billed if i.earlier_runs}
     measured, stalls = _measurements(ids, first_resume), _stalls(ids)
@@ -313,6 +342,7 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
             checkpoint_stall_seconds=stalls.get(instance.pk, Decimal(0)),
             stopped_disk=instance.stopped_disk_sku if disk else "",
             disk_released=instance.storage_released_at if disk else None,
+            drill=instance.pk in drill_runs,
         )
     return work
 
@@ -324,7 +354,7 @@ def _interval(instance: Instance, work: InstanceWork) -> ledger.InstanceInterval
         steps_kept=work.steps_kept, seconds_per_step=work.seconds_per_step,
         boot_restore_seconds=work.boot_restore_seconds, checkpoint_stall_seconds=work.checkpoint_stall_seconds,
         recomputed_steps=work.recomputed_steps,
-        stopped_disk=work.stopped_disk, disk_released=work.disk_released,
+        stopped_disk=work.stopped_disk, disk_released=work.disk_released, drill=work.drill,
     )
 
 
@@ -468,6 +498,8 @@ class JobMonth:
     baseline: Decimal
     waste: Decimal
     billed_seconds: int
+    drill: Decimal = Decimal(0)
+    """The part of spent that drills spent (ledger.Drill)."""
 
 
 def job_months(cost: JobCost) -> dict[str, JobMonth]:
@@ -475,7 +507,8 @@ def job_months(cost: JobCost) -> dict[str, JobMonth]:
     for instance in cost.ledger.instances:
         for month, n in instance.seconds_by_month.items():
             seconds[month] += n
-    return {month: JobMonth(spent=row.spent, baseline=row.baseline, waste=row.waste, billed_seconds=seconds[month])
+    return {month: JobMonth(spent=row.spent, baseline=row.baseline, waste=row.waste, billed_seconds=seconds[month],
+                            drill=row.drill)
             for month, row in cost.ledger.by_month.items()}
 
 
@@ -488,18 +521,19 @@ class MonthSum:
     waste: Decimal = Decimal(0)
     gpu_seconds: int = 0
     jobs: int = 0
+    drill: Decimal = Decimal(0)
 
     def plus(self, month: JobMonth | None, accelerators: int) -> MonthSum:
         """Counts the job; `month` is None for a job of the month with nothing billed in it."""
         if month is None:
             return self + MonthSum(jobs=1)
         return self + MonthSum(spent=month.spent, baseline=month.baseline, waste=month.waste,
-                               gpu_seconds=month.billed_seconds * accelerators, jobs=1)
+                               gpu_seconds=month.billed_seconds * accelerators, jobs=1, drill=month.drill)
 
     def __add__(self, other: MonthSum) -> MonthSum:
         return MonthSum(spent=self.spent + other.spent, baseline=self.baseline + other.baseline,
                         waste=self.waste + other.waste, gpu_seconds=self.gpu_seconds + other.gpu_seconds,
-                        jobs=self.jobs + other.jobs)
+                        jobs=self.jobs + other.jobs, drill=self.drill + other.drill)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -513,16 +547,18 @@ class TeamMonthCost:
     jobs: int
     budget: Decimal | None
     now: dt.datetime
+    drill: Decimal = Decimal(0)
+    """The part of spent (the bill, what the budget counts) that drills spent."""
 
     @property
     def savings(self) -> Decimal:
-        return self.baseline - self.spent
+        return self.baseline - (self.spent - self.drill)
 
     @classmethod
     def of(cls, team, label: str, total: MonthSum, now: dt.datetime) -> TeamMonthCost:
         return cls(team_id=team.pk, month=label, spent=total.spent, baseline=total.baseline, waste=total.waste,
                    gpu_hours=(Decimal(total.gpu_seconds) / 3600).quantize(Decimal("0.01")), jobs=total.jobs,
-                   budget=team.monthly_budget_usd, now=now)
+                   budget=team.monthly_budget_usd, now=now, drill=total.drill)
 
 
 def month_jobs(team, start: dt.datetime, end: dt.datetime):
@@ -589,12 +625,14 @@ def interruptions_by_placement(team, month: str | None = None, now: dt.datetime 
 def interruptions_between(team, start: dt.datetime, end: dt.datetime) -> list[dict]:
     """`interruptions_by_placement` from `start` (included) to `end` (excluded)."""
     where = dict(cloud=F("provider"), zone_name=F("zone"), type_name=F("instance_type"))
-    ended = (Instance.objects.filter(job__team=team, end_reason__in=(EndReason.PREEMPTED, EndReason.LOST),
+    # A drill's interruption (its notice, its end) is a rehearsal, never counted as one.
+    ended = (Instance.objects.filter(not_drilled(), job__team=team, end_reason__in=(EndReason.PREEMPTED, EndReason.LOST),
                                      ended_at__gte=start, ended_at__lt=end)
              .values(kind_name=F("end_reason"), **where).annotate(count=Count("id")))
     events = (InterruptionEvent.objects.filter(
         instance__job__team=team, kind__in=(InterruptionKind.NOTICE, InterruptionKind.CAPACITY_ERROR),
         received_at__gte=start, received_at__lt=end)
+        .exclude(instance__in=Drill.objects.filter(status__in=DrillStatus.INTERRUPTING).values("instance_id"))
         .exclude(kind=InterruptionKind.NOTICE, instance__end_reason__in=(EndReason.PREEMPTED, EndReason.LOST))
         .values(kind_name=F("kind"), **{k: F(f"instance__{v.name}") for k, v in where.items()})
         .annotate(count=Count("id")))

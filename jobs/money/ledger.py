@@ -24,6 +24,10 @@ Conventions (binding for everything that shows money):
   its own seconds fall in.
 - Sums are exact (price × whole seconds); division by 3600 and rounding to
   MONEY_QUANTUM happen once per reported figure.
+- A drill's money is shown apart (`Drill`): a run that recovers from a drill
+  (`InstanceInterval.drill`) spends its recomputed steps (the interrupted VM's lost
+  work, run again) and its boot/restore on the drill, not as waste. It is part of
+  spent (the bill), never of spot's: savings = baseline − (spent − drill).
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ class InstanceInterval:
     with policy Deallocate); empty: nothing bills after `end`."""
     disk_released: dt.datetime | None = None
     """When that VM and its disk were deleted; None: the disk bills up to `now`."""
+    drill: bool = False
+    """This run replaced a VM a drill interrupted: its boot/restore and recomputed steps are the drill's."""
 
     def __post_init__(self):
         _require_aware(self.start, f"instance {self.instance_id} start")
@@ -135,6 +141,24 @@ class Waste:
         return self.total - self.stopped_disk
 
 
+@dataclass(frozen=True, slots=True)
+class Drill:
+    """What drills cost: the interrupted VMs' lost work (run again by their replacements) and
+    the replacements' boot and restore. Spent on a rehearsal, so neither waste nor spot's."""
+
+    lost_work: Decimal = Decimal(0)
+    replacement_boot: Decimal = Decimal(0)
+
+    PARTS = ("lost_work", "replacement_boot")
+
+    @property
+    def total(self) -> Decimal:
+        return self.lost_work + self.replacement_boot
+
+    def __add__(self, other: Drill) -> Drill:
+        return Drill(self.lost_work + other.lost_work, self.replacement_boot + other.replacement_boot)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class InstanceCost:
     instance_id: str
@@ -149,10 +173,16 @@ class InstanceCost:
     baseline: Decimal
     """What this instance's kept work would have cost on on-demand of the same type."""
     waste: Waste
+    drill: Drill = Drill()
+
+    @property
+    def spot_spent(self) -> Decimal:
+        """Spent less what drills spent: the spot work's own cost."""
+        return self.spent - self.drill.total
 
     @property
     def savings(self) -> Decimal:
-        return self.baseline - self.spent
+        return self.baseline - self.spot_spent
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,10 +190,11 @@ class MonthCost:
     spent: Decimal
     baseline: Decimal
     waste: Decimal
+    drill: Decimal = Decimal(0)
 
     @property
     def savings(self) -> Decimal:
-        return self.baseline - self.spent
+        return self.baseline - (self.spent - self.drill)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -173,10 +204,16 @@ class Ledger:
     baseline: Decimal
     waste: Waste
     by_month: dict[str, MonthCost] = field(default_factory=dict)
+    drill: Drill = Drill()
+
+    @property
+    def spot_spent(self) -> Decimal:
+        """Spent less what drills spent: the spot work's own cost."""
+        return self.spent - self.drill.total
 
     @property
     def savings(self) -> Decimal:
-        return self.baseline - self.spent
+        return self.baseline - self.spot_spent
 
 
 class PriceIndex:
@@ -313,6 +350,9 @@ def cost_instance(interval: InstanceInterval, prices: PriceIndex, now: dt.dateti
     for month, value in disk_by_month.items():
         spent_by_month[month] = spent_by_month.get(month, Decimal(0)) + value
     disk = sum(disk_by_month.values(), Decimal(0))
+    recomputed = wasted(interval.recomputed_steps * Decimal(interval.seconds_per_step))
+    boot_restore = wasted(interval.boot_restore_seconds)
+    drill = Drill(recomputed, boot_restore) if interval.drill else Drill()
     return InstanceCost(
         instance_id=interval.instance_id,
         billed_seconds=billed,
@@ -323,11 +363,12 @@ def cost_instance(interval: InstanceInterval, prices: PriceIndex, now: dt.dateti
         stopped_disk_by_month=disk_by_month,
         baseline=_money(baseline),
         waste=Waste(
-            recomputed=wasted(interval.recomputed_steps * Decimal(interval.seconds_per_step)),
-            boot_restore=wasted(interval.boot_restore_seconds),
+            recomputed=recomputed - drill.lost_work,
+            boot_restore=boot_restore - drill.replacement_boot,
             checkpoint_stalls=wasted(interval.checkpoint_stall_seconds),
             stopped_disk=disk,
         ),
+        drill=drill,
     )
 
 
@@ -337,7 +378,7 @@ def build_ledger(intervals, quotes, now: dt.datetime) -> Ledger:
     prices = quotes if isinstance(quotes, PriceIndex) else PriceIndex(quotes)
     intervals = tuple(intervals)
     costs = tuple(cost_instance(i, prices, now) for i in intervals)
-    months: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0)] * 3)
+    months: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0)] * 4)
     for interval, cost in zip(intervals, costs):
         # an instance billed for no whole second still owns its kept work: its start month gets it
         shares = ({m: Decimal(s) / cost.billed_seconds for m, s in cost.seconds_by_month.items()}
@@ -346,6 +387,7 @@ def build_ledger(intervals, quotes, now: dt.datetime) -> Ledger:
             row = months[month]
             row[1] += cost.baseline * share
             row[2] += cost.waste.of_work * share
+            row[3] += cost.drill.total * share
         for month, value in cost.spent_by_month.items():
             months[month][0] += value
         for month, value in cost.stopped_disk_by_month.items():
@@ -355,6 +397,8 @@ def build_ledger(intervals, quotes, now: dt.datetime) -> Ledger:
         spent=sum((c.spent for c in costs), Decimal(0)),
         baseline=sum((c.baseline for c in costs), Decimal(0)),
         waste=Waste(*(sum((getattr(c.waste, part) for c in costs), Decimal(0)) for part in Waste.PARTS)),
-        by_month={m: MonthCost(spent=s, baseline=b.quantize(MONEY_QUANTUM), waste=w.quantize(MONEY_QUANTUM))
-                  for m, (s, b, w) in sorted(months.items())},
+        by_month={m: MonthCost(spent=s, baseline=b.quantize(MONEY_QUANTUM), waste=w.quantize(MONEY_QUANTUM),
+                               drill=d.quantize(MONEY_QUANTUM))
+                  for m, (s, b, w, d) in sorted(months.items())},
+        drill=sum((c.drill for c in costs), Drill()),
     )

@@ -46,10 +46,11 @@ class MonthRow:
     baseline: Decimal
     waste: Decimal
     jobs: int
+    drill: Decimal = Decimal(0)
 
     @property
     def savings(self) -> Decimal:
-        return self.baseline - self.spent
+        return self.baseline - (self.spent - self.drill)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -97,8 +98,12 @@ class SavingsReport:
         return sum((row.ledger.baseline for row in self.jobs), Decimal(0))
 
     @property
+    def drill(self) -> ledger.Drill:
+        return sum((row.ledger.drill for row in self.jobs), ledger.Drill())
+
+    @property
     def savings(self) -> Decimal:
-        return self.baseline - self.spent
+        return self.baseline - (self.spent - self.drill.total)
 
 
 def _index(label: str) -> int:
@@ -154,7 +159,8 @@ def savings_report(team, first: str | None = None, last: str | None = None, now:
         mine = [share[label] for share in shares.values() if label in share]
         months.append(MonthRow(month=label, spent=sum((m.spent for m in mine), Decimal(0)),
                                baseline=sum((m.baseline for m in mine), Decimal(0)),
-                               waste=sum((m.waste for m in mine), Decimal(0)), jobs=len(mine)))
+                               waste=sum((m.waste for m in mine), Decimal(0)), jobs=len(mine),
+                               drill=sum((m.drill for m in mine), Decimal(0))))
     rows = [JobRow(job_id=job_id, name=jobs[job_id]["name"], status=jobs[job_id]["status"],
                    preemptions=jobs[job_id]["preemptions"], cost=cost) for job_id, cost in priced.items()]
     waste = ledger.Waste(*(sum((getattr(row.ledger.waste, part) for row in rows), Decimal(0)) for part in ledger.Waste.PARTS))

@@ -2,10 +2,11 @@
 that the web request only records the drill and queues its task (no cloud call inline)."""
 
 import pytest
+from django.utils import timezone
 
 from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import AuditAction, DrillStatus, InstanceState, JobStatus
-from respawn_server.jobs.models import AuditEvent, Drill, JobEvent
+from respawn_server.jobs.models import AuditEvent, Drill, Instance, JobEvent, MetricPoint
 from tests.api.clients import client_for
 from tests.factories import make_instance, make_job, make_team_with_members
 
@@ -74,6 +75,18 @@ def test_it_answers_409_when_nothing_runs_or_a_drill_is_in_flight(setup, sent):
     assert drill(setup.people["admin"], job).status_code == 202
     again = drill(setup.people["admin"], job)
     assert again.status_code == 409 and "one at a time" in again.json()["detail"]
+
+
+def test_a_sent_drill_holds_the_next_until_its_report_has_a_verdict(setup, sent):
+    job = running_job(setup)
+    first = Drill.objects.get(pk=drill(setup.people["member"], job).json()["id"])
+    Drill.objects.filter(pk=first.pk).update(status=DrillStatus.SENT, interrupted_at=timezone.now())
+    Instance.objects.filter(pk=first.instance_id).update(state=InstanceState.ENDED, ended_at=timezone.now())
+    replacement = make_instance(job, state=InstanceState.RUNNING, provider_instance_id="local-9-abcdef02",
+                                registered_at=timezone.now()).instance
+    assert drill(setup.people["member"], job).status_code == 409  # recovering: no verdict yet
+    MetricPoint.objects.create(job=job, instance=replacement, time=timezone.now(), step=1)  # training again
+    assert drill(setup.people["member"], job).status_code == 202
 
 
 def test_a_viewer_reads_the_drills_of_the_job(setup, sent):

@@ -10,6 +10,7 @@ import re
 import socket
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -293,7 +294,7 @@ def cost(args) -> int:
           f"in US dollars (--json: exact)")
     shown = _figures(answer)
     print_fields({"spent": shown["spent"], "on-demand would cost": shown["on_demand_baseline"],
-                  "savings": shown["savings"], "waste": usd(answer["waste"]["total"])})
+                  "savings": shown["savings"], "waste": usd(answer["waste"]["total"]), **_drill_fields(answer)})
     print()
     print_table(answer["instances"], [
         ("INSTANCE", "instance"), ("RANK", "rank"), ("FROM", "billed_from"), ("TO", "billed_to"),
@@ -302,6 +303,17 @@ def cost(args) -> int:
         ("STEPS KEPT", "steps_kept"), ("RECOMPUTED", "recomputed_steps"),
     ], empty="no billed instances yet")
     return EXIT_OK
+
+
+def _drill_fields(answer: dict) -> dict[str, str]:
+    """What drills spent, apart from spent and savings, and the bill with it; nothing for a
+    job or team never drilled."""
+    drills = answer.get("drills")  # a server before drills' money was shown apart has none
+    if not drills or not Decimal(drills["total"]):
+        return {}
+    return {"spent on drills": f"{usd(drills['total'])} (lost work {usd(drills['lost_work'])}, replacement boot "
+                               f"{usd(drills['replacement_boot'])}; not in spent or savings)",
+            "billed in all": usd(answer["billed"])}
 
 
 def flag_problems(refused: FieldErrors, flags: dict[str, str]) -> list[str]:
@@ -372,7 +384,7 @@ def _print_report(answer: dict, only: str | None) -> None:
           "in US dollars (--format json or csv: exact)")
     shown = _figures(totals)
     print_fields({"spent": shown["spent"], "on-demand for the same work": shown["on_demand_baseline"],
-                  "saved": shown["savings"], "wasted": usd(totals["waste"]),
+                  "saved": shown["savings"], "wasted": usd(totals["waste"]), **_drill_fields(totals),
                   "jobs": totals["jobs"]})
     for job in answer["unpriced"]:
         print(f"left out, cannot be priced: job {job['job']}: {job['error']}")
@@ -380,7 +392,8 @@ def _print_report(answer: dict, only: str | None) -> None:
     tables = {
         "months": (months, _money_columns([("MONTH", "month")]) + [("JOBS", "jobs")]),
         "jobs": (answer["jobs"], _money_columns([("JOB", "job"), ("NAME", "name"), ("STATUS", "status"),
-                                                 ("PREEMPTIONS", "preemptions")])),
+                                                 ("PREEMPTIONS", "preemptions")])
+                 + [("DRILLS", lambda r: usd(r.get("drills", "0")))]),
         "waste": ([{"kind": k, "usd": v} for k, v in answer["waste"].items()], [("WASTE", "kind"), ("USD", lambda r: usd(r["usd"]))]),
         "interruptions": (answer["interruptions"], [("CLOUD", "cloud"), ("ZONE", "zone"), ("PREEMPTED", "preempted"),
                                                     ("LOST", "lost"), ("NOTICES", "notice"), ("CAPACITY", "capacity_error"),

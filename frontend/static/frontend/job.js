@@ -177,6 +177,9 @@
     setField(figures, "savings", money.savings_display, money.savings);
     setField(figures, "waste", money.waste_display);
     setField(figures, "waste-parts", money.waste_parts_display);
+    document.getElementById("job-drills").hidden = !money.drills_display;
+    setField(figures, "drills", money.drills_display || "", money.drills);
+    setField(figures, "drills-parts", `${money.drills_parts_display || ""} (not in spent or savings)`);
     setField(figures, "preemptions", `${job.preemptions}`);
     setField(figures, "artifact", job.artifact_uri || "–");
     setField(figures, "artifact-digest", job.artifact_uri ? job.artifact_digest : "");
