@@ -396,6 +396,7 @@ class Agent:
             ended = self._put_source_in_place()
             if ended is not None:
                 return ended
+        self._start_validator(env)
         if job.prepare_command:
             ended = self._prepare(env)
             if ended is not None:
@@ -414,6 +415,7 @@ class Agent:
                 return ended
             if job.resume_from:
                 env[protocol.ENV_RESUME_FROM] = job.resume_from
+        self._validate_resume_checkpoint()
         if trackers.wants_mlflow_run(env, {**job.env, **job.secret_env}):
             self._find_mlflow_run(env)
         while True:
@@ -438,8 +440,6 @@ class Agent:
                 self.trainer.start()
             except (OSError, ValueError) as exc:
                 return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
-            if self.validator is None and self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
-                self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
             code = self._watch()
             self._collect_checkpoints()
             self._ship_metrics()
@@ -461,6 +461,25 @@ class Agent:
                 self._ship_logs(final=True)
                 return self._setup_failure(tail, f"container image {job.container_image}: {failure} (exit {code})")
         return self._exit_report(code)
+
+    def _start_validator(self, env: dict[str, str]) -> None:
+        """Warm from now (torch imported, the device's context made) for the first checkpoint,
+        which then validates at once: a spare is warm before it is promoted."""
+        job, config = self.job, self.config
+        if config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
+            self.validator = Validator(command=config.validate_command, serve_command=config.validate_serve_command,
+                                       timeout_s=config.validate_timeout_s, spec=job.validation, env=dict(env),
+                                       cwd=job.working_dir or None, on_result=self._report_validation)
+
+    def _validate_resume_checkpoint(self) -> None:
+        """A resume checkpoint not judged yet (a notice save, just committed) checked now, while
+        the trainer starts: its recorded verdict spares the trainer the check it would make
+        before loading it (respawn.checkpoint.resume)."""
+        job = self.job
+        if self.validator is not None and job.resume_from and job.resume_validation not in (
+                protocol.ValidationResult.VALID, protocol.ValidationResult.INVALID):
+            self.validator.submit(protocol.CheckpointReport(checkpoint_id="", step=job.resume_step or 0,
+                                                            uri=job.resume_from, bytes=0, manifest_digest=""))
 
     def _container_trainer(self, env: dict[str, str]) -> tuple[TrainerProcess, protocol.ExitReport | None]:
         """The trainer in the job's container image (respawn.agent.container), once the image
