@@ -176,6 +176,13 @@ class Validator:
         except OSError as exc:
             log.warning("could not start the warm validator %s (%s): each checkpoint gets a fresh one", argv, exc)
 
+    def warm(self) -> bool:
+        """Whether the warm validator has said it is ready (for a caller timing checks: call it
+        before the first submit)."""
+        if self._warm is not None and not self._warm.ready:
+            self._warm.answer()
+        return self._warm is not None and self._warm.ready
+
     def submit(self, report: protocol.CheckpointReport) -> None:
         self._waiting = report
         self._newest_step = max(self._newest_step, report.step)
