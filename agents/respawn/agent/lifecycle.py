@@ -55,6 +55,7 @@ from respawn.agent.channel import (
     parse_checkpoint_line,
     write_json_atomic,
 )
+from respawn.agent.joblog import JobLog
 from respawn.agent.client import DELIVERED, REFUSED, ControlPlaneClient, Outcome
 from respawn.agent.config import AgentConfig
 from respawn.agent.reporter import Backoff, Reporter
@@ -75,7 +76,6 @@ HOLD_CONFIRM_S = 10.0
 PREPARE_DIR = "prepare"  # under the work dir: the prepare step's outputs ($RESPAWN_PREPARE_DIR)
 PREPARE_RESULT = "prepare-result.json"  # under the work dir: how the step went (respawn.agent.prepare)
 LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.log was journaled, for a restart
-AGENT_LINE_PREFIX = "[respawn-agent]"
 MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
 # Once its notice save has committed, what the trainer still does (its teardown: loader workers
@@ -154,6 +154,7 @@ class Agent:
         self.config = config
         os.makedirs(config.work_dir, mode=0o700, exist_ok=True)
         self.log_path = os.path.join(config.work_dir, TRAINER_LOG)
+        self.job_log = JobLog(self.log_path)
         self.paths = ChannelPaths.in_dir(os.path.join(config.work_dir, "channel"))
         self.session_path = os.path.join(config.work_dir, session.SESSION_NAME)
         self.log_position_path = os.path.join(config.work_dir, LOG_POSITION)
@@ -213,6 +214,10 @@ class Agent:
 
     # --- entry point ------------------------------------------------------------
     def run(self) -> int:
+        with self.job_log:
+            return self._run()
+
+    def _run(self) -> int:
         sigterm.install(self._emit)
         try:
             self.session = session.load(self.session_path, check_job_spec)
@@ -1011,9 +1016,7 @@ class Agent:
 
     def _agent_line(self, message: str) -> None:
         """A line in the job's output (shipped with it), so users see what the agent did and why."""
-        log.info("%s", message)
-        with open(self.log_path, "a") as f:
-            f.write(f"{AGENT_LINE_PREFIX} {datetime.now().astimezone().isoformat(timespec='seconds')} {message}\n")
+        self.job_log.say(log, message)
 
     def _exit_report(self, code: int | None) -> protocol.ExitReport:
         """How the trainer ended (`code` None: it never started, a notice or a stop came first)."""

@@ -191,21 +191,22 @@ class Validator:
     def poll(self) -> None:
         """Collect a finished validation and start the next one. Called from the agent's loop."""
         running = self._running
-        if running is not None:
-            if time.monotonic() - running.started > self.timeout_s:
-                self._running = None
-                self._abandon(running)
-                self._report(running.report, _error(f"the validator gave no verdict within {self.timeout_s:g}s "
-                                                    "(hung?): killed; the checkpoint is kept"))
-            else:
-                finished = self._finished(running)
-                if finished is None:
-                    return
-                self._running = None
-                if finished == "fall back":
-                    self._start(running.report, warm=False)
-                    return
-                self._conclude(running, *finished)
+        if running is None:
+            self.warm()  # says so in the agent's log once it is
+        elif time.monotonic() - running.started > self.timeout_s:
+            self._running = None
+            self._abandon(running)
+            self._report(running.report, _error(f"the validator gave no verdict within {self.timeout_s:g}s "
+                                                "(hung?): killed; the checkpoint is kept"))
+        else:
+            finished = self._finished(running)
+            if finished is None:
+                return
+            self._running = None
+            if finished == "fall back":
+                self._start(running.report, warm=False)
+                return
+            self._conclude(running, *finished)
         if self._waiting is not None:
             report, self._waiting = self._waiting, None
             self._start(report, warm=True)
