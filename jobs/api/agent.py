@@ -27,7 +27,7 @@ from respawn.sourcetree import MEDIA_TYPE
 from respawn_server.jobs.api import checkpoint_trust, parsing
 from respawn_server.jobs.api.errors import PayloadTooLarge, Unauthorized
 from respawn_server.jobs.core import secret_env, services, sources, trackers
-from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.core.choices import EndReason, InstanceState
 from respawn_server.jobs.fleet import heartbeats
 from respawn_server.jobs.fleet.placement import refresh_interval
 from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
@@ -417,16 +417,24 @@ class LogsView(AgentView):
 
 
 class MetricsView(AgentView):
-    """Every step the trainer reported, for the job's loss curve (StepPoint). A live
-    instance's only: like the heartbeat, a fenced VM's figures are not its job's. A batch
-    with a step beyond the job's total_steps is refused whole, as such a checkpoint is."""
+    """Every step the trainer reported, for the job's loss curve (StepPoint). An ended
+    instance's last steps, within its grace window, as its last checkpoint is (a VM
+    cancelled as `make demo` stops, or preempted, flushes them on its way down); but
+    not a lost or fenced one's: like the heartbeat, the figures of a VM presumed dead,
+    whose job resumed elsewhere, are not its job's. A batch with a step beyond the job's
+    total_steps is refused whole, as such a checkpoint is."""
 
     body_serializer = MetricsBatchSerializer
+    open_after_end = True
+    PRESUMED_DEAD = (EndReason.LOST, EndReason.FENCED)
 
     @extend_schema(request=MetricsBatchSerializer, responses=AckSerializer)
     def post(self, request):
-        data = self.validated(request)
         instance = self.instance
+        if instance.state == InstanceState.ENDED and instance.end_reason in self.PRESUMED_DEAD:
+            raise exceptions.AuthenticationFailed(f"Agent token revoked for metrics: the instance ended "
+                                                  f"{instance.end_reason}, its job resumed without it.")
+        data = self.validated(request)
         if beyond := checkpoint_trust.beyond_total(max(point["step"] for point in data["points"]), instance.job):
             raise exceptions.ValidationError({"points": [f"step {beyond}"]})
         points = [StepPoint(job_id=instance.job_id, instance=instance, **point) for point in data["points"]]
