@@ -1,16 +1,20 @@
 """The agent's own lines in the job's output, shipped with the trainer's and marked as
 the agent's (protocol.AGENT_LINE_PREFIX): what it did and why (`say`), and what it
 logs (registering, the trainer started, the validator warm, a control plane out of
-reach, warnings), so a job whose trainer prints nothing yet is not silent."""
+reach, warnings), so a job whose trainer prints nothing yet is not silent. A message
+the agent repeats (a retry at every poll of an unreachable metadata service) is shipped
+once per REPEAT_QUIET_S, not every time: the output is the user's to read."""
 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from respawn import protocol
 
 SAID = "said"  # a record's attribute: `say` wrote it already
+REPEAT_QUIET_S = 300.0
 
 
 def line(message: str) -> str:
@@ -25,6 +29,7 @@ class JobLog(logging.Handler):
         super().__init__(logging.INFO)
         self.path = path
         self.logger = logging.getLogger("respawn")
+        self._shipped: dict[tuple[str, str], float] = {}  # (logger, message template) -> when last shipped
 
     def __enter__(self) -> "JobLog":
         self.logger.addHandler(self)
@@ -43,6 +48,10 @@ class JobLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, SAID, False):
             return
+        key, now = (record.name, str(record.msg)), time.monotonic()
+        if now - self._shipped.get(key, -REPEAT_QUIET_S) < REPEAT_QUIET_S:
+            return
+        self._shipped[key] = now
         try:
             message = record.getMessage()
             self._write(message if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {message}")
