@@ -181,8 +181,9 @@ def apply_once(instance: Instance, event_id, kind: str, apply) -> bool:
 class AgentView(APIView):
     """An agent call. An ended instance's token, within its grace window, opens only the
     calls that deliver what the VM did (`open_after_end`: checkpoints, validation, logs,
-    exit; DESIGN §4, §5); any other call from it is refused, so nothing a fenced VM
-    says can steer its job's live instances."""
+    exit, DESIGN §4, §5; and its last steps' metrics unless it was lost or fenced); any
+    other call from it is refused, so nothing a fenced VM says can steer its job's live
+    instances."""
 
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [permissions.IsAuthenticated]
@@ -195,7 +196,7 @@ class AgentView(APIView):
         if not self.open_after_end and self.instance.state == InstanceState.ENDED:
             raise exceptions.AuthenticationFailed(
                 "Agent token revoked for this call: the instance ended. Until its grace window closes it may "
-                "report only checkpoints, validation, logs and its exit.")
+                "report only checkpoints, validation, logs, its last steps and its exit.")
 
     def validated(self, request) -> dict:
         body = self.body_serializer(data=request.data)

@@ -55,9 +55,9 @@ from respawn.agent.channel import (
     parse_checkpoint_line,
     write_json_atomic,
 )
-from respawn.agent.joblog import JobLog
 from respawn.agent.client import DELIVERED, REFUSED, ControlPlaneClient, Outcome
 from respawn.agent.config import AgentConfig
+from respawn.agent.joblog import JobLog
 from respawn.agent.reporter import Backoff, Reporter
 from respawn.agent.supervisor import TrainerProcess, gang_env, trainer_env
 from respawn.agent.validation import Validator
@@ -84,7 +84,7 @@ EXIT_AFTER_NOTICE_COMMIT_S = 1.5
 RESUME_VERDICTS = {  # the control plane's word on the resume checkpoint, as the log says it
     protocol.ValidationResult.VALID: "validated",
     protocol.ValidationResult.SKIPPED: "not validated: the job names no validation factories",
-    protocol.ValidationResult.PENDING: "not validated yet: the trainer validates it before loading",
+    protocol.ValidationResult.PENDING: "not validated yet: it is validated before the trainer loads it",
     protocol.ValidationResult.INVALID: "found invalid: the trainer falls back to an earlier one",
 }
 
