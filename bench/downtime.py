@@ -33,6 +33,15 @@ alike; a node's steps are recorded once, so a survivor's first step after it res
 not seen before that). Elastic (nodes 2..3): the two survivors regroup and go
 on (docs/elastic.md); the baseline, in the same run, is the same job with nodes 3 only,
 relaunched whole on 3 new VMs. --check: p95 elastic / p95 whole relaunch <= 0.5.
+
+Row `validation` (after `notice`, whose downtime it is set against): the agent's
+validator (respawn.agent.validation), warm as on a VM (started with the job, ready
+before the checkpoint lands), checks a fresh checkpoint of the demo's model
+(respawn.examples.tiny, `make demo`'s job), `--trials` times; the baseline, in the same
+run, is the way before: a fresh process per checkpoint. Timed from the checkpoint's
+submission to its verdict. --check: the warm check's median <= 0.2 of the notice row's
+median downtime, and at a state of >= 1 GiB (the same model, TINY_HIDDEN wide) <= 2
+training steps' time (the median step, measured in the same run).
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ from bench.relaunch import age, embedded_env, p95, unused_port  # noqa: E402  (a
 
 TARGET_RATIO = 0.35
 TARGET_ELASTIC = 0.5
+TARGET_VALIDATION_SHARE, TARGET_VALIDATION_STEPS = 0.2, 2.0
+BIG_HIDDEN = 9600  # tiny's hidden width for a state (weights and Adam's moments) of >= 1 GiB
 STEPS, STEP_DELAY_S = 3000, 0.03
 NODES = 3
 ELASTIC_TRAIN = [sys.executable, "-m", "respawn.examples.dcp_loop", "--wrap", "ddp", "--steps", "1000000", "--every",
@@ -65,17 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 unless notice <= {TARGET_RATIO} and elastic <= {TARGET_ELASTIC}")
-    parser.add_argument("--rows", default="notice,elastic", help="which rows to measure, comma-separated")
+    parser.add_argument("--rows", default="notice,validation,elastic", help="which rows to measure, comma-separated")
     parser.add_argument("--time-scale", type=float, default=2.0, help="divides the boot delay, notice and VM lifetime")
     parser.add_argument("--boot-s", type=float, default=60.0, help="a VM's boot before its agent starts (unscaled)")
     parser.add_argument("--notice-s", type=float, default=120.0, help="notice to the VM's end (unscaled; AWS: 120)")
-    parser.add_argument("--trials", type=int, default=10, help="kills per arm of the elastic row")
+    parser.add_argument("--trials", type=int, default=10, help="kills per arm of the elastic row, checks per arm of validation")
     parser.add_argument("--time-limit-s", type=float, default=600.0, help="per job")
     args = parser.parse_args(argv)
     rows = set(args.rows.split(","))
     if args.time_scale <= 0 or args.boot_s < 0 or args.notice_s <= 0 or args.trials < 1 or not rows or \
-            rows - {"notice", "elastic"}:
-        parser.error("--time-scale, --notice-s and --trials must be > 0, --boot-s >= 0, --rows of notice, elastic")
+            rows - {"notice", "validation", "elastic"} or "validation" in rows and "notice" not in rows:
+        parser.error("--time-scale, --notice-s and --trials must be > 0, --boot-s >= 0, --rows of notice, validation "
+                     "(with notice), elastic")
 
     var_dir = Path(tempfile.mkdtemp(prefix="respawn-bench-downtime-"))
     port = unused_port()
@@ -100,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         with control_plane(var_dir, {**env, **market}, port):
             job = _run_job(var_dir, args.time_limit_s)
         verdicts.append(notice_row(job, args.notice_s / args.time_scale))
+    if "validation" in rows:
+        downtimes = [row["downtime"] for row in measure(job)]
+        verdicts.append(bool(downtimes) and validation_row(var_dir, statistics.median(downtimes), min(args.trials, 2)))
     if "elastic" in rows:
         with control_plane(var_dir, env, port):
             verdicts.append(elastic_row(var_dir, args.trials, args.time_limit_s))
@@ -168,6 +183,63 @@ def elastic_row(var_dir: Path, trials: int, time_limit_s: float) -> bool:
     return verdict
 
 
+def validation_row(var_dir: Path, downtime_s: float, trials: int) -> bool:
+    small = _validation_times(var_dir / "small", {}, trials)
+    share = small["warm"] / downtime_s
+    print(f"validation, the demo's model: warm {small['warm']:.2f}s (a fresh process each, the way before: "
+          f"{small['one-shot']:.2f}s), medians of {trials}; {share:.3f} of a noticed interruption's "
+          f"{downtime_s:.2f}s downtime (target <= {TARGET_VALIDATION_SHARE})  "
+          f"{'OK' if share <= TARGET_VALIDATION_SHARE else 'OVER TARGET'}")
+    big = _validation_times(var_dir / "big", {"TINY_HIDDEN": str(BIG_HIDDEN)}, trials)
+    steps = big["warm"] / big["step_s"]
+    print(f"validation at {big['bytes'] / 2**30:.2f} GiB: warm {big['warm']:.2f}s (a fresh process each: "
+          f"{big['one-shot']:.2f}s) = {steps:.2f} training steps of {big['step_s']:.2f}s "
+          f"(target <= {TARGET_VALIDATION_STEPS:g}, at >= 1 GiB)  "
+          f"{'OK' if steps <= TARGET_VALIDATION_STEPS and big['bytes'] >= 2**30 else 'OVER TARGET'}")
+    return share <= TARGET_VALIDATION_SHARE and steps <= TARGET_VALIDATION_STEPS and big["bytes"] >= 2**30
+
+
+def _validation_times(folder: Path, extra_env: dict, trials: int) -> dict:
+    """Median seconds from submitting a fresh checkpoint to its verdict, for the warm
+    validator and for a fresh process per checkpoint, plus the training step's median
+    seconds and the checkpoint's bytes."""
+    import json
+
+    from respawn import protocol
+    from respawn.agent.validation import DEFAULT_COMMAND, SERVE_COMMAND, Validator
+    from respawn.examples import tiny
+
+    env = {**os.environ, **extra_env}
+    spec = protocol.ValidationSpec(model_factory=tiny.VALIDATION.model_factory, batch_factory=tiny.VALIDATION.batch_factory,
+                                   tolerance=tiny.VALIDATION.tolerance)
+    times: dict[str, list[float]] = {"warm": [], "one-shot": []}
+    step_times = []
+    for trial in range(trials):
+        uri = str(folder / f"trial-{trial}")
+        made = subprocess.run([sys.executable, str(ROOT / "bench" / "tiny_checkpoint.py"), uri, "3"], env=env, cwd=ROOT,
+                              capture_output=True, text=True, check=True)
+        step_times.append(json.loads(made.stdout.splitlines()[-1])["step_s"])
+        report = protocol.CheckpointReport(checkpoint_id=f"trial-{trial}", step=3, uri=f"{uri}/step-00000003", bytes=0,
+                                           manifest_digest="")
+        for arm, serve in (("warm", SERVE_COMMAND), ("one-shot", "")):
+            verdicts = []
+            validator = Validator(command=DEFAULT_COMMAND, serve_command=serve, spec=spec, env=env, cwd=str(ROOT),
+                                  on_result=lambda _, verdict: verdicts.append((time.monotonic(), verdict)))
+            if serve:
+                _wait(validator.warm, 120, "the warm validator", interval=0.005)
+            (Path(uri) / "step-00000003" / "VALIDATION.json").unlink(missing_ok=True)
+            submitted = time.monotonic()
+            validator.submit(report)
+            _wait(lambda: validator.poll() or verdicts, 300, f"the {arm} validator's verdict", interval=0.005)
+            validator.stop()
+            if verdicts[0][1].result != "valid":
+                raise SystemExit(f"{arm} validation of {report.uri}: {verdicts[0][1]}")
+            times[arm].append(verdicts[0][0] - submitted)
+    size = sum(p.stat().st_size for p in (folder / "trial-0" / "step-00000003").iterdir())
+    return {arm: statistics.median(t) for arm, t in times.items()} | {"step_s": statistics.median(step_times),
+                                                                      "bytes": size}
+
+
 def _team():
     from django.contrib.auth.models import User
 
@@ -232,12 +304,12 @@ def _kill_one_node(var_dir: Path, team, owner, *, elastic: bool, time_limit_s: f
     return seconds
 
 
-def _wait(predicate, time_limit_s: float, what: str) -> None:
+def _wait(predicate, time_limit_s: float, what: str, interval: float = 0.2) -> None:
     give_up = time.monotonic() + time_limit_s
     while not predicate():
         if time.monotonic() > give_up:
             raise SystemExit(f"gave up after {time_limit_s:.0f}s waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(interval)
 
 
 def _start(var_dir: Path, env: dict, name: str, argv: list[str]) -> subprocess.Popen:

@@ -17,6 +17,9 @@ from typing import Any, TypeVar
 API_PREFIX = "/api/agent/v1/"
 
 # Paths under API_PREFIX. `{checkpoint_id}` is the client-made UUID.
+# Marks the agent's own lines in a job's output (respawn.agent.joblog).
+AGENT_LINE_PREFIX = "[respawn-agent]"
+
 PATH_REGISTER = "register"
 PATH_HEARTBEAT = "heartbeat"
 PATH_NOTICE = "notice"

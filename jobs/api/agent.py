@@ -27,7 +27,7 @@ from respawn.sourcetree import MEDIA_TYPE
 from respawn_server.jobs.api import checkpoint_trust, parsing
 from respawn_server.jobs.api.errors import PayloadTooLarge, Unauthorized
 from respawn_server.jobs.core import secret_env, services, sources, trackers
-from respawn_server.jobs.core.choices import InstanceState
+from respawn_server.jobs.core.choices import EndReason, InstanceState
 from respawn_server.jobs.fleet import heartbeats
 from respawn_server.jobs.fleet.placement import refresh_interval
 from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
@@ -189,8 +189,9 @@ def apply_once(instance: Instance, event_id, kind: str, apply) -> bool:
 class AgentView(APIView):
     """An agent call. An ended instance's token, within its grace window, opens only the
     calls that deliver what the VM did (`open_after_end`: checkpoints, validation, logs,
-    exit; DESIGN §4, §5); any other call from it is refused, so nothing a fenced VM
-    says can steer its job's live instances."""
+    exit, DESIGN §4, §5; and its last steps' metrics unless it was lost or fenced); any
+    other call from it is refused, so nothing a fenced VM says can steer its job's live
+    instances."""
 
     authentication_classes = [AgentTokenAuthentication]
     permission_classes = [permissions.IsAuthenticated]
@@ -203,7 +204,7 @@ class AgentView(APIView):
         if not self.open_after_end and self.instance.state == InstanceState.ENDED:
             raise exceptions.AuthenticationFailed(
                 "Agent token revoked for this call: the instance ended. Until its grace window closes it may "
-                "report only checkpoints, validation, logs and its exit.")
+                "report only checkpoints, validation, logs, its last steps and its exit.")
 
     def validated(self, request) -> dict:
         body = self.body_serializer(data=request.data)
@@ -425,16 +426,24 @@ class LogsView(AgentView):
 
 
 class MetricsView(AgentView):
-    """Every step the trainer reported, for the job's loss curve (StepPoint). A live
-    instance's only: like the heartbeat, a fenced VM's figures are not its job's. A batch
-    with a step beyond the job's total_steps is refused whole, as such a checkpoint is."""
+    """Every step the trainer reported, for the job's loss curve (StepPoint). An ended
+    instance's last steps, within its grace window, as its last checkpoint is (a VM
+    cancelled as `make demo` stops, or preempted, flushes them on its way down); but
+    not a lost or fenced one's: like the heartbeat, the figures of a VM presumed dead,
+    whose job resumed elsewhere, are not its job's. A batch with a step beyond the job's
+    total_steps is refused whole, as such a checkpoint is."""
 
     body_serializer = MetricsBatchSerializer
+    open_after_end = True
+    PRESUMED_DEAD = (EndReason.LOST, EndReason.FENCED)
 
     @extend_schema(request=MetricsBatchSerializer, responses=AckSerializer)
     def post(self, request):
-        data = self.validated(request)
         instance = self.instance
+        if instance.state == InstanceState.ENDED and instance.end_reason in self.PRESUMED_DEAD:
+            raise exceptions.AuthenticationFailed(f"Agent token revoked for metrics: the instance ended "
+                                                  f"{instance.end_reason}, its job resumed without it.")
+        data = self.validated(request)
         if beyond := checkpoint_trust.beyond_total(max(point["step"] for point in data["points"]), instance.job):
             raise exceptions.ValidationError({"points": [f"step {beyond}"]})
         points = [StepPoint(job_id=instance.job_id, instance=instance, **point) for point in data["points"]]

@@ -454,6 +454,7 @@ class LogLineSerializer(serializers.Serializer):
     rank = serializers.IntegerField()
     offset = serializers.IntegerField(help_text="Line number in that instance's output.")
     line = serializers.CharField()
+    agent = serializers.BooleanField(help_text="The agent's own line (what it did and why), not the trainer's output.")
 
 
 class JobLogsSerializer(serializers.Serializer):

@@ -1,4 +1,5 @@
-"""Reading a job's trainer output across its instances, for `logs --follow`.
+"""Reading a job's trainer output across its instances, for `logs --follow`; each line
+says whether it is the agent's own (protocol.AGENT_LINE_PREFIX) or the trainer's.
 
 The cursor is per instance ("<instance id>:<next line offset>,..."): each agent
 sends its chunks one after another, so within an instance nothing can commit
@@ -10,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from respawn.protocol import AGENT_LINE_PREFIX
 from respawn_server.jobs.core.choices import JobStatus
 from respawn_server.jobs.models import Job, LogChunk
 
@@ -61,7 +63,7 @@ def read_job_logs(job: Job, after: str = "") -> LogPage:
     for chunk in chunks[:MAX_CHUNKS_PER_READ]:
         for i, text in enumerate(chunk.lines):
             lines.append({"instance": chunk.instance_id, "rank": chunk.instance.rank, "offset": chunk.offset + i,
-                          "line": text})
+                          "line": text, "agent": text.startswith(AGENT_LINE_PREFIX)})
         end = chunk.offset + len(chunk.lines)
         cursor[chunk.instance_id] = max(cursor.get(chunk.instance_id, 0), end)
     finished = job_status in JobStatus.TERMINAL and not more

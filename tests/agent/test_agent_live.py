@@ -4,14 +4,17 @@ in a committed notice checkpoint recorded before the deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+
+import psutil
 
 import pytest
 
 from respawn.metadata_server import MetadataServer
 from respawn_server.jobs.core.choices import EndReason, InstanceState
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
-from tests.agent.live import AgentProcess, alive, make_running_job
+from tests.agent.live import AgentProcess, alive, children, make_running_job
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -73,8 +76,18 @@ def test_library_checkpoints_are_validated_at_low_priority_and_reported(team_set
     job.save(update_fields=["command"])
     agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=setup.bootstrap_token, provider="aws", metadata_url=imds.url).start()
     instance = setup.instance
+    validators: dict[int, tuple[float, list[str]]] = {}  # pid -> (start, argv) of every validator seen
+
+    def two_validated() -> bool:
+        for pid in children(agent.proc.pid):
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                if "respawn.checkpoint.validate" in process.cmdline():
+                    validators.setdefault(pid, (process.create_time(), process.cmdline()))
+        return Checkpoint.objects.filter(instance=instance, validation="valid").count() >= 2
+
     try:
-        wait_until(lambda: Checkpoint.objects.filter(instance=instance, validation="valid").exists(), timeout=90, what="a validated checkpoint", proc=agent)
+        wait_until(two_validated, timeout=120, what="two validated checkpoints", proc=agent, interval=0.02)
         imds.schedule_notice(deadline_in_s=30)
         wait_until(lambda: Instance.objects.get(pk=instance.pk).state == InstanceState.ENDED, timeout=60, what="instance ended")
         agent.proc.wait(30)
@@ -83,3 +96,11 @@ def test_library_checkpoints_are_validated_at_low_priority_and_reported(team_set
         imds.stop()
     assert not Checkpoint.objects.filter(instance=instance, validation="invalid").exists()
     assert InterruptionEvent.objects.get(instance=instance).checkpoint_saved is True, agent.output()[-3000:]
+    # One warm validator checked them all: started before the first checkpoint committed,
+    # not a fresh process (and torch's import) per checkpoint.
+    [(started, argv)] = validators.values()
+    assert "--serve" in argv and argv[argv.index("--serve") + 1:] == [
+        "--preload=respawn.examples.tiny"], argv
+    first = Checkpoint.objects.filter(instance=instance).order_by("step").first()
+    assert started < first.committed_at.timestamp()
+    assert "the validator is warm on cpu" in agent.output()

@@ -6,7 +6,9 @@ final one ends the VM) and both stayed `pending` forever."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +63,40 @@ def test_the_resumed_notice_checkpoint_and_the_exported_final_one_are_validated(
     assert notice.validation_loss is not None and final.validation_loss is not None
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED and job.newest_valid_checkpoint_id == final.pk and job.artifact_uri
+
+
+@pytest.mark.e2e
+def test_the_agent_validates_the_checkpoint_it_resumes_from_while_its_trainer_starts(team_setup, child_env, web_server,
+                                                                                    tmp_path):
+    """The next VM's warm validator judges the notice checkpoint as soon as the VM knows it
+    resumes from it: here the trainer never reads it (it only sleeps), so the verdict that
+    reaches the control plane is the agent's, recorded beside the checkpoint too."""
+    job, first = make_running_job(
+        team_setup, tmp_path, validation_model_factory="respawn.examples.tiny:make_model",
+        validation_batch_factory="respawn.examples.tiny:validation_batch")
+    Job.objects.filter(pk=job.pk).update(command=[*TINY, "--steps", "100000"])
+    progressed = lambda: Instance.objects.get(pk=first.instance.pk).last_step > 30  # noqa: E731
+    run_agent(child_env, tmp_path, web_server, first.bootstrap_token, "first", progressed, "training progress", notice=True)
+    notice = Checkpoint.objects.get(instance=first.instance, kind=protocol.CheckpointKind.NOTICE)
+    assert notice.validation == "pending"
+
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.PROVISIONING,
+                                         command=[sys.executable, "-c", "import time; time.sleep(600)"])
+    second = make_instance(job)
+    imds = MetadataServer("aws").start()
+    agent = AgentProcess(child_env, tmp_path, url=web_server.url, bootstrap_token=second.bootstrap_token,
+                         provider="aws", metadata_url=imds.url, name="second").start()
+    try:
+        wait_until(lambda: Checkpoint.objects.get(pk=notice.pk).validation != "pending", timeout=120,
+                   what="a verdict on the resume checkpoint", proc=agent)
+    finally:
+        agent.stop(9)
+        imds.stop()
+    notice.refresh_from_db()
+    assert Instance.objects.get(pk=second.instance.pk).resume_checkpoint_id == notice.pk
+    assert notice.validation == "valid" and notice.validation_loss is not None, notice.validation_message
+    assert json.loads(Path(notice.uri, "VALIDATION.json").read_text())["result"] == "valid"
+    assert not [p for p in Path(notice.uri).parent.rglob("*") if ".tmp" in p.name]
 
 
 def test_a_job_with_nothing_to_validate_with_records_its_checkpoints_as_skipped_and_why(team_setup):

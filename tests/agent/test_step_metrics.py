@@ -57,7 +57,7 @@ def test_every_reported_step_reaches_the_curve_and_a_resume_is_told_in_the_log(t
     lines = [line for chunk in LogChunk.objects.filter(instance=setup.instance) for line in chunk.lines]
     told = [line for line in lines if "resumed from step" in line]
     assert len(told) == 1 and told[0].endswith(f"resumed from step 100 (checkpoint {resume.uri}, validated)"), lines
-    assert lines.index(told[0]) == 0 and lines[1] == "training"  # told before the trainer starts
+    assert lines.index(told[0]) < lines.index("training")  # told before the trainer starts
 
 
 def test_more_steps_than_a_batch_holds_are_thinned_evenly_keeping_the_newest(tmp_path):

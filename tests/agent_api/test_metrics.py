@@ -93,6 +93,25 @@ def test_a_token_writes_only_its_own_instance_and_a_fenced_one_nothing(job):
     assert not StepPoint.objects.filter(job=job).exists()
 
 
+@pytest.mark.parametrize("reason", [EndReason.CANCELLED, EndReason.PREEMPTED])
+def test_a_cancelled_or_preempted_instances_last_steps_land_within_its_grace_window_and_not_after(job, reason,
+                                                                                                  settings):
+    """`make demo`'s Ctrl-C ends each instance `cancelled` before its VM flushes its last
+    steps: they land, as its last checkpoint does, while its token's grace window lasts."""
+    agent = registered(job)
+    Instance = type(agent.instance)
+    Instance.objects.filter(pk=agent.instance.pk).update(state=InstanceState.ENDED, end_reason=reason,
+                                                         ended_at=timezone.now())
+    assert agent.post(protocol.PATH_METRICS, protocol.MetricsBatch(points=points([1, 2]))).status_code == 200
+    assert agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=3)).json()["action"] == protocol.Action.STOP
+    assert agent.post(protocol.PATH_NOTICE, protocol.Notice(source="sigterm", notice_time=T0.isoformat())).status_code == 401  # no more than that
+    Instance.objects.filter(pk=agent.instance.pk).update(
+        ended_at=timezone.now() - dt.timedelta(seconds=settings.RESPAWN["FENCE_GRACE_S"] + 1))
+    assert agent.post(protocol.PATH_METRICS, protocol.MetricsBatch(points=points([3]))).status_code == 401
+    assert list(StepPoint.objects.filter(job=job).values_list("instance", "step")) == [
+        (agent.instance.pk, 1), (agent.instance.pk, 2)]
+
+
 def test_register_says_how_the_resume_checkpoint_was_judged(job):
     first = registered(job)
     report = checkpoint_report(job, 100)

@@ -34,9 +34,10 @@ def test_it_returns_each_instances_lines_in_order_and_reads_on_from_the_cursor(s
     assert [line["instance"] for line in page["lines"]] == [first.pk] * 4 + [second.pk]
     assert page["finished"] is False and page["more"] is False
     assert read(client, job, page["next"])["lines"] == []
-    LogChunk.objects.create(instance=second, offset=1, lines=["step 50"])
+    LogChunk.objects.create(instance=second, offset=1, lines=["step 50", "[respawn-agent] 2026-12-06T00:00:00+00:00 x"])
     later = read(client, job, page["next"])
-    assert [(line["offset"], line["line"]) for line in later["lines"]] == [(1, "step 50")]
+    assert [(line["offset"], line["line"][:15], line["agent"]) for line in later["lines"]] == [
+        (1, "step 50", False), (2, "[respawn-agent]", True)]  # the agent's own line, marked
 
 
 def test_it_says_finished_once_the_job_has_ended_and_every_line_is_read(setup):

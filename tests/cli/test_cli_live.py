@@ -210,8 +210,41 @@ def test_logs_follow_gives_up_after_max_wait_with_exit_1(cli):
     result = cli("logs", str(job.pk), "--follow", "--poll", "0.1", "--max-wait", "0.3")
     assert result.returncode == 1 and "still running" in result.stderr
     # A job with no output yet is not silent: the follower says so once, first.
-    assert result.stderr.startswith(f"-- job {job.pk} is running: nothing printed yet") and result.stdout == ""
-    assert result.stderr.count("nothing printed yet") == 1
+    assert result.stderr.startswith(f"-- job {job.pk} is running: the trainer has printed nothing yet")
+    assert result.stderr.count("printed nothing yet") == 1 and result.stdout == ""
+
+
+def test_logs_follow_of_a_real_agent_whose_trainer_prints_nothing_says_so_and_shows_the_agents_own_lines(cli, child_env,
+                                                                                                          tmp_path):
+    """A real agent whose trainer stays silent: the follower says the trainer has printed
+    nothing yet, once, and prints the agent's lines (the trainer started, the validator
+    warm), each marked as the agent's, on the CLI and in the API."""
+    from respawn.metadata_server import MetadataServer
+    from tests.agent.live import AgentProcess, make_running_job
+
+    job, setup = make_running_job(
+        cli.setup, tmp_path, validation_model_factory="respawn.examples.tiny:make_model",
+        validation_batch_factory="respawn.examples.tiny:validation_batch")
+    Job.objects.filter(pk=job.pk).update(command=[sys.executable, "-c", "import time; time.sleep(600)"])
+    imds = MetadataServer("aws").start()
+    agent = AgentProcess(child_env, tmp_path, url=cli.url, bootstrap_token=setup.bootstrap_token, provider="aws",
+                         metadata_url=imds.url).start()
+    try:
+        wait_until(lambda: any("the validator is warm" in line for chunk in LogChunk.objects.filter(
+            instance=setup.instance) for line in chunk.lines), timeout=120, what="the agent's lines shipped", proc=agent)
+        result = cli("logs", str(job.pk), "--follow", "--poll", "0.1", "--max-wait", "1")
+        page = cli("logs", str(job.pk), "--json")
+    finally:
+        agent.stop(9)
+        imds.stop()
+    assert result.returncode == 1 and "still running" in result.stderr  # it runs on, silent: --max-wait ends it
+    assert result.stderr.startswith(f"-- job {job.pk} is running") and "the trainer has printed nothing yet" in result.stderr
+    assert result.stderr.count("printed nothing yet") == 1
+    lines = result.stdout.splitlines()
+    assert lines and all(line.startswith("[respawn-agent] ") for line in lines), result.stdout
+    assert any("trainer started, pid" in line and "time.sleep(600)" in line for line in lines), result.stdout
+    assert any("the validator is warm on cpu" in line for line in lines), result.stdout
+    assert {json.loads(line)["agent"] for line in page.stdout.splitlines()} == {True}, page.stdout
 
 
 def test_tokens_create_list_and_revoke(cli):

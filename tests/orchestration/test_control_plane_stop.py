@@ -17,7 +17,7 @@ from respawn_server.jobs.fleet.placement import placement_events
 from respawn_server.jobs.fleet.providers.base import CloudState
 from respawn_server.jobs.fleet.registry import provider_for
 from respawn_server.jobs.fleet.scheduler import provision
-from respawn_server.jobs.models import Instance, InterruptionEvent, Job, ServiceBeat
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, ServiceBeat, StepPoint
 from respawn_server.jobs.money.costs import job_cost
 from respawn_server.jobs.tasks import AGENT_API_BEAT, reconcile
 from tests.conftest import wait_until
@@ -79,6 +79,11 @@ def test_a_vm_terminated_by_the_stopping_control_plane_ends_cancelled_then_and_c
     # What the VM committed on its way down was recorded, and the job is placed again at
     # once, in the same zone (none is on back-off), to resume from it.
     assert job.newest_checkpoint.step >= step_at_stop
+    # And so was every step up to it (flushed on the way down, the instance already ended
+    # `cancelled`): the loss curve has no gap before the stop.
+    recorded = set(StepPoint.objects.filter(instance=instance).values_list("step", flat=True))
+    assert set(range(1, job.newest_checkpoint.step + 1)) <= recorded, sorted(
+        set(range(1, job.newest_checkpoint.step + 1)) - recorded)[-30:]
     assert job.status == JobStatus.PROVISIONING
     replacement = Instance.objects.filter(job=job).exclude(pk=instance_id).get()
     assert (replacement.state, replacement.zone) == (InstanceState.REQUESTED, instance.zone)

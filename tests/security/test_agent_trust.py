@@ -55,7 +55,7 @@ def test_a_fenced_instance_is_refused_what_would_steer_its_job_and_its_replaceme
                "prepare": old.post("prepare", {"event_id": str(uuid.uuid4()), "outcome": "failed", "message": "x"}),
                "rendezvous": old.client.get(protocol.API_PREFIX + "rendezvous")}
     assert {call: r.status_code for call, r in refused.items()} == dict.fromkeys(refused, 401)
-    assert "only checkpoints, validation, logs and its exit" in refused["notice"].json()["detail"]
+    assert "only checkpoints, validation, logs, its last steps and its exit" in refused["notice"].json()["detail"]
 
     assert new.post("heartbeat", protocol.Heartbeat(step=10)).json()["action"] == protocol.Action.CONTINUE
     assert not InterruptionEvent.objects.exists()

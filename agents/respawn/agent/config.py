@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from respawn.envvars import env_float
 from respawn.notices import DEFAULT_METADATA_URLS, DEFAULT_POLL_S, WATCHERS
 from respawn.agent.validation import DEFAULT_COMMAND as DEFAULT_VALIDATE_COMMAND
+from respawn.agent.validation import DEFAULT_TIMEOUT_S as DEFAULT_VALIDATE_TIMEOUT_S
+from respawn.agent.validation import SERVE_COMMAND as DEFAULT_VALIDATE_SERVE_COMMAND
 
 
 class ConfigError(ValueError):
@@ -62,7 +64,12 @@ class AgentConfig:
     checkpoint_on_rebalance: bool = False
     """Ask the trainer for a checkpoint (not a stop) on an AWS rebalance recommendation; by default it is only reported."""
     validate_command: str = DEFAULT_VALIDATE_COMMAND
-    """The checkpoint library's validate entry point; `{uri}`, `{model_factory}`, `{batch_factory}`, `{tolerance}` are filled in."""
+    """The checkpoint library's validate entry point, one process per checkpoint; `{uri}`, `{model_factory}`,
+    `{batch_factory}`, `{tolerance}` are filled in. Used where the warm validator is off or died in a check."""
+    validate_serve_command: str = DEFAULT_VALIDATE_SERVE_COMMAND
+    """The warm validator, started with the job (respawn.agent.validation); empty: `validate_command` for each checkpoint."""
+    validate_timeout_s: float = DEFAULT_VALIDATE_TIMEOUT_S
+    """A check without a verdict after this long is killed and reported as `error`."""
 
     def __post_init__(self):
         if not self.control_plane_url.startswith(("http://", "https://")):
@@ -77,7 +84,7 @@ class AgentConfig:
             self.metadata_url = DEFAULT_METADATA_URLS[self.provider]
         if not self.metadata_url.startswith(("http://", "https://")):
             raise ConfigError(f"metadata URL {self.metadata_url!r} must start with http:// (--metadata-url or RESPAWN_METADATA_URL; the local provider has no default)")
-        for name in ("tick_s", "log_batch_interval_s", "http_timeout_s", "backoff_base_s", "backoff_max_s", "register_timeout_s", "stop_grace_s", "drain_timeout_s"):
+        for name in ("tick_s", "log_batch_interval_s", "http_timeout_s", "backoff_base_s", "backoff_max_s", "register_timeout_s", "stop_grace_s", "drain_timeout_s", "validate_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("notice_poll_s", "heartbeat_interval_s", "notice_budget_s", "notice_window_s"):
@@ -125,12 +132,14 @@ TUNING = {
     "backoff_max_s": "RESPAWN_BACKOFF_MAX_S",
     "register_timeout_s": "RESPAWN_REGISTER_TIMEOUT_S",
     "drain_timeout_s": "RESPAWN_DRAIN_TIMEOUT_S",
+    "validate_timeout_s": "RESPAWN_VALIDATE_TIMEOUT_S",
 }
 
 
 # Every variable the agent takes a setting from: what a launcher that starts the agent
 # with a clean environment (the local provider's VMs) passes on from its own.
 SETTINGS_ENV = (*TUNING.values(), "RESPAWN_STOP_SIGNAL", "RESPAWN_VALIDATE", "RESPAWN_VALIDATE_COMMAND",
+                "RESPAWN_VALIDATE_SERVE_COMMAND",
                 "RESPAWN_CHECKPOINT_ON_REBALANCE")
 
 
@@ -146,6 +155,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-signal", default=env("RESPAWN_STOP_SIGNAL", "SIGTERM"))
     parser.add_argument("--no-validate", action="store_true", default=env("RESPAWN_VALIDATE", "1") == "0", help="do not validate committed checkpoints (env RESPAWN_VALIDATE=0)")
     parser.add_argument("--validate-command", default=env("RESPAWN_VALIDATE_COMMAND", DEFAULT_VALIDATE_COMMAND))
+    parser.add_argument("--validate-serve-command", default=env("RESPAWN_VALIDATE_SERVE_COMMAND", DEFAULT_VALIDATE_SERVE_COMMAND),
+                        help="the warm validator; empty: a fresh --validate-command per checkpoint")
     parser.add_argument("--checkpoint-on-rebalance", action="store_true", default=env("RESPAWN_CHECKPOINT_ON_REBALANCE", "0") == "1", help="checkpoint (without stopping) on an AWS rebalance recommendation")
 
 
@@ -169,6 +180,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         stop_signal=args.stop_signal,
         validate=not args.no_validate,
         validate_command=args.validate_command,
+        validate_serve_command=args.validate_serve_command,
         checkpoint_on_rebalance=args.checkpoint_on_rebalance,
         **tuning,
     )

@@ -57,6 +57,7 @@ from respawn.agent.channel import (
 )
 from respawn.agent.client import DELIVERED, REFUSED, ControlPlaneClient, Outcome
 from respawn.agent.config import AgentConfig
+from respawn.agent.joblog import JobLog
 from respawn.agent.reporter import Backoff, Reporter
 from respawn.agent.supervisor import TrainerProcess, gang_env, trainer_env
 from respawn.agent.validation import Validator
@@ -75,7 +76,6 @@ HOLD_CONFIRM_S = 10.0
 PREPARE_DIR = "prepare"  # under the work dir: the prepare step's outputs ($RESPAWN_PREPARE_DIR)
 PREPARE_RESULT = "prepare-result.json"  # under the work dir: how the step went (respawn.agent.prepare)
 LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.log was journaled, for a restart
-AGENT_LINE_PREFIX = "[respawn-agent]"
 MAX_EXCEPTION_CHARS = 500  # what the control plane stores
 NOTICE_COMMIT_KINDS = (protocol.CheckpointKind.NOTICE, protocol.CheckpointKind.FINAL)
 # Once its notice save has committed, what the trainer still does (its teardown: loader workers
@@ -84,7 +84,7 @@ EXIT_AFTER_NOTICE_COMMIT_S = 1.5
 RESUME_VERDICTS = {  # the control plane's word on the resume checkpoint, as the log says it
     protocol.ValidationResult.VALID: "validated",
     protocol.ValidationResult.SKIPPED: "not validated: the job names no validation factories",
-    protocol.ValidationResult.PENDING: "not validated yet: the trainer validates it before loading",
+    protocol.ValidationResult.PENDING: "not validated yet: it is validated before the trainer loads it",
     protocol.ValidationResult.INVALID: "found invalid: the trainer falls back to an earlier one",
 }
 
@@ -154,6 +154,7 @@ class Agent:
         self.config = config
         os.makedirs(config.work_dir, mode=0o700, exist_ok=True)
         self.log_path = os.path.join(config.work_dir, TRAINER_LOG)
+        self.job_log = JobLog(self.log_path)
         self.paths = ChannelPaths.in_dir(os.path.join(config.work_dir, "channel"))
         self.session_path = os.path.join(config.work_dir, session.SESSION_NAME)
         self.log_position_path = os.path.join(config.work_dir, LOG_POSITION)
@@ -213,6 +214,10 @@ class Agent:
 
     # --- entry point ------------------------------------------------------------
     def run(self) -> int:
+        with self.job_log:
+            return self._run()
+
+    def _run(self) -> int:
         sigterm.install(self._emit)
         try:
             self.session = session.load(self.session_path, check_job_spec)
@@ -396,6 +401,7 @@ class Agent:
             ended = self._put_source_in_place()
             if ended is not None:
                 return ended
+        self._start_validator(env)
         if job.prepare_command:
             ended = self._prepare(env)
             if ended is not None:
@@ -414,6 +420,7 @@ class Agent:
                 return ended
             if job.resume_from:
                 env[protocol.ENV_RESUME_FROM] = job.resume_from
+        self._validate_resume_checkpoint()
         if trackers.wants_mlflow_run(env, {**job.env, **job.secret_env}):
             self._find_mlflow_run(env)
         while True:
@@ -438,8 +445,6 @@ class Agent:
                 self.trainer.start()
             except (OSError, ValueError) as exc:
                 return self._setup_failure(f"could not start the trainer {job.command!r}: {exc}", str(exc))
-            if self.validator is None and self.config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
-                self.validator = Validator(command=self.config.validate_command, spec=job.validation, env=env, cwd=job.working_dir or None, on_result=self._report_validation)
             code = self._watch()
             self._collect_checkpoints()
             self._ship_metrics()
@@ -461,6 +466,25 @@ class Agent:
                 self._ship_logs(final=True)
                 return self._setup_failure(tail, f"container image {job.container_image}: {failure} (exit {code})")
         return self._exit_report(code)
+
+    def _start_validator(self, env: dict[str, str]) -> None:
+        """Warm from now (torch imported, the device's context made) for the first checkpoint,
+        which then validates at once: a spare is warm before it is promoted."""
+        job, config = self.job, self.config
+        if config.validate and job.validation.enabled and job.validation.model_factory and job.validation.batch_factory:
+            self.validator = Validator(command=config.validate_command, serve_command=config.validate_serve_command,
+                                       timeout_s=config.validate_timeout_s, spec=job.validation, env=dict(env),
+                                       cwd=job.working_dir or None, on_result=self._report_validation)
+
+    def _validate_resume_checkpoint(self) -> None:
+        """A resume checkpoint not judged yet (a notice save, just committed) checked now, while
+        the trainer starts: its recorded verdict spares the trainer the check it would make
+        before loading it (respawn.checkpoint.resume)."""
+        job = self.job
+        if self.validator is not None and job.resume_from and job.resume_validation not in (
+                protocol.ValidationResult.VALID, protocol.ValidationResult.INVALID):
+            self.validator.submit(protocol.CheckpointReport(checkpoint_id="", step=job.resume_step or 0,
+                                                            uri=job.resume_from, bytes=0, manifest_digest=""))
 
     def _container_trainer(self, env: dict[str, str]) -> tuple[TrainerProcess, protocol.ExitReport | None]:
         """The trainer in the job's container image (respawn.agent.container), once the image
@@ -992,9 +1016,7 @@ class Agent:
 
     def _agent_line(self, message: str) -> None:
         """A line in the job's output (shipped with it), so users see what the agent did and why."""
-        log.info("%s", message)
-        with open(self.log_path, "a") as f:
-            f.write(f"{AGENT_LINE_PREFIX} {datetime.now().astimezone().isoformat(timespec='seconds')} {message}\n")
+        self.job_log.say(log, message)
 
     def _exit_report(self, code: int | None) -> protocol.ExitReport:
         """How the trainer ended (`code` None: it never started, a notice or a stop came first)."""

@@ -6,18 +6,33 @@ from the reference, or the checkpoint is corrupt: then `unreadable` is true too,
 it is for one rotated away meanwhile), 2 when the check itself failed (`error`: a
 factory or eval_fn that cannot be used, raises or returns a non-finite number, a
 checkpoint of another model).
+
+`python -m respawn.checkpoint.validate --serve [--preload MODULE ...]`: the same check,
+warm. PyTorch (and the job's factory modules) imported once, the training device
+initialised once, then one check per line of standard input (a JSON list of the
+arguments above) and one JSON line per check on standard output: `{"code": the exit
+status above, "output": what the check printed}`. A first line `{"ready": true,
+"device": ...}` says it is warm. Each check starts from the random state a fresh
+process has, so its verdict is the one-shot command's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
 import json
 import sys
+import traceback
 
 from respawn.checkpoint import CheckpointError, CorruptCheckpointError, ValidationSettings
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:
+        return serve(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m respawn.checkpoint.validate", description=__doc__.splitlines()[0])
     parser.add_argument("uri", help="checkpoint URI, <root>/step-NNNNNNNN")
     parser.add_argument("--model-factory", help="module:function (default: the one stored in the checkpoint)")
@@ -64,8 +79,51 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not args.no_record:
         mark(ref, verdict)
-    print(json.dumps(verdict.to_json()))
+    # The checkpoint's id: a verdict on a checkpoint the agent knows only by its URI (the one it
+    # resumes from) is reported under it.
+    print(json.dumps(verdict.to_json() | {"checkpoint_id": loaded.meta.get("checkpoint_id", "")}))
     return 0 if verdict.valid else 2 if verdict.error else 1
+
+
+def serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m respawn.checkpoint.validate --serve")
+    parser.add_argument("--preload", action="append", default=[], help="a module to import before the first check")
+    args = parser.parse_args(argv)
+    import torch
+
+    from respawn.checkpoint.validation import training_device
+
+    fresh_rng = torch.random.get_rng_state()
+    device = training_device()
+    torch.zeros(1, device=device)  # the device's context, created now rather than in the first check
+    for module in args.preload:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the check that needs it says so, in its verdict
+            print(f"could not preload {module}: {exc!r}", file=sys.stderr)
+    answer({"ready": True, "device": str(device)})
+    for line in sys.stdin:
+        torch.random.set_rng_state(fresh_rng)
+        if device.type == "cuda":
+            torch.cuda.manual_seed_all(torch.initial_seed())
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            try:
+                code = main(json.loads(line))
+            except SystemExit as exc:  # argparse's refusal
+                code = exc.code if isinstance(exc.code, int) else 2
+            except Exception:  # a check that blew up: the one-shot command's traceback and exit status
+                print(traceback.format_exc(), file=sys.stderr)
+                code = 1
+        answer({"code": code, "output": printed.getvalue()})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # between checks the memory is training's
+    return 0
+
+
+def answer(doc: dict) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
 
 
 def claim(uri: str) -> None:

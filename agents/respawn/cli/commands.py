@@ -21,6 +21,7 @@ from respawn.cli.config import Credentials, load_credentials, save_credentials, 
 from respawn.cli.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
 from respawn.cli.jobspec import InvalidSpec, JobSpec, load_job_spec
 from respawn.cli.output import print_fields, print_json, print_json_line, print_table
+from respawn.protocol import AGENT_LINE_PREFIX
 from respawn.vocabulary.spec_text import env_problem
 
 JOB_COLUMNS = [
@@ -256,15 +257,17 @@ def logs(args) -> int:
 
     job = ask(f"jobs/{args.job}/")
     gang = job["nodes"] > 1
-    after, started, printed = "", time.monotonic(), False
+    after, started, said = "", time.monotonic(), False
     while True:
         page = ask(f"jobs/{args.job}/logs/", after=after)
-        if args.follow and not printed and not page["lines"] and not page["finished"] and not args.json:
-            # Silence would read as a hang: say what the job is doing while it has no output.
+        trainer_printed = any(not line.get("agent") for line in page["lines"])
+        if args.follow and not said and not trainer_printed and not page["more"] and not page["finished"] \
+                and not args.json:
+            # Silence, or only the agent's lines, would read as a hang: say what the job is doing.
             why = f" ({job['status_reason']})" if job.get("status_reason") else ""
-            print(f"-- job {args.job} is {page['job_status']}{why}: nothing printed yet; the trainer's output and "
-                  "the agent's own lines appear here as they come", file=sys.stderr, flush=True)
-        printed = True
+            print(f"-- job {args.job} is {page['job_status']}{why}: the trainer has printed nothing yet; its output "
+                  f"and the agent's own lines ({AGENT_LINE_PREFIX}) appear here as they come", file=sys.stderr, flush=True)
+        said = said or trainer_printed or not page["more"]
         for line in page["lines"]:
             if args.json:
                 print_json_line(line)
