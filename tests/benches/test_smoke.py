@@ -31,8 +31,10 @@ def postgres():
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("bench", BENCHES)
-def test_the_bench_runs_to_its_end_in_its_smoke_form(bench, request):
+def test_the_bench_runs_to_its_end_in_its_smoke_form(bench, request, tmp_path):
     argv = [sys.executable, f"bench/{bench}", "--smoke"]
+    if bench == "simulate.py":  # its plot, by default in the repository's var/
+        argv += ["--png", str(tmp_path / "simulate.png")]
     if bench in ON_POSTGRES:
         port = request.getfixturevalue("postgres").port
         argv += ["--database-url", f"postgres://postgres@127.0.0.1:{port}/respawn_bench_{Path(bench).stem}"]
