@@ -13,8 +13,8 @@ from tests.conftest import ROOT
 from tests.postgres_cluster import PostgresCluster
 
 BENCHES = sorted(path.name for path in (ROOT / "bench").glob("*.py"))
-# Their history is loaded with PostgreSQL's COPY into a database they create: they run on a
-# cluster of the test's own, whatever the suite's database is.
+# PostgreSQL only (they make a fresh database with DROP/CREATE DATABASE, dashboard.py loads
+# it with COPY): they run on a cluster of the test's own, whatever the suite's database is.
 ON_POSTGRES = {"dashboard.py", "heartbeats.py", "notify.py"}
 REDIS_URL = os.environ.get("RESPAWN_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 # Each bench picks its own database and broker; a nested pytest (bench/conformance.py) its own worker setup.
