@@ -5,8 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Test processes in parallel (pytest-xdist), one per CPU.
+# Test processes in parallel (pytest-xdist), one per CPU, a test module on one of them:
+# its module-scoped fixtures (a demo run, built wheels, a cloud emulator, an uninterrupted
+# reference training) are made once, where `--dist load` spread a module's neighbouring
+# tests over the workers and each made them again.
 TEST_WORKERS ?= auto
+XDIST := -n $(TEST_WORKERS) --dist loadscope
 
 .PHONY: install agent-wheel demo test test-embedded clean
 
@@ -38,12 +42,12 @@ demo: install
 # .ci/system-setup installs the system packages the tests drive where it can (as root)
 # and, where it cannot, names in one line what this run leaves out.
 test: install
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) $$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 
 # The whole suite on the embedded default (SQLite, the filesystem broker), whatever
 # this shell has configured: what a newcomer's `make test` runs.
 test-embedded: install
-	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest -n $(TEST_WORKERS) \
+	env -u DATABASE_URL -u CELERY_BROKER_URL $(BIN)/python -m pytest $(XDIST) \
 		$$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 
 clean:

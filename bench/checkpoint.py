@@ -298,9 +298,13 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir on the repo's disk)")
     parser.add_argument("--check", action="store_true", help="exit 1 when any figure misses its target")
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one layer, one round, a 1 s interval: the suite's run that keeps the bench working")
     parser.add_argument("--rss-probe", choices=("baseline", "save"), help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.size_gib, args.repeats, args.interval = 0.01, 1, 1.0
     os.environ.setdefault("BENCH_LAYERS", str(layers_for(args.size_gib)))
     if args.rss_probe:
         rss_probe(args.rss_probe, args.uri)

@@ -44,7 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cells", choices=("all", "fast"), default="all", help="every cell, or the suite's subset")
     parser.add_argument("-k", default="", help="pytest -k expression to run some cells only (e.g. 'hf and notice')")
     parser.add_argument("--workers", default="2", help="pytest-xdist processes (default 2)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one cell (the README's loop under a notice), no xdist: the suite's run "
+                             "that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.cells, args.k, args.workers = "all", "loop-no-workers-notice", "0"
     results = Path(tempfile.mkdtemp(prefix="respawn-conformance-")) / "cells.jsonl"
     env = {**os.environ, "RESPAWN_CONFORMANCE_RESULTS": str(results)}
     env.pop("RESPAWN_CONFORMANCE", None)
@@ -70,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     for cell in failed:
         print(f"{cell:<{width}}  FAIL")
     print(f"\n{len(rows)} passed, {len(failed)} failed, {len(slow)} slower than {EXIT_TARGET_S:g} s from commit to exit")
-    if done.returncode not in (0, 1):
+    if done.returncode not in (0, 1):  # pytest itself failed (no such test, a collection error): no cell ran
         print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
+        return 2
     if args.check and (failed or slow or done.returncode != 0):
         return 1
     return 0

@@ -31,7 +31,11 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one trial of each kind: the suite's run that keeps the bench working")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials = 3  # run_trials takes its modes in turn: random, mid-persist, sigterm
     started = time.monotonic()
     by_mode: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []

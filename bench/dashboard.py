@@ -45,7 +45,11 @@ def parse_args(argv=None):
         "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn_bench_dashboard"))
     parser.add_argument("--reuse", action="store_true", help="keep an already filled database")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="10 jobs, 100 points, 2 requests a page: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.jobs, args.points, args.requests = 10, 100, 2
     if args.full:
         args.jobs, args.points = 10_000, 1_000_000
     if args.jobs < 10 or args.points < args.jobs * INSTANCES_PER_JOB * 2:

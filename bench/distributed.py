@@ -219,7 +219,11 @@ def main() -> int:
     parser.add_argument("--step-ms", type=float, default=50.0)
     parser.add_argument("--state-mb", type=float, default=48.0, help="DDP replica size of the split-save entry")
     parser.add_argument("--trials", type=int, default=2, help="saves timed, and resharded resumes compared")
+    parser.add_argument("--smoke", action="store_true",
+                        help="5 short steps, a 1 MB replica, one trial: the suite's run that keeps the bench working")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.step_ms, args.state_mb, args.trials = 5, 1.0, 1.0, 1
     ok = coordination(args)
     ok &= split_save(args)
     ok &= resharding(args)

@@ -67,6 +67,7 @@ TARGET_ELASTIC = 0.5
 TARGET_VALIDATION_SHARE, TARGET_VALIDATION_STEPS = 0.2, 2.0
 BIG_HIDDEN = 9600  # tiny's hidden width for a state (weights and Adam's moments) of >= 1 GiB
 STEPS, STEP_DELAY_S = 3000, 0.03
+SMOKE_STEPS = 60
 NODES = 3
 ELASTIC_TRAIN = [sys.executable, "-m", "respawn.examples.dcp_loop", "--wrap", "ddp", "--steps", "1000000", "--every",
                  "10", "--global-batch", "6", "--step-delay", "0.05"]
@@ -82,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notice-s", type=float, default=120.0, help="notice to the VM's end (unscaled; AWS: 120)")
     parser.add_argument("--trials", type=int, default=10, help="kills per arm of the elastic row, checks per arm of validation")
     parser.add_argument("--time-limit-s", type=float, default=600.0, help="per job")
+    parser.add_argument("--smoke", action="store_true", help="the notice row's job cut to 60 steps, done before its "
+                        "first notice, VMs booting at once: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rows, args.time_scale, args.boot_s, args.time_limit_s = "notice", 1.0, 0.0, 120.0
     rows = set(args.rows.split(","))
     if args.time_scale <= 0 or args.boot_s < 0 or args.notice_s <= 0 or args.trials < 1 or not rows or \
             rows - {"notice", "validation", "elastic"} or "validation" in rows and "notice" not in rows:
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         market = dict(RESPAWN_LOCAL_MARKET="every", RESPAWN_LOCAL_PREEMPT_EVERY_S=str(60.0 / args.time_scale),
                       RESPAWN_LOCAL_NOTICE_S=str(args.notice_s / args.time_scale))
         with control_plane(var_dir, {**env, **market}, port):
-            job = _run_job(var_dir, args.time_limit_s)
+            job = _run_job(var_dir, args.time_limit_s, SMOKE_STEPS if args.smoke else STEPS)
         verdicts.append(notice_row(job, args.notice_s / args.time_scale))
     if "validation" in rows:
         downtimes = [row["downtime"] for row in measure(job)]
@@ -317,14 +322,14 @@ def _start(var_dir: Path, env: dict, name: str, argv: list[str]) -> subprocess.P
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _run_job(var_dir: Path, time_limit_s: float):
+def _run_job(var_dir: Path, time_limit_s: float, steps: int):
     from respawn_server.jobs.core.choices import JobStatus
     from respawn_server.jobs.models import Job
 
     team, owner = _team()
     job = Job.objects.create(
-        team=team, owner=owner, name="downtime", total_steps=STEPS, checkpoint_uri=str(var_dir / "ckpt"),
-        command=[sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", str(STEPS), "--step-delay-s",
+        team=team, owner=owner, name="downtime", total_steps=steps, checkpoint_uri=str(var_dir / "ckpt"),
+        command=[sys.executable, "-m", "respawn.examples.plain_pytorch", "--steps", str(steps), "--step-delay-s",
                  str(STEP_DELAY_S)],
         checkpoint_interval_s=10, allowed_clouds=["local"], instance_types=["cpu-small"], validation_enabled=False)
     give_up = time.monotonic() + time_limit_s

@@ -45,11 +45,11 @@ MAX_STALL_RATIO = 0.03
 MAX_DURABLE_RATIO = 1.25
 
 
-def build(size_gib: float, batch: int):
-    """The state on the GPU, after a first step (AdamW's moments exist from then on), and
+def build(size_gib: float, batch: int, device: str):
+    """The state on `device`, after a first step (AdamW's moments exist from then on), and
     a function running one training step that returns its seconds."""
     os.environ["BENCH_LAYERS"] = str(layers_for(size_gib))
-    with torch.device("cuda"):
+    with torch.device(device):
         model = make_model()
         x, y = torch.randn(batch, WIDTH), torch.randn(batch, WIDTH)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -103,16 +103,24 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=10.0, help="periodic interval (s): the persist is paced over half")
     parser.add_argument("--dir", default=str(ROOT), help="where to write (default: the repository's disk)")
     parser.add_argument("--check", action="store_true", help="exit 1 when a figure misses its target")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one layer, one save, one round, on the CPU where torch sees no CUDA device: the "
+                             "suite's run that keeps the bench working (its figures say nothing about a GPU)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    device = "cuda"
+    if args.smoke:
+        args.size_gib, args.batch, args.saves, args.rounds, args.interval = 0.01, 8, 1, 1, 1.0
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"bench/gpu_stall.py: needs a CUDA device; torch {torch.__version__} sees none")
 
     workdir = tempfile.mkdtemp(prefix="gpu-stall-", dir=args.dir)
     try:
-        state, step = build(args.size_gib, args.batch)
+        state, step = build(args.size_gib, args.batch, device)
         nbytes = state_bytes(state)
         step_s = statistics.median(step() for _ in range(BASELINE_STEPS))
-        print(f"state: {nbytes / 2**30:.2f} GiB on {torch.cuda.get_device_name()} ({os.environ['BENCH_LAYERS']} layers "
+        where = torch.cuda.get_device_name() if device == "cuda" else device
+        print(f"state: {nbytes / 2**30:.2f} GiB on {where} ({os.environ['BENCH_LAYERS']} layers "
               f"of {WIDTH}x{WIDTH} float32 + AdamW); batch {args.batch}: one step {step_s:.3f} s", flush=True)
         sync_s = statistics.median(torch_save_fsync(state, f"{workdir}/sync.pt") for _ in range(2))
         first_s, stalls, in_save, host_bytes = periodic_stalls(state, step, f"{workdir}/periodic", args.saves, args.interval)

@@ -57,7 +57,12 @@ def parse_args(argv=None):
     parser.add_argument("--database-url", default=os.environ.get(
         "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn_bench_heartbeats"))
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="4 agents, 1 s phases, one web worker: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.agents, args.seconds, args.page_requests = 4, 1.0, 2
+        args.clients, args.threads, args.web_workers, args.web_threads = 1, 2, 1, 2
     if args.agents < args.clients * args.threads:
         parser.error("need at least one agent per client thread")
     return args

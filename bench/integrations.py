@@ -249,7 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=8)
     parser.add_argument("--trials", type=int, default=5, help="trials per framework; the ratios are their medians")
     parser.add_argument("--no-validation", action="store_true", help="skip the causal-LM validation row")
+    parser.add_argument("--smoke", action="store_true",
+                        help="width 32, 8 steps, one trial: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.n_embd, args.steps, args.every, args.trials = 32, 8, 4, 1
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     import torch

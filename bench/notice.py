@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trainer", choices=sorted(TRAINERS), default="plain")
     parser.add_argument("--commit-trials", type=int, default=3)
     parser.add_argument("--settle-s", type=float, default=5.0, help="pause before each raw write, as training leaves the disk before a notice")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one trial of each, a 64-wide model, no pauses: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.trials, args.commit_trials, args.poll_s, args.hidden, args.settle_s = 1, 1, 0.2, 64, 0.0
     root = Path(tempfile.mkdtemp(prefix="respawn-bench-notice-"))
     ratios = [latency_trial(root, args.poll_s) for _ in range(args.trials)]
     print(f"notice -> first report, / poll interval {args.poll_s}s: worst {max(ratios):.3f}, mean {sum(ratios) / len(ratios):.3f} over {len(ratios)} trials (bound {MAX_LATENCY_RATIO})")

@@ -62,7 +62,12 @@ def parse_args(argv=None):
         "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn_bench_notify"))
     parser.add_argument("--broker-url", default=os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--smoke", action="store_true",
+                        help="4 agents, 2 failing jobs, one round of 1 s phases: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.agents, args.failing, args.matching, args.seconds, args.rounds, args.fail_every = 4, 2, 2, 1.0, 1, 0.5
+        args.clients, args.threads, args.web_workers, args.web_threads = 1, 2, 1, 2
     if not 2 <= args.matching <= SUBSCRIPTIONS:
         parser.error(f"--matching must be from 2 to {SUBSCRIPTIONS}")
     return args

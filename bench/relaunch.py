@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit-s", type=float, default=120.0, help="stop early (with the relaunches so far) after this")
     parser.add_argument("--pause-s", type=float, default=1.0,
                         help="between rounds, so one VM's boot does not share the CPUs with the next relaunch")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 relaunches, short pauses: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.relaunches, args.pause_s = 2, 0.2
     if args.relaunches < 2:
         parser.error("--relaunches must be at least 2 (a p95 of one sample says nothing)")
 

@@ -85,7 +85,11 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=64, help="object size in MiB (default 64)")
     parser.add_argument("--rounds", type=int, default=15, help="uploads per method (default 15); moto shares 2 busy cores, so short runs swing by +-0.2")
     parser.add_argument("--check", action="store_true", help=f"exit 1 if the ratio is below {TARGET_RATIO}")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 MiB, one round: the suite's run that keeps the bench working")
     args = parser.parse_args()
+    if args.smoke:
+        args.mib, args.rounds = 1, 1
     if args.mib < 1 or args.rounds < 1:
         parser.error("--mib and --rounds must be at least 1")
 

@@ -344,7 +344,13 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 unless ours meets every deadline and beats UP")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--offsets", type=int, default=OFFSETS, help=argparse.SUPPRESS)  # tests only
+    parser.add_argument("--smoke", action="store_true",
+                        help="the 4-node traces, one start offset, the plot under var/bench/simulate-smoke.png: "
+                             "the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.traces, args.offsets, args.jobs = DEFAULT_TRACES / "preemption" / "4-node", 1, 1
+        args.png = args.png.with_name("simulate-smoke.png")
     files = sorted(args.traces.rglob("*.json"))
     if not files:
         parser.error(f"no trace files (*.json) under {args.traces}")

@@ -16,16 +16,18 @@ from tests.e2e.stack import run_to_the_end
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
-STEPS, STEP_DELAY_S = 1200, 0.03  # 36 s of training
+STEPS, STEP_DELAY_S = 1200, 0.03  # 36 s of training: enough for 4 VMs reclaimed 10 s after boot
+# Spot capacity gone 6 s into the market: 9 s of training cannot finish on the first spot VM.
+FALLBACK_STEPS = 300
 # A VM that never registers (seen once on a loaded 2-core machine: an on-demand VM stuck
 # booting) is replaced after the provisioning timeout, as anywhere; a minute here, not 15.
 NEVER_STUCK_BOOTING = {"RESPAWN_PROVISION_TIMEOUT_S": "60"}
-TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
-def tiny_job(tmp_path, **fields):
+def tiny_job(tmp_path, steps=STEPS, **fields):
     setup = make_team_with_members()
-    return make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
+    train = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(steps), "--step-delay", str(STEP_DELAY_S)]
+    return make_job(setup.team, setup.people["member"].user, command=train, total_steps=steps,
                     checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=2.0, allowed_clouds=["local"],
                     instance_types=["cpu-small"], **fields)
 
@@ -61,10 +63,10 @@ def test_where_spot_capacity_never_comes_back_the_on_demand_fallback_finishes_th
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_PROVIDER_CONFIG": json.dumps({"local": local}),
            "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1", **NEVER_STUCK_BOOTING}
     # The job allows on-demand after 3 preemptions; it meets one, then finds no spot anywhere.
-    job = run_to_the_end(tiny_job(tmp_path, on_demand_after_preemptions=3), env, tmp_path)
+    job = run_to_the_end(tiny_job(tmp_path, FALLBACK_STEPS, on_demand_after_preemptions=3), env, tmp_path)
 
     assert job.status == JobStatus.SUCCEEDED, job_story(job.pk)
-    assert job.last_step == STEPS
+    assert job.last_step == FALLBACK_STEPS
     finisher = Instance.objects.get(job=job, end_reason=EndReason.COMPLETED)
     assert finisher.market == Market.ON_DEMAND and finisher.zone.startswith("local-"), job_story(job.pk)
     assert job.failure_cause == ""
