@@ -8,14 +8,20 @@ two moments) in this process with its one line (`spot_safe(trainer)`) and Respaw
 periodic saves every --every steps, and:
 
 1. periodic save stall: training time a periodic save of our integration takes from
-   training (each save's `stall_s`, as reported to the agent: the snapshot, any wait of
-   the next optimizer step for it, and what the steps beside its persist lost against
-   the step time before it), mean over the run's saves, divided by the framework's own
-   save of the same state, the median of three made at step 2, before any of ours runs
-   beside it: Trainer's `_save_checkpoint` and Lightning's `save_checkpoint`
-   (synchronous; --check: <= 0.25), Orbax's own `AsyncCheckpointer` save, the part
-   that blocks the step (--check: <= 1). The default width, 1024, makes a state of
-   100-150 MB (weights and AdamW's two moments).
+   training, divided by the framework's own save of the same state.
+   HF and Lightning: each save's `stall_s`, as reported to the agent (the snapshot, any
+   wait of the next optimizer step for it, and what the steps beside its persist lost
+   against the step time before it), mean over the run's saves, against Trainer's
+   `_save_checkpoint` and Lightning's `save_checkpoint`, synchronous, the median of three
+   made at step 2, before any of ours runs beside it (--check: <= 0.25).
+   JAX: the part of a save that blocks the step, against Orbax's own `AsyncCheckpointer`
+   save's (--check: <= 1), both timed by the same loop from the same state with the same
+   Orbax options and cadence (every --every steps, so each meets its previous save's
+   background work as a real loop does); medians over each run's saves. What the steps
+   beside each one's background write lost (its after-effect, per save) is printed for
+   both, and the stall Respawn reported (blocking part plus after-effect) beside them.
+   The default width, 1024, makes a state of 100-150 MB (weights and AdamW's two
+   moments; 88 MB for JAX's MLP).
 2. notice -> committed: a real SIGTERM near the end; the notice save's `save_s` (its
    snapshot, write and commit, as reported) divided by a raw sequential write + fsync
    of the same number of bytes in the same directory (bench/notice.py's, the median of
@@ -36,13 +42,15 @@ notice save of a few tens of MB takes tens of milliseconds, where one run's figu
 moves by 2-3x with what else the machine does.
 
 A framework is one entry in FRAMEWORKS: a function that runs the trial and returns
-the own-save times; the reports file gives the rest. JAX trains a Flax MLP of eight
+the saves as its loop met them, the framework's own and, where it timed them, ours; the
+reports file gives the rest. JAX trains a Flax MLP of eight
 --n-embd wide layers (agents/respawn/examples/jax_flax.py) with its saves through Orbax.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -51,6 +59,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,6 +77,15 @@ LM_WIDTH_ENV = "BENCH_LM_N_EMBD"  # read by bench_lm, which the validator builds
 OWN_SAVE_STEP = 2
 
 
+@dataclass
+class Run:
+    """Saves as a training loop met them: each save call's time, and what the steps beside
+    the saves' background writes lost, per save (0 where nothing is written in the background)."""
+
+    blocked: list[float]
+    after_s: float = 0.0
+
+
 def timed(save: Callable[[], None]) -> float:
     started = time.perf_counter()
     save()
@@ -78,7 +96,7 @@ def timed_thrice(save: Callable[[], None]) -> list[float]:
     return [timed(save) for _ in range(3)]
 
 
-def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
+def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[Run, None]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from respawn.examples.hf_trainer import Tokens, make_model
@@ -98,10 +116,10 @@ def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> l
     trainer = Trainer(model=make_model(n_embd), args=args, train_dataset=Tokens(), callbacks=[Bench()])
     spot_safe(trainer, config, exit_on_stop=False)
     trainer.train()
-    return own
+    return Run(own), None
 
 
-def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
+def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[Run, None]:
     import lightning as L
 
     from respawn.checkpoint import ResumableLoader
@@ -127,10 +145,14 @@ def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: in
         trainer.fit(LitLM(n_embd), loader)
     except SystemExit:  # Lightning's own end of a run on SIGTERM (SIGTERMException)
         pass
-    return own
+    return Run(own), None
 
 
-def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> list[float]:
+def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[Run, Run]:
+    """The same loop twice from the same state, once saving through Orbax's own
+    `AsyncCheckpointer` every `config.every_steps` steps, once through SpotSafe (a notice
+    near its end); each save timed as the loop waits for it. Which runs first alternates
+    between trials, so neither always meets a cold page cache or the other's writeback."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -138,24 +160,55 @@ def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> 
     from respawn.integrations.jax import SpotSafe
 
     layers = 8
-    state, train_step, own = jax_flax.make_state(n_embd, layers), jax_flax.make_train_step(n_embd, layers), []
-    ckpt = SpotSafe(config)
-    for step in range(1, steps + 1):
-        state, loss = train_step(state, *jax_flax.batch_at(step))
-        jax.block_until_ready(loss)  # a step's time is its own, not the next one's
-        if step == OWN_SAVE_STEP:
-            with ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler()) as orbax:
-                for _ in range(3):  # what a step waits for; the write goes on in Orbax's thread
-                    own.append(timed(lambda: orbax.save(work / f"own-{time.monotonic_ns()}",
-                                                        args=ocp.args.StandardSave(state))))
-                    orbax.wait_until_finished()
-        if step == steps - 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        ckpt.save(step, state, extra={"position": step})
-        if ckpt.should_stop:
-            break
-    ckpt.close()
-    return own
+    start, train_step = jax_flax.make_state(n_embd, layers), jax_flax.make_train_step(n_embd, layers)
+    jax.block_until_ready(train_step(start, *jax_flax.batch_at(0)))  # compiled before either run is timed
+
+    def loop(save: Callable[[int, object], bool]) -> Run:
+        state, run, step_s = start, Run([]), []
+        for step in range(1, steps + 1):
+            began = time.perf_counter()
+            state, loss = train_step(state, *jax_flax.batch_at(step))
+            jax.block_until_ready(loss)  # a step's time is its own, not the next one's
+            step_s.append(time.perf_counter() - began)
+            if save(step, state):
+                run.blocked.append(time.perf_counter() - began - step_s[-1])
+        # What the steps beside the background writes lost against the steps before the first save.
+        before, beside = step_s[:config.every_steps - 1], step_s[config.every_steps:]
+        run.after_s = (sum(beside) - len(beside) * statistics.median(before)) / max(1, len(run.blocked))
+        return run
+
+    def own_run() -> Run:
+        with ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler()) as orbax:
+            def save(step, state):  # what a loop without Respawn does; the write goes on in Orbax's thread
+                if step % config.every_steps:
+                    return False
+                orbax.save(work / "own" / str(step), args=ocp.args.StandardSave(state))
+                return True
+            return loop(save)
+
+    def our_run() -> Run:
+        ckpt = SpotSafe(config)
+
+        def save(step, state):
+            if step == steps - 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the notice row's save, at the next step boundary
+            if ckpt.should_stop:
+                return False
+            saved = ckpt.save(step, state, extra={"position": step})
+            return saved and not ckpt.should_stop  # the notice save is the notice row's, not a periodic one
+        try:
+            return loop(save)
+        finally:
+            ckpt.close()
+
+    if next(_JAX_TRIALS) % 2 == 0:
+        own = own_run()
+        return own, our_run()
+    ours = our_run()
+    return own_run(), ours
+
+
+_JAX_TRIALS = itertools.count()
 
 
 def bench_lm():
@@ -208,7 +261,8 @@ def measure_validation(n_embd: int) -> tuple[float, str]:
     return validation_s / step_s, detail
 
 
-FRAMEWORKS: dict[str, Callable[[Path, CheckpointConfig, int, int], list[float]]] = {
+# A trial's (own save, ours): ours None where our saves' stall is the reports' stall_s.
+FRAMEWORKS: dict[str, Callable[[Path, CheckpointConfig, int, int], tuple[Run, Run | None]]] = {
     "hf": hf_trial,
     "lightning": lightning_trial,
     "jax": jax_trial,
@@ -220,17 +274,25 @@ def measure(name: str, n_embd: int, steps: int, every: int) -> tuple[float, floa
         work = Path(tmp)
         reports = work / "checkpoints.jsonl"
         config = CheckpointConfig(uri=str(work / "ckpt"), every_steps=every, checkpoints_file=str(reports))
-        own = FRAMEWORKS[name](work, config, n_embd, steps)
+        own, ours = FRAMEWORKS[name](work, config, n_embd, steps)
         rows = [json.loads(line) for line in reports.read_text().splitlines()]
         stalls = [r["stall_s"] for r in rows if r["kind"] == "periodic"]
         notice = [r for r in rows if r["kind"] == "notice"]
         if not stalls or len(notice) != 1:
             raise SystemExit(f"{name}: expected periodic saves and one notice save, got {[r['kind'] for r in rows]}")
         raw = statistics.median(raw_write_s(work, notice[0]["bytes"]) for _ in range(3))
-    stall_ratio = statistics.mean(stalls) / statistics.median(own)
+    own_s, stall_s = statistics.median(own.blocked), statistics.mean(stalls)
+    if ours is None:  # the reported stall against a synchronous save, which leaves nothing behind
+        stall_ratio = stall_s / own_s
+        stall = f"periodic stall {stall_s * 1e3:.1f} ms mean of {len(stalls)} / {OWN_SAVE[name]} {own_s * 1e3:.1f} ms"
+    else:  # the blocking parts as the loop met them, and what each left behind beside the next steps
+        stall_ratio = statistics.median(ours.blocked) / own_s
+        stall = (f"periodic save blocks {statistics.median(ours.blocked) * 1e3:.1f} ms median of {len(ours.blocked)} / "
+                 f"{OWN_SAVE[name]} {own_s * 1e3:.1f} ms median of {len(own.blocked)}; after-effect per save "
+                 f"{ours.after_s * 1e3:.1f} ms / {own.after_s * 1e3:.1f} ms; reported stall {stall_s * 1e3:.1f} ms "
+                 f"mean of {len(stalls)}")
     notice_ratio = notice[0]["save_s"] / raw
-    detail = (f"{notice[0]['bytes'] / 1e6:.0f} MB state; periodic stall {statistics.mean(stalls) * 1e3:.1f} ms mean of "
-              f"{len(stalls)} / {OWN_SAVE[name]} {statistics.median(own) * 1e3:.1f} ms; notice save {notice[0]['save_s'] * 1e3:.0f} ms "
+    detail = (f"{notice[0]['bytes'] / 1e6:.0f} MB state; {stall}; notice save {notice[0]['save_s'] * 1e3:.0f} ms "
               f"/ raw write+fsync {raw * 1e3:.0f} ms")
     return stall_ratio, notice_ratio, detail
 
