@@ -15,11 +15,13 @@ periodic saves every --every steps, and:
    `_save_checkpoint` and Lightning's `save_checkpoint`, synchronous, the median of three
    made at step 2, before any of ours runs beside it (--check: <= 0.25).
    JAX: the part of a save that blocks the step, against Orbax's own `AsyncCheckpointer`
-   save's (--check: <= 1), both timed by the same loop from the same state with the same
-   Orbax options and cadence (every --every steps, so each meets its previous save's
-   background work as a real loop does); medians over each run's saves. What the steps
-   beside each one's background write lost (its after-effect, per save) is printed for
-   both, and the stall Respawn reported (blocking part plus after-effect) beside them.
+   save's (--check: <= 1), paired: at every second step the loop saves through both,
+   one right after the other from the same state with the same Orbax options, which
+   first alternating, neither with a save of its own still in flight (ours skips a save
+   then; the loop waits for both, and for the page cache's writeback, untimed); the
+   median of the pairs' ratios. (The stall a JAX save reports, its blocking part plus
+   its after-effect, is tested in tests/integrations/test_jax.py: here the untimed waits
+   would be counted in it.)
    The default width, 1024, makes a state of 100-150 MB (weights and AdamW's two
    moments; 88 MB for JAX's MLP).
 2. notice -> committed: a real SIGTERM near the end; the notice save's `save_s` (its
@@ -50,7 +52,6 @@ reports file gives the rest. JAX trains a Flax MLP of eight
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import signal
@@ -59,7 +60,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -77,15 +77,6 @@ LM_WIDTH_ENV = "BENCH_LM_N_EMBD"  # read by bench_lm, which the validator builds
 OWN_SAVE_STEP = 2
 
 
-@dataclass
-class Run:
-    """Saves as a training loop met them: each save call's time, and what the steps beside
-    the saves' background writes lost, per save (0 where nothing is written in the background)."""
-
-    blocked: list[float]
-    after_s: float = 0.0
-
-
 def timed(save: Callable[[], None]) -> float:
     started = time.perf_counter()
     save()
@@ -96,7 +87,7 @@ def timed_thrice(save: Callable[[], None]) -> list[float]:
     return [timed(save) for _ in range(3)]
 
 
-def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[Run, None]:
+def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[list[float], None]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from respawn.examples.hf_trainer import Tokens, make_model
@@ -116,10 +107,10 @@ def hf_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> t
     trainer = Trainer(model=make_model(n_embd), args=args, train_dataset=Tokens(), callbacks=[Bench()])
     spot_safe(trainer, config, exit_on_stop=False)
     trainer.train()
-    return Run(own), None
+    return own, None
 
 
-def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[Run, None]:
+def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[list[float], None]:
     import lightning as L
 
     from respawn.checkpoint import ResumableLoader
@@ -145,14 +136,16 @@ def lightning_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: in
         trainer.fit(LitLM(n_embd), loader)
     except SystemExit:  # Lightning's own end of a run on SIGTERM (SIGTERMException)
         pass
-    return Run(own), None
+    return own, None
 
 
-def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[Run, Run]:
-    """The same loop twice from the same state, once saving through Orbax's own
-    `AsyncCheckpointer` every `config.every_steps` steps, once through SpotSafe (a notice
-    near its end); each save timed as the loop waits for it. Which runs first alternates
-    between trials, so neither always meets a cold page cache or the other's writeback."""
+def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> tuple[list[float], list[float]]:
+    """At every second step the loop saves through both SpotSafe (a periodic save) and
+    Orbax's own `AsyncCheckpointer`, one right after the other from the same state with
+    the same Orbax options, which one first alternating: a pair meets the same step, page
+    cache and neighbours, and differs by what our save adds to Orbax's. Each is timed as
+    the loop waits for it, with neither's earlier save still in flight (ours skips a save
+    then; the loop waits for both, untimed). A notice near the end."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -160,55 +153,36 @@ def jax_trial(work: Path, config: CheckpointConfig, n_embd: int, steps: int) -> 
     from respawn.integrations.jax import SpotSafe
 
     layers = 8
-    start, train_step = jax_flax.make_state(n_embd, layers), jax_flax.make_train_step(n_embd, layers)
-    jax.block_until_ready(train_step(start, *jax_flax.batch_at(0)))  # compiled before either run is timed
+    state, train_step = jax_flax.make_state(n_embd, layers), jax_flax.make_train_step(n_embd, layers)
+    own: list[float] = []
+    ours: list[float] = []
+    ckpt = SpotSafe(config)
+    with ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler()) as orbax:
+        def orbax_save():
+            orbax.save(work / "own" / str(step), args=ocp.args.StandardSave(state))
 
-    def loop(save: Callable[[int, object], bool]) -> Run:
-        state, run, step_s = start, Run([]), []
+        def our_save():
+            if not ckpt.save(step, state, extra={"position": step}, kind="periodic"):
+                raise SystemExit(f"jax: SpotSafe did not save at step {step}, with nothing in flight")
+
         for step in range(1, steps + 1):
-            began = time.perf_counter()
             state, loss = train_step(state, *jax_flax.batch_at(step))
             jax.block_until_ready(loss)  # a step's time is its own, not the next one's
-            step_s.append(time.perf_counter() - began)
-            if save(step, state):
-                run.blocked.append(time.perf_counter() - began - step_s[-1])
-        # What the steps beside the background writes lost against the steps before the first save.
-        before, beside = step_s[:config.every_steps - 1], step_s[config.every_steps:]
-        run.after_s = (sum(beside) - len(beside) * statistics.median(before)) / max(1, len(run.blocked))
-        return run
-
-    def own_run() -> Run:
-        with ocp.AsyncCheckpointer(ocp.StandardCheckpointHandler()) as orbax:
-            def save(step, state):  # what a loop without Respawn does; the write goes on in Orbax's thread
-                if step % config.every_steps:
-                    return False
-                orbax.save(work / "own" / str(step), args=ocp.args.StandardSave(state))
-                return True
-            return loop(save)
-
-    def our_run() -> Run:
-        ckpt = SpotSafe(config)
-
-        def save(step, state):
             if step == steps - 2:
-                os.kill(os.getpid(), signal.SIGTERM)  # the notice row's save, at the next step boundary
+                os.kill(os.getpid(), signal.SIGTERM)  # the notice row's save, at this step boundary
+            if step % 2 or step == steps - 2:
+                ckpt.save(step, state, extra={"position": step})
+            else:
+                pair = [(ours, our_save), (own, orbax_save)]  # ours first at the first: a process's first save is slow
+                for times, save in pair if step % 4 else reversed(pair):
+                    orbax.wait_until_finished()
+                    ckpt.wait()
+                    os.sync()  # Orbax does not fsync: its writeback would fall on the next save, or the notice
+                    times.append(timed(save))
             if ckpt.should_stop:
-                return False
-            saved = ckpt.save(step, state, extra={"position": step})
-            return saved and not ckpt.should_stop  # the notice save is the notice row's, not a periodic one
-        try:
-            return loop(save)
-        finally:
-            ckpt.close()
-
-    if next(_JAX_TRIALS) % 2 == 0:
-        own = own_run()
-        return own, our_run()
-    ours = our_run()
-    return own_run(), ours
-
-
-_JAX_TRIALS = itertools.count()
+                break
+    ckpt.close()
+    return own, ours
 
 
 def bench_lm():
@@ -261,8 +235,8 @@ def measure_validation(n_embd: int) -> tuple[float, str]:
     return validation_s / step_s, detail
 
 
-# A trial's (own save, ours): ours None where our saves' stall is the reports' stall_s.
-FRAMEWORKS: dict[str, Callable[[Path, CheckpointConfig, int, int], tuple[Run, Run | None]]] = {
+# A trial's save times, the framework's own and ours (None: the reports' stall_s gives ours).
+FRAMEWORKS: dict[str, Callable[[Path, CheckpointConfig, int, int], tuple[list[float], list[float] | None]]] = {
     "hf": hf_trial,
     "lightning": lightning_trial,
     "jax": jax_trial,
@@ -281,16 +255,14 @@ def measure(name: str, n_embd: int, steps: int, every: int) -> tuple[float, floa
         if not stalls or len(notice) != 1:
             raise SystemExit(f"{name}: expected periodic saves and one notice save, got {[r['kind'] for r in rows]}")
         raw = statistics.median(raw_write_s(work, notice[0]["bytes"]) for _ in range(3))
-    own_s, stall_s = statistics.median(own.blocked), statistics.mean(stalls)
+    own_s, stall_s = statistics.median(own), statistics.mean(stalls)
     if ours is None:  # the reported stall against a synchronous save, which leaves nothing behind
         stall_ratio = stall_s / own_s
         stall = f"periodic stall {stall_s * 1e3:.1f} ms mean of {len(stalls)} / {OWN_SAVE[name]} {own_s * 1e3:.1f} ms"
-    else:  # the blocking parts as the loop met them, and what each left behind beside the next steps
-        stall_ratio = statistics.median(ours.blocked) / own_s
-        stall = (f"periodic save blocks {statistics.median(ours.blocked) * 1e3:.1f} ms median of {len(ours.blocked)} / "
-                 f"{OWN_SAVE[name]} {own_s * 1e3:.1f} ms median of {len(own.blocked)}; after-effect per save "
-                 f"{ours.after_s * 1e3:.1f} ms / {own.after_s * 1e3:.1f} ms; reported stall {stall_s * 1e3:.1f} ms "
-                 f"mean of {len(stalls)}")
+    else:  # blocking parts, paired: each of ours against the framework's save at the same step
+        stall_ratio = statistics.median(o / w for o, w in zip(ours, own))
+        stall = (f"periodic save blocks {statistics.median(ours) * 1e3:.1f} ms / {OWN_SAVE[name]} {own_s * 1e3:.1f} ms, "
+                 f"medians of {len(ours)} pairs")
     notice_ratio = notice[0]["save_s"] / raw
     detail = (f"{notice[0]['bytes'] / 1e6:.0f} MB state; {stall}; notice save {notice[0]['save_s'] * 1e3:.0f} ms "
               f"/ raw write+fsync {raw * 1e3:.0f} ms")
