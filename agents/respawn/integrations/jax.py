@@ -202,9 +202,11 @@ class SpotSafe:
         reported on stderr and costs nothing else: training goes on, its directory never
         gets a manifest, and the next save is due as usual."""
         while (job := self._written.get()) is not None:
-            self._commit_when_written(job, None)
-            self._inflight = None
-            job.done.set()
+            try:
+                self._commit_when_written(job, None)
+            finally:  # whatever happened, the loop's next save and wait() must not wait on it
+                self._inflight = None
+                job.done.set()
 
     def _start(self, step: int, state, extra: dict | None, kind: str, began: float) -> _Save:
         """Begin Orbax's async save of `state` into step-N/orbax."""
