@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -135,6 +136,35 @@ def test_preflight_proves_the_jax_example_resumes(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1 and "was written by 'jax', expected 'torch'" in proc.stdout, proc.stdout + proc.stderr
     assert not reference_run_finished(tmp_path / "pf-torch", 40)  # told at its first checkpoint
+
+
+def test_the_reported_stall_has_what_the_steps_beside_a_periodic_save_lost(tmp_path):
+    """Orbax's writer and the commit's digests run beside the loop's next steps; on a
+    machine short of cores those steps take longer. The stall a periodic save reports (to
+    the agent, the dashboard, the money) is what the loop saw: its blocking part and that
+    after-effect, as the torch Checkpointer counts it. The steps here are made that much
+    longer while the save is in flight."""
+    from respawn.integrations.jax import SpotSafe
+
+    reports = tmp_path / "checkpoints.jsonl"
+    ckpt = SpotSafe(CheckpointConfig(uri=str(tmp_path / "ckpt"), every_steps=None, interval_s=3600,
+                                     checkpoints_file=str(reports), handle_signals=False))
+    state = jax_flax.make_state(512, 8)  # ~20 MB: a write and commit of some steps
+    for step in range(1, 6):  # the loop's own step time, no save beside it
+        time.sleep(0.01)
+        ckpt.save(step, state)
+    assert ckpt.save(6, state, kind="periodic")
+    slower_by, step = 0.0, 6
+    while not reports.exists() and step < 500:
+        extra = 0.05
+        time.sleep(0.01 + extra)
+        step += 1
+        ckpt.save(step, state)
+        slower_by += extra if not reports.exists() else 0.0  # a step the commit ended in is not all beside it
+    ckpt.close()
+    [report] = [json.loads(line) for line in reports.read_text().splitlines()]
+    assert report["step"] == 6 and report["kind"] == "periodic" and slower_by > 0
+    assert report["stall_s"] >= 0.8 * slower_by, (report["stall_s"], slower_by)
 
 
 def test_a_torch_checkpoint_is_refused_and_kept(tmp_path):

@@ -38,10 +38,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import statistics
 import sys
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,6 +86,18 @@ class Restored:
     uri: str | None = None
 
 
+@dataclass
+class _Save:
+    """A save on its way to its commit: its state.json body (with `started` and `stall_s`,
+    taken out at the commit), and what the steps beside its background write lost against
+    the step time before it (a periodic save's after-effect, part of the stall it reports)."""
+
+    step: int
+    meta: dict
+    after_s: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
 class SpotSafe:
     """Orbax async saves committed under Respawn's protocol; see the module's text."""
 
@@ -98,7 +113,16 @@ class SpotSafe:
         self._interval_s = self.config.interval_s or 600.0
         self._last_save_at = time.monotonic()
         self._last_saved_step, self._last_committed_step = 0, -1
-        self._commit_thread: threading.Thread | None = None
+        # One committer for the object's life: a thread started per save would make the
+        # step wait for its start, on the blocking path.
+        self._inflight: _Save | None = None  # a periodic save handed to the committer, not yet done
+        self._written: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
+        self._committer = threading.Thread(target=self._commit_periodic, name="respawn-jax-commit", daemon=True)
+        self._committer.start()
+        # Step times with no save in flight, the after-effect's yardstick: a median, not the
+        # torch Checkpointer's running mean, which a step that compiles would swamp for long.
+        self._quiet_steps: deque[float] = deque(maxlen=16)
+        self._step_ended_at: float | None = None
         self._stop_seen = self._now_seen = False
         self.should_stop = False
         self.last_uri: str | None = None
@@ -132,6 +156,26 @@ class SpotSafe:
         """Called after every step with the state at that step boundary: saves when due
         or asked; True when a save started. `extra` (JSON: the data position, ...) is
         stored in state.json and handed back by `restore()`."""
+        began = time.monotonic()
+        self._track_step_time(began)
+        try:
+            return self._save(step, state, extra, kind, began)
+        finally:
+            self._step_ended_at = time.monotonic()
+
+    def _track_step_time(self, now: float) -> None:
+        """The step that just ended, from the loop's side (save() excluded): a quiet step's
+        time, or, while a periodic save is written beside it, its excess over the quiet
+        steps' to that save's after-effect (the torch Checkpointer counts it the same way)."""
+        if self._step_ended_at is None:
+            return
+        took, job = now - self._step_ended_at, self._inflight
+        if job is not None and self._quiet_steps:
+            job.after_s += took - statistics.median(self._quiet_steps)
+        elif job is None:
+            self._quiet_steps.append(took)
+
+    def _save(self, step: int, state, extra: dict | None, kind: str | None, began: float) -> bool:
         new_interval = self._control.new_interval()
         if new_interval:
             self._interval_s = new_interval
@@ -144,33 +188,37 @@ class SpotSafe:
         due = (self._now_seen or kind == protocol.CheckpointKind.PERIODIC or
                (step - self._last_saved_step >= self.config.every_steps if self.config.every_steps else
                 time.monotonic() - self._last_save_at >= self._interval_s))
-        if not due or step == self._last_saved_step or self._busy():
+        if not due or step == self._last_saved_step or self._inflight is not None:
             return False
         self._now_seen = False
-        meta = self._start(step, state, extra, protocol.CheckpointKind.PERIODIC)
-        # A failed periodic save is reported on stderr and costs nothing else: training goes
-        # on, its directory never gets a manifest, and the next save is due as usual.
-        self._commit_thread = threading.Thread(target=self._commit_when_written, args=(step, meta, None),
-                                               name="respawn-jax-commit", daemon=True)
-        self._commit_thread.start()
+        job = self._start(step, state, extra, protocol.CheckpointKind.PERIODIC, began)
+        job.meta["stall_s"] = time.monotonic() - began  # all of this call the step waited for, the hand-off included
+        self._inflight = job
+        self._written.put(job)
         return True
 
-    def _busy(self) -> bool:
-        return self._commit_thread is not None and self._commit_thread.is_alive()
+    def _commit_periodic(self) -> None:
+        """The committer: each periodic save once Orbax has written it. A failed one is
+        reported on stderr and costs nothing else: training goes on, its directory never
+        gets a manifest, and the next save is due as usual."""
+        while (job := self._written.get()) is not None:
+            try:
+                self._commit_when_written(job, None)
+            finally:  # whatever happened, the loop's next save and wait() must not wait on it
+                self._inflight = None
+                job.done.set()
 
-    def _start(self, step: int, state, extra: dict | None, kind: str) -> dict:
-        """Begin Orbax's async save of `state` into step-N/orbax; returns the state.json body."""
+    def _start(self, step: int, state, extra: dict | None, kind: str, began: float) -> _Save:
+        """Begin Orbax's async save of `state` into step-N/orbax."""
         meta = self._meta(step, state, extra, kind)
-        started = time.monotonic()
         self._orbax.save(self.storage.root / layout.step_dir(step) / ORBAX_DIR, args=ocp.args.StandardSave(state))
-        return self._saved(meta, started)
+        return self._saved(meta, began)
 
-    def _write_arrays(self, step: int, state, extra: dict | None, kind: str) -> dict:
+    def _write_arrays(self, step: int, state, extra: dict | None, kind: str, began: float) -> _Save:
         """A notice save: every leaf's bytes into one file, fsynced, by this thread. Orbax's
         writer (tensorstore, its metadata files) costs 4-7x a raw write of the same bytes
         here, and a notice's time is the window's; restore_state reads either."""
         meta = self._meta(step, state, extra, kind)
-        started = time.monotonic()
         folder = self.storage.root / layout.step_dir(step)
         folder.mkdir(parents=True, exist_ok=True)
         meta["arrays"], offset, digest = [], 0, manifest.new_digest()
@@ -185,7 +233,7 @@ class SpotSafe:
             os.fsync(f.fileno())
         del meta["orbax"]
         meta["written"] = {ARRAYS_FILE: manifest.FileEntry(offset, digest.hexdigest())}
-        return self._saved(meta, started)
+        return self._saved(meta, began)
 
     def _meta(self, step: int, state, extra: dict | None, kind: str) -> dict:
         """The state.json body of a save of `state` at `step` (its reference loss included)."""
@@ -204,33 +252,34 @@ class SpotSafe:
                 meta["reference_error"] = str(exc)
         return meta
 
-    def _saved(self, meta: dict, started: float) -> dict:
-        meta["started"], meta["stall_s"] = started, time.monotonic() - started
+    def _saved(self, meta: dict, began: float) -> _Save:
+        meta["started"], meta["stall_s"] = began, time.monotonic() - began
         self._last_saved_step = meta["step"]
         self._last_save_at = time.monotonic()
-        return meta
+        return _Save(meta["step"], meta)
 
-    def _commit_when_written(self, step: int, meta: dict, deadline: float | None) -> BaseException | None:
+    def _commit_when_written(self, job: _Save, deadline: float | None) -> BaseException | None:
         """Commit once the save's files are all in place; the exception when it failed."""
         try:
             self._orbax.wait_until_finished()  # Orbax's finalize: its files renamed into place
             if deadline is not None and time.monotonic() > deadline:
-                raise CheckpointError(f"step {step} was written but its notice deadline passed before the commit")
-            self._commit(step, meta)
+                raise CheckpointError(f"step {job.step} was written but its notice deadline passed before the commit")
+            self._commit(job)
         except Exception as exc:
-            print(f"respawn jax: save of step {step} failed: {exc}", file=sys.stderr, flush=True)
+            print(f"respawn jax: save of step {job.step} failed: {exc}", file=sys.stderr, flush=True)
             return exc
         return None
 
-    def _commit(self, step: int, meta: dict) -> None:
+    def _commit(self, job: _Save) -> None:
         """state.json, then MANIFEST.json (durable), then LATEST; report; rotate."""
+        step, meta = job.step, job.meta
         ckpt = layout.step_dir(step)
         base = self.storage.root / ckpt
         known = meta.pop("written", {})  # entries of files this process wrote and fsynced itself
         files = {name: known.get(name) or _entry(base / name)
                  for name in sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())}
         meta["checkpoint_id"] = str(uuid.uuid4())
-        started, stall_s = meta.pop("started"), meta.pop("stall_s")
+        started, blocked_s = meta.pop("started"), meta.pop("stall_s")
         state_bytes = json.dumps(meta).encode()
         # A plain write: nothing reads this directory before its manifest, so no rename is
         # needed, and one fsync of each directory below then covers every name in it.
@@ -251,7 +300,7 @@ class SpotSafe:
         channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
             checkpoint_id=meta["checkpoint_id"], step=step, uri=self.last_uri, bytes=man.total_bytes,
             manifest_digest=man.digest, kind=meta["kind"], committed_at=created, save_s=save_s,
-            stall_s=stall_s, reference_loss=meta.get("reference_loss")))
+            stall_s=blocked_s + max(0.0, job.after_s), reference_loss=meta.get("reference_loss")))
         rotate(self.storage, self.config.keep)
 
     def _save_now(self, step: int, state, extra: dict | None, kind: str) -> None:
@@ -262,11 +311,12 @@ class SpotSafe:
         if step == self._last_committed_step:
             print(f"respawn jax: {kind} save of step {step}: already committed", file=sys.stderr, flush=True)
             return
+        began = time.monotonic()  # this save's own time, as the torch Checkpointer counts a notice save's
         if kind == protocol.CheckpointKind.NOTICE:
-            meta = self._write_arrays(step, state, extra, kind)
+            job = self._write_arrays(step, state, extra, kind, began)
         else:  # the final checkpoint in Orbax's format: what a script's later use of it expects
-            meta = self._start(step, state, extra, kind)
-        error = self._commit_when_written(step, meta, deadline)
+            job = self._start(step, state, extra, kind, began)
+        error = self._commit_when_written(job, deadline)
         if error is not None:
             self.storage.delete_prefix(layout.step_dir(step))
             print(f"respawn jax: {kind} save of step {step} not committed ({error}); "
@@ -280,15 +330,17 @@ class SpotSafe:
     # --- waiting, stopping, finishing -------------------------------------------------
     def wait(self) -> None:
         """Finish the save in flight, if any (its commit included)."""
-        if self._commit_thread is not None:
-            self._commit_thread.join()
-            self._commit_thread = None
+        job = self._inflight
+        if job is not None:
+            job.done.wait()
 
     def close(self) -> None:
         """Wait for the save in flight and put back the previous signal handlers."""
         try:
             self.wait()
         finally:
+            self._written.put(None)
+            self._committer.join()
             self._orbax.close()
             self._restore_signals()
 
