@@ -68,7 +68,7 @@ from respawn.checkpoint import channel, layout, manifest, persist, signals
 from respawn.checkpoint.checkpointer import (DEFAULT_INTERVAL_S, CheckpointConfig, SaveOutcome, export_final,
                                             notice_deadline)
 from respawn.checkpoint.errors import CheckpointError, ConfigError, IncompatibleCheckpointError
-from respawn.checkpoint.reader import CheckpointRef, LoadedCheckpoint, _read_json, committed, other_framework
+from respawn.checkpoint.reader import CheckpointRef, LoadedCheckpoint, committed, other_framework, read_json
 from respawn.checkpoint.rotation import rotate
 from respawn.checkpoint.snapshot import FileSource
 from respawn.checkpoint.storage import open_storage
@@ -265,7 +265,7 @@ def load_checkpoint(ref: CheckpointRef) -> LoadedCheckpoint:
     state's "files" are their bytes by name (for `load_state`), its "model" the first
     model's weights (for validation). Another framework's raises IncompatibleCheckpointError."""
     man = manifest.read(ref.storage, ref.name)
-    meta = _read_json(ref, man, layout.STATE)
+    meta = read_json(ref, man, layout.STATE)
     written_by = meta.get("framework", "torch")  # checkpoints before DESIGN §11 are the torch loop's
     if written_by != FRAMEWORK:
         raise other_framework(ref.uri, written_by, FRAMEWORK)
