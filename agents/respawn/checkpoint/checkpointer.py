@@ -1,20 +1,9 @@
 """The Checkpointer: the checkpoint manager (agents/respawn/checkpoint/manager.py) of a
-PyTorch loop, with the packed writer (agents/respawn/checkpoint/packed.py) as its backend:
-called by the training loop every step, it decides when to save (policy.py) and the
-writer snapshots, persists in the background and commits (commit.py).
-
-Save choices, each a deliberate one (the how is in packed.py):
-- Periodic saves are two-phase: the snapshot into reused host buffers, then the persist
-  in a background thread, paced over `pace_fraction` of the interval at the lowest CPU
-  priority, then the commit. Only part of the snapshot stalls training.
-- At most one persist is in flight. A periodic save that comes due while one is still
-  running is DEFERRED to the first step after it; one still running a whole interval
-  after it began is finished with training paused: checkpoints never fall further
-  behind than one interval.
-- A notice save (`kind="notice"`, or a SIGTERM/stop seen at a step) jumps the queue and
-  is committed before the deadline, or abandoned at the deadline, leaving the previous
-  checkpoint intact; the outcome says which.
-- Signal handlers only set flags; the work happens in the next `save()` call.
+PyTorch loop, with the packed writer (agents/respawn/checkpoint/packed.py) as its backend.
+The training loop calls it every step; the save policy (policy.py) decides when to save,
+the packed writer snapshots, persists in the background and commits (commit.py). Why a
+save is made the way it is: packed.py. Signal handlers only set flags; the work happens
+in the next `save()` call.
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ Save choices, each a deliberate one:
   persisted at full speed and committed before the deadline, or abandoned at the
   deadline, leaving the previous checkpoint intact; the outcome says which. Training
   waits for it, so its CPU tensors are written in place, not copied first.
-- Signal handlers only set flags; the work happens in the next `save()` call.
 """
 
 from __future__ import annotations

@@ -16,8 +16,12 @@ digested on the way. Then:
 3. rank 0 writes state.json (step, framework, world size, scheduler, sampler,
    `extra`, and with validation the reference loss of the model's full weights,
    gathered from every rank before the write), then MANIFEST.json listing every rank's
-   files, then LATEST; reports the checkpoint to the agent and rotates, as
-   `Checkpointer` does (DESIGN §6, §11).
+   files, then LATEST; reports the checkpoint to the agent and rotates: the commit
+   sequence `Checkpointer`'s does too (agents/respawn/checkpoint/commit.py, DESIGN §6, §11).
+
+`ShardedCheckpointer` is the checkpoint manager (agents/respawn/checkpoint/manager.py: the
+save policy, flags, stop) with the DCP writer (agents/respawn/checkpoint/dcp_writer.py) as
+its backend; this module holds the DCP-specific rest: resume and the validator's read.
 
 On load DCP reshards: a checkpoint written by N ranks loads on M ranks, for any mesh
 (`ResumableSampler` keeps the global sample order when the global batch is the same).
@@ -151,13 +155,11 @@ class ShardedCheckpointer(CheckpointManager):
         """Every rank must train the same model: a rank started with another one would
         write or load shards of another shape. Named here, before anything is saved."""
         signatures = gather_objects(self.coord, model_signature(self.state.model))
-        signatures = self._gather_objects(model_signature(self.state.model))
         wrong = {r: _differences(s, signatures[0]) for r, s in enumerate(signatures) if s != signatures[0]}
         if wrong:
             detail = "; ".join(f"rank {r}: {', '.join(d[:3])}" for r, d in wrong.items())
             raise IncompatibleCheckpointError(f"the ranks of this gang hold different models ({detail}): every rank "
                                               f"must build the same model; nothing was saved or deleted")
-
 
     # --- resuming --------------------------------------------------------------------------
     def _choose(self) -> tuple[str | None, tuple[Skipped, ...]]:
@@ -211,7 +213,6 @@ class ShardedCheckpointer(CheckpointManager):
         set_rng_state(_decode_rng(json.loads(self.storage.read(ref.key(rank_file(source))))["rng"]))
         self.resumed_at(ref.step)
         return Resumed(ref.step, ref.uri, skipped)
-
 
     def finish(self, step: int) -> SaveOutcome:
         outcome = self.save(step, kind=protocol.CheckpointKind.FINAL)
