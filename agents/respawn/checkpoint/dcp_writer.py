@@ -76,7 +76,6 @@ def _encode_rng(state: dict) -> dict:
     return out
 
 
-
 @dataclass
 class _InFlight:
     """One save being written: DCP's future (done once this rank's part is durable) and

@@ -87,7 +87,6 @@ class _Persist:
     after_s: float = 0.0
 
 
-
 class PackedWriter:
     """Snapshots into reused host buffers, persists them paced in a thread, commits."""
 
@@ -388,7 +387,8 @@ class PackedWriter:
             job.finished.wait()
             self.settle(self._exchange())
         if self._agreed(step == self.last_committed_step):
-            return commit.announce(SaveOutcome(step, kind, True, self.storage.url_for(layout.step_dir(step)), "already committed"))
+            uri = self.storage.url_for(layout.step_dir(step))
+            return commit.announce(SaveOutcome(step, kind, True, uri, "already committed"))
         job = self._new_job(step, kind, persist.Pace(deadline=deadline))
         try:
             self._write_rank_files(job)

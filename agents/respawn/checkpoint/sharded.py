@@ -70,6 +70,7 @@ from .rotation import remove_torn
 from .state import set_rng_state
 from .storage import open_storage
 
+
 def load_checkpoint(ref: CheckpointRef) -> LoadedCheckpoint:
     """A committed DCP checkpoint read in this one process, without a process group, for
     the validator: every file checked against its manifest, then the model's full
@@ -91,7 +92,6 @@ def load_checkpoint(ref: CheckpointRef) -> LoadedCheckpoint:
     return LoadedCheckpoint(ref, meta, state, man)
 
 
-
 def model_signature(model: torch.nn.Module) -> dict[str, str]:
     """Each state entry's global shape and dtype, the same on every rank of one model
     whatever its sharding (a DTensor's `shape` is the global one)."""
@@ -107,7 +107,6 @@ def _differences(mine: dict[str, str], zeros: dict[str, str]) -> list[str]:
     out += [f"{name} only there" for name in sorted(mine.keys() - zeros.keys())]
     out += [f"{name} only on rank 0" for name in sorted(zeros.keys() - mine.keys())]
     return out
-
 
 
 def _decode_rng(body: dict) -> dict:
