@@ -88,12 +88,12 @@ class LoadedCheckpoint:
 def load(ref: CheckpointRef, rank: int = 0) -> LoadedCheckpoint:
     """Verify the manifest and every file this rank needs, then rebuild its state."""
     man = manifest.read(ref.storage, ref.name)
-    meta = _read_json(ref, man, layout.STATE)
+    meta = read_json(ref, man, layout.STATE)
     if "slots" not in meta:  # a framework's own files (agents/respawn/integrations/accelerate.py), not Respawn's tensors
         raise other_framework(ref.uri, meta.get("framework", "?"), "torch, hf or lightning")
     if rank >= meta.get("world_size", 1):
         raise CorruptCheckpointError(f"checkpoint {ref.uri} was saved by {meta.get('world_size', 1)} ranks, rank {rank} has no state in it")
-    rank_state = meta if rank == 0 else _read_json(ref, man, layout.rank_state_file(rank))
+    rank_state = meta if rank == 0 else read_json(ref, man, layout.rank_state_file(rank))
     names = {index: layout.data_file(rank, index) for index in sorted({slot["file"] for slot in rank_state["slots"]})}
     for name in names.values():
         if name not in man.files:
@@ -112,7 +112,7 @@ def load(ref: CheckpointRef, rank: int = 0) -> LoadedCheckpoint:
     return LoadedCheckpoint(ref, meta, state, man)
 
 
-def _read_json(ref: CheckpointRef, man: manifest.Manifest, name: str) -> Any:
+def read_json(ref: CheckpointRef, man: manifest.Manifest, name: str) -> Any:
     if name not in man.files:
         raise CorruptCheckpointError(f"checkpoint {ref.uri}: its manifest does not list {name}")
     raw = manifest.read_verified(ref.storage, ref.name, name, man.files[name])

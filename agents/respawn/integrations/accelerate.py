@@ -15,7 +15,7 @@
   restores: models, optimizers, schedulers, scalers, its RNG states, registered
   objects). Its files are then written to the checkpoint root as `step-N/`, side by
   side and digested as they are written (agents/respawn/checkpoint/persist.py), and committed
-  as the Checkpointer commits (`manifest.commit`: state.json naming framework
+  by the commit sequence every checkpointer uses (agents/respawn/checkpoint/commit.py: state.json naming framework
   `accelerate`, MANIFEST.json last, LATEST), reported to the agent, rotated (DESIGN §6).
 - Validation as for the Checkpointer: with validation factories, each save stores the
   reference loss of the first prepared model (the weights `save_state` writes as
@@ -57,19 +57,17 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from datetime import datetime, timezone
 
 import torch
 from safetensors.torch import load as safetensors_load
 
 from respawn import protocol
-from respawn.checkpoint import channel, layout, manifest, persist, signals
+from respawn.checkpoint import channel, commit, layout, manifest, persist, policy, signals
 from respawn.checkpoint.checkpointer import (DEFAULT_INTERVAL_S, CheckpointConfig, SaveOutcome, export_final,
                                             notice_deadline)
 from respawn.checkpoint.errors import CheckpointError, ConfigError, IncompatibleCheckpointError
-from respawn.checkpoint.reader import CheckpointRef, LoadedCheckpoint, _read_json, committed, other_framework
-from respawn.checkpoint.rotation import rotate
+from respawn.checkpoint.reader import CheckpointRef, LoadedCheckpoint, other_framework, read_json
 from respawn.checkpoint.snapshot import FileSource
 from respawn.checkpoint.storage import open_storage
 from respawn.checkpoint.validation import ReferenceLoss
@@ -148,9 +146,8 @@ class SpotSafeState:
             return False
         if self._now_seen:
             return True
-        if self.config.every_steps:
-            return step - self._last_step >= self.config.every_steps
-        return time.monotonic() - self._last_at >= self._interval_s
+        return policy.due(step, self._last_step, time.monotonic() - self._last_at, every_steps=self.config.every_steps,
+                          interval_s=self._interval_s)
 
     def save(self, step: int, kind: str = protocol.CheckpointKind.PERIODIC) -> SaveOutcome:
         """Accelerate's save_state, committed as step-N; the outcome says whether it was
@@ -218,27 +215,15 @@ class SpotSafeState:
             self._commit(ckpt, {name: written[f"{ckpt}/{name}"] for name in names}, meta, outcome, started)
         except Exception as exc:
             self.storage.delete_prefix(ckpt)
-            previous = committed(self.storage)
-            outcome.message = (f"{kind} save of step {step} not committed: {type(exc).__name__}: {exc}; previous "
-                               f"checkpoint {previous[-1].name if previous else '(none)'} is intact")
+            commit.not_committed(self.storage, outcome, f"{kind} save of step {step} not committed: {type(exc).__name__}: {exc}")
         return outcome
 
     def _commit(self, ckpt: str, files: dict[str, manifest.FileEntry], meta: dict, outcome: SaveOutcome,
                 started: float) -> None:
-        # The checkpoint names its own report id, so a verdict reached on it later (on resume,
-        # before export) reaches the control plane's record of it.
-        meta["checkpoint_id"] = outcome.checkpoint_id = str(uuid.uuid4())
-        man, created = manifest.commit(self.storage, ckpt, meta["step"], files, meta)
-        self.storage.discard_unfinished(layout.LATEST)  # a killed earlier commit's, if any
-        outcome.committed = True
         # Synchronous: training waited for all of it, and a notice save would take as long.
-        outcome.save_s = outcome.stall_s = time.monotonic() - started
+        commit.commit(self.storage, self.config, ckpt, files, meta, outcome, started)
+        outcome.stall_s = outcome.save_s
         self._committed_step = meta["step"]
-        channel.append_checkpoint_report(self.config.checkpoints_file, protocol.CheckpointReport(
-            checkpoint_id=outcome.checkpoint_id, step=meta["step"], uri=outcome.uri, bytes=man.total_bytes,
-            manifest_digest=man.digest, kind=meta["kind"], committed_at=created, save_s=outcome.save_s,
-            stall_s=outcome.stall_s, reference_loss=meta.get("reference_loss"), persist_s=outcome.save_s))
-        rotate(self.storage, self.config.keep)
 
     def _said(self, outcome: SaveOutcome) -> SaveOutcome:
         self.last_outcome = outcome
@@ -265,7 +250,7 @@ def load_checkpoint(ref: CheckpointRef) -> LoadedCheckpoint:
     state's "files" are their bytes by name (for `load_state`), its "model" the first
     model's weights (for validation). Another framework's raises IncompatibleCheckpointError."""
     man = manifest.read(ref.storage, ref.name)
-    meta = _read_json(ref, man, layout.STATE)
+    meta = read_json(ref, man, layout.STATE)
     written_by = meta.get("framework", "torch")  # checkpoints before DESIGN §11 are the torch loop's
     if written_by != FRAMEWORK:
         raise other_framework(ref.uri, written_by, FRAMEWORK)
