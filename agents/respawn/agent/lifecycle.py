@@ -83,6 +83,9 @@ LOG_POSITION = "log-position.json"  # under the work dir: how much of trainer.lo
 
 
 class Agent:
+    """The run loop, with what the concern modules take: collaborators set once (config,
+    paths, client, journal, reporter, watcher, the trainer's channel) and `state`."""
+
     def __init__(self, config: AgentConfig):
         self.config = config
         os.makedirs(config.work_dir, mode=0o700, exist_ok=True)
