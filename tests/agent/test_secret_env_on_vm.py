@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from respawn import protocol
-from respawn.agent.lifecycle import check_job_spec
+from respawn.agent.jobspec import check_job_spec
 from respawn.agent.supervisor import trainer_env
 
 

@@ -13,7 +13,7 @@ from django.utils.html import escape
 
 from respawn import protocol
 from respawn.agent.channel import last_exception_line, output_tail
-from respawn.agent.lifecycle import MAX_EXCEPTION_CHARS
+from respawn.agent.ending import MAX_EXCEPTION_CHARS
 from respawn_server.jobs.core.choices import JobStatus
 from respawn_server.jobs.models import Job
 from tests.agent_api.helpers import AgentClient
@@ -31,7 +31,7 @@ raise ValueError(f"checkpoint does not fit the model: unexpected shapes {sizes}"
 
 
 def crash_report(tmp_path) -> protocol.ExitReport:
-    """The exit report the agent makes of a trainer that crashed (respawn.agent.lifecycle._exit_report)."""
+    """The exit report the agent makes of a trainer that crashed (respawn.agent.ending.exit_report)."""
     log = tmp_path / "trainer.log"
     with open(log, "wb") as out:
         code = subprocess.run([sys.executable, "-c", CRASHING_TRAINER], stdout=out, stderr=subprocess.STDOUT).returncode

@@ -4,7 +4,9 @@ Modules: `config` (flags and environment), `client` (HTTP calls), `reporter`
 (journaled, ordered delivery), `channel` (files shared with the trainer),
 `supervisor` (the trainer process), `validation` (low-priority checkpoint
 validation), `prepare` (the prepare step, cached by content hash), `lifecycle`
-(the whole life), `session` (what register gave, kept for a restart),
+(the run loop; its concerns in `registration`, `setup_steps`, `gang`,
+`notice_handling`, `heartbeat_answers`, `dispatch`, `shipping`, `tracker_run`,
+`ending`, its state in `state`, the job spec's check in `jobspec`), `session` (what register gave, kept for a restart),
 `preflight` (is a script spot-safe).
 
 What the agent adds to the trainer channel of agents/respawn/protocol.py:
