@@ -85,18 +85,19 @@ def test_a_drill_of_one_gang_node_hands_the_gang_to_spares_at_the_notice_step(ch
     # now, 30 s before the reclaim; the gang's spares boot meanwhile (docs/spares.md), the
     # whole gang saves one notice step and the spares resume from it.
     web, env, setup = served(child_env, tmp_path, RESPAWN_LOCAL_NOTICE_S="30", RESPAWN_NOTICE_BUDGET_S="10",
-                             RESPAWN_HEARTBEAT_TIMEOUT_S="3", RESPAWN_RECONCILE_INTERVAL_S="0.5")
-    steps = 400  # ~20 s of training: the drill lands well before the end, however loaded the machine
-    train = [sys.executable, "-m", "respawn.examples.tiny_gang", "--steps", str(steps), "--every-steps", "25",
-             "--step-delay", "0.05"]
+                             RESPAWN_HEARTBEAT_TIMEOUT_S=str(gang.HEARTBEAT_TIMEOUT_S),
+                             RESPAWN_RECONCILE_INTERVAL_S="0.5")
+    # The gang holds for at most 30 - 10 s after the notice: asked for once the gang's first
+    # commit is on disk, the drill lands mid-run however loaded the machine.
+    steps = gang.NOTICE_STEPS
     member = setup.people["member"]
-    job = make_job(setup.team, member.user, nodes=gang.NODES, command=train, total_steps=steps,
+    job = make_job(setup.team, member.user, nodes=gang.NODES, command=gang.gang_command(steps), total_steps=steps,
                    checkpoint_uri=str(tmp_path / "ckpt"), allowed_clouds=["local"], instance_types=["cpu-small"],
                    validation_model_factory="respawn.examples.tiny:make_model",
                    validation_batch_factory="respawn.examples.tiny:validation_batch")
     try:
         with local_gang_stack(job, env, tmp_path) as (job, vms, worker):
-            first = gang.first_gang_running_with_a_checkpoint(job, vms, worker)
+            first = gang.first_gang_training(job, vms, worker)
             ask_for_drill(web, job, member, node=1)
             job = gang.run_to_the_end(job, vms, worker)
     finally:
