@@ -117,6 +117,25 @@ def two_gangs(job: Job, vms) -> list[list[Instance]]:
     return [rows[:NODES], rows[NODES:]]
 
 
+def the_gang_ended(job: Job, first: list[Instance], vms, worker) -> None:
+    """Wait until every node of the interrupted gang `first` has ended."""
+    wait_until(lambda: not Instance.objects.filter(pk__in=[i.pk for i in first], state__in=InstanceState.LIVE).exists(),
+               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2,
+               explain=lambda: job_story(job.pk, vms))
+
+
+def the_gang_ended_on_one_notice_step(job: Job, first: list[Instance], vms, worker) -> Checkpoint:
+    """Wait for the noticed gang to end; its notice checkpoint, whose single commit holds both
+    ranks' shards (the whole gang saved the one step). Read at once: the next gang's commits
+    retire it from disk."""
+    the_gang_ended(job, first, vms, worker)
+    notice = Checkpoint.objects.filter(job=job, kind="notice").first()
+    assert notice is not None, job_story(job.pk, vms)
+    manifest = json.loads((Path(notice.uri) / "MANIFEST.json").read_text())
+    assert {f"data-r{rank}-0.bin" for rank in range(NODES)} <= set(manifest["files"]), job_story(job.pk, vms)
+    return notice
+
+
 @pytest.mark.e2e
 def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finishes_exactly(gang_job, reference_digest):
     job, vms, worker = gang_job(NOTICE_STEPS)
@@ -124,13 +143,7 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     metadata_url = vms.vm_dir(first[1].provider_instance_id).metadata_url_file.read_text()
     requests.post(f"{metadata_url}/_respawn/notice", json={"in_s": 0, "deadline_in_s": NOTICE_DEADLINE_S},
                   timeout=5).raise_for_status()
-    wait_until(lambda: not Instance.objects.filter(pk__in=[i.pk for i in first], state__in=InstanceState.LIVE).exists(),
-               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2,
-               explain=lambda: job_story(job.pk, vms))
-    # Both ranks saved the one notice step: its single commit holds both ranks' shards.
-    notice = Checkpoint.objects.get(job=job, kind="notice")
-    manifest = json.loads((Path(notice.uri) / "MANIFEST.json").read_text())
-    assert {f"data-r{rank}-0.bin" for rank in range(NODES)} <= set(manifest["files"])
+    notice = the_gang_ended_on_one_notice_step(job, first, vms, worker)
     assert InterruptionEvent.objects.get(instance=first[1], kind="notice").checkpoint_saved  # within its deadline
 
     job = run_to_the_end(job, vms, worker)
@@ -165,9 +178,7 @@ def test_node_1_killed_outright_the_gang_resumes_from_the_last_commit_and_finish
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    wait_until(lambda: not Instance.objects.filter(pk__in=[i.pk for i in first], state__in=InstanceState.LIVE).exists(),
-               timeout=60, what="the interrupted gang to end", proc=worker, interval=0.2,
-               explain=lambda: job_story(job.pk, vms))
+    the_gang_ended(job, first, vms, worker)
     last_commit = Checkpoint.objects.filter(job=job).order_by("-step").first()
 
     job = run_to_the_end(job, vms, worker)
