@@ -2,12 +2,20 @@
 started for it, waited on until the job is terminal, stopped whatever happens."""
 
 import contextlib
+from pathlib import Path
 
 from respawn_server.jobs.core.choices import JobStatus
 from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 from respawn_server.jobs.models import Job
 from tests.conftest import start_worker_and_beat, wait_until
 from tests.history import job_story
+
+
+def running_with_a_commit(job: Job) -> bool:
+    """The job runs and its trainer has committed a checkpoint, seen on disk where the
+    trainer writes it: the control plane hears of the commit later, by seconds on a loaded
+    machine, while the trainer trains on (a notice sent on that word may find it done)."""
+    return (Path(job.storage_uri) / "LATEST").exists() and Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
 
 
 def run_to_the_end(job: Job, env: dict, tmp_path, *, timeout: float = 800, meanwhile=None) -> Job:

@@ -17,7 +17,7 @@ from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
 from respawn_server.jobs.money.downtime import job_downtime
 from tests.conftest import WebServer, wait_until
-from tests.e2e.stack import run_to_the_end
+from tests.e2e.stack import run_to_the_end, running_with_a_commit
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -119,8 +119,7 @@ def run_served(child_env: dict, tmp_path, notice: dict, **job_fields) -> tuple[J
 def serve_on_its_vm(job: Job, vms: LocalProvider, worker, notice: dict) -> Instance:
     """Once the job runs and has a checkpoint, its VM's metadata service serves `notice`
     (as the cloud would); the instance of that VM."""
-    wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
-               and Checkpoint.objects.filter(job=job, step__gt=0).exists(), timeout=300,
+    wait_until(lambda: running_with_a_commit(job), timeout=300,
                what="the job to run and commit a checkpoint", proc=worker, interval=0.2,
                explain=lambda: job_story(job.pk, vms))
     instance = Instance.objects.get(job=job, state=InstanceState.RUNNING)
