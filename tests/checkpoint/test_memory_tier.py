@@ -26,7 +26,7 @@ class Buddy:
     """A buddy store in its own process, as on another node."""
 
     def __init__(self, holds_for: int):
-        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers.buddy", "--holds-for", str(holds_for)],
+        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers", "--holds-for", str(holds_for)],
                                         stdout=subprocess.PIPE, text=True)
         word, host, port = self.process.stdout.readline().split()
         assert word == "listening"

@@ -7,17 +7,13 @@ digest; a torn or mismatched put is dropped and the previous one stays. Puts are
 one at a time, so a receipt in progress holds at most one more shard. Before a replica
 is served it is digested again: host memory can rot, and nothing unverified leaves.
 
-    python -m respawn.checkpoint.tiers.buddy --holds-for 0 [--host 127.0.0.1] [--port 0]
-
-prints `listening <host> <port>` once it accepts connections.
+Run alone on a node: `python -m respawn.checkpoint.tiers` (tiers/__main__.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import socket
 import socketserver
-import sys
 import threading
 from dataclasses import dataclass
 
@@ -54,15 +50,13 @@ class BuddyServer:
         self._server.allow_reuse_address = True
         self._server.server_bind()
         self._server.server_activate()
-        self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         return self._server.server_address[:2]
 
     def start(self) -> "BuddyServer":
-        self._thread = threading.Thread(target=self.serve_forever, name="buddy-store", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self.serve_forever, name="buddy-store", daemon=True).start()
         return self
 
     def serve_forever(self) -> None:
@@ -117,8 +111,11 @@ class BuddyServer:
             if bad:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
             with self._publish:
-                self.replica = Replica(step, files, expected)
-        wire.send_frame(sock, {"ok": True, "reason": ""})
+                previous, self.replica = self.replica, Replica(step, files, expected)
+            # The sender waits for this verdict, not for the older shard's pages to be freed;
+            # they are freed before the next put may start, so at most two shards are ever held.
+            wire.send_frame(sock, {"ok": True, "reason": ""})
+            del previous
 
     def _get(self, sock: socket.socket, request: dict) -> None:
         rank = request.get("rank")
@@ -135,20 +132,3 @@ class BuddyServer:
         for data in held.files.values():
             wire.send_body(sock, data, digest_it=False)
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--holds-for", type=int, required=True, help="the rank whose replica this node keeps")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    args = parser.parse_args(argv)
-    server = BuddyServer(args.holds_for, args.host, args.port)
-    print("listening", *server.address, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()
