@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 from respawn.checkpoint import Checkpointer, layout
 from respawn.checkpoint.storage import open_storage
 from respawn.checkpoint.tiers import (BuddyServer, ReplicaUnavailable, Shard, buddy_of, fetch, held_for, replicate,
-                                      shard_from_storage, status)
+                                      shard_from_storage, status, wire)
 
 from .conftest import config, train
 
@@ -156,6 +157,24 @@ def test_a_connection_cut_mid_transfer_leaves_the_previous_replica_served_and_th
         time.sleep(0.05)
     assert status(buddy.address) == {"holds_for": 0, "step": 5, "bytes": good.nbytes, "receiving": 0}
     assert same_bytes(fetch(buddy.address, rank=0), good)
+
+
+def test_a_sender_that_falls_silent_mid_put_is_dropped_and_the_next_put_is_taken():
+    """A node lost without a FIN: no reset ever comes, so the buddy's idle timeout ends the put."""
+    server = BuddyServer(holds_for=0, idle_timeout_s=0.5).start()
+    silent = socket.create_connection(server.address)
+    try:
+        replicate(server.address, random_shard(0, 5))
+        wire.send_frame(silent, {"op": "put", "rank": 0, "step": 10, "files": [["data-r0-0.bin", MIB]]})
+        assert wire.recv_frame(silent)["ok"]
+        silent.sendall(b"x" * (MIB // 2))  # and nothing more, and no close
+
+        newer = random_shard(0, 11)
+        replicate(server.address, newer, timeout_s=10)  # waits for the slot the silent put held
+        assert same_bytes(fetch(server.address, rank=0), newer)
+    finally:
+        silent.close()
+        server.close()
 
 
 def test_a_ring_of_three_nodes_one_sigkilled_loses_only_the_replica_it_held(buddies):

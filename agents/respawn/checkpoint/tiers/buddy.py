@@ -32,9 +32,15 @@ class Replica:
         return sum(len(data) for data in self.files.values())
 
 
+# A peer silent this long is gone (a node lost without a FIN): its put is dropped, so it
+# cannot hold the one-put slot, and the replica it would have replaced, forever.
+IDLE_TIMEOUT_S = 60.0
+
+
 class BuddyServer:
-    def __init__(self, holds_for: int, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, holds_for: int, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = IDLE_TIMEOUT_S):
         self.holds_for = holds_for
+        self.idle_timeout_s = idle_timeout_s
         self.replica: Replica | None = None
         self.receiving = 0  # bytes of the put being received, beside the replica
         self._publish = threading.Lock()
@@ -68,6 +74,7 @@ class BuddyServer:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(self.idle_timeout_s)
         try:
             request = wire.recv_frame(sock)
             op = request.get("op")
@@ -82,7 +89,7 @@ class BuddyServer:
             else:
                 wire.send_frame(sock, {"ok": False, "reason": f"unknown op {op!r}"})
         except (wire.Torn, OSError):
-            pass  # the peer went away: whatever it was sending is dropped, the replica stays
+            pass  # the peer went away or fell silent: what it was sending is dropped, the replica stays
 
     def _put(self, sock: socket.socket, request: dict) -> None:
         rank, step = request.get("rank"), request.get("step")

@@ -90,4 +90,6 @@ def file_list(body: dict, with_digest: bool) -> list:
         and type(row[1]) is int and row[1] >= 0 for row in rows
     ):
         raise Torn("the frame's file list is malformed")
+    if len({row[0] for row in rows}) != len(rows):
+        raise Torn("the frame names a file twice")
     return rows
