@@ -56,7 +56,7 @@ def raw_sink() -> None:
                 view = memoryview(bytearray(size))
                 filled = 0
                 while filled < size:
-                    filled += conn.recv_into(view[filled:])
+                    filled += conn.recv_into(view[filled:], 0, socket.MSG_WAITALL)
                 conn.sendall(b"k")
                 del view
 

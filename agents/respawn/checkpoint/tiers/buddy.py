@@ -74,7 +74,7 @@ class BuddyServer:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.idle_timeout_s)
+        wire.set_idle_timeout(sock, self.idle_timeout_s)
         try:
             request = wire.recv_frame(sock)
             op = request.get("op")

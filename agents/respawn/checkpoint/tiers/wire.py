@@ -31,10 +31,17 @@ def send_frame(sock: socket.socket, body: dict) -> None:
     sock.sendall(_LENGTH.pack(len(text)) + text)
 
 
+def set_idle_timeout(sock: socket.socket, seconds: float) -> None:
+    """A receive that waits this long fails, but in the kernel (SO_RCVTIMEO): Python's own
+    timeout would poll before every recv, and a receive could not wait for a whole chunk."""
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+
+
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
     filled = 0
     while filled < len(view):
-        got = sock.recv_into(view[filled:])
+        got = sock.recv_into(view[filled:], 0, socket.MSG_WAITALL)  # a chunk in one call, not one per segment
         if not got:
             raise Torn(f"the stream ended {len(view) - filled} bytes short")
         filled += got
