@@ -3,6 +3,8 @@
 - notice save into a buddy's memory (the sender digesting as it sends, the buddy checking
   on receipt, its verdict awaited) / a raw TCP copy of the same bytes into a fresh
   buffer in another process, no digests: target <= 1.3;
+- printed beside it: a periodic replica, whose digests the manifest already holds (the
+  sender digests nothing);
 - restore of a rank's shard from its buddy (checked before serving and on arrival) /
   restore of the same shard from storage (a moto S3 server, manifest digests checked):
   target <= 0.3; a local directory (page-cached) is printed beside it for scale;
@@ -141,12 +143,15 @@ def main() -> int:
             local = open_storage(tmp)
             ckpt = commit_to(bucket, files, 1)
             commit_to(local, files, 1)
-            files = shard_from_storage(local, ckpt, 0).files  # with state.json: the shard a rank holds
+            committed = shard_from_storage(local, ckpt, 0)  # with state.json: the shard a rank holds
+            files = committed.files
             buddy_before = rss(buddy.pid)
-            save, restore, times = [], [], {k: [] for k in ("raw", "buddy", "fetch", "bucket", "local")}
+            save, restore, times = [], [], {k: [] for k in ("raw", "buddy", "periodic", "fetch", "bucket", "local")}
             for round_ in range(rounds):
                 times["raw"].append(timed(lambda: raw_copy(sink_at, files)))
-                times["buddy"].append(timed(lambda: replicate(buddy_at, Shard(0, 10 + round_, files, {}))))
+                times["buddy"].append(timed(lambda: replicate(buddy_at, Shard(0, 10 + 2 * round_, files, {}))))
+                periodic = Shard(0, 11 + 2 * round_, files, committed.digests)  # the manifest's: none computed
+                times["periodic"].append(timed(lambda: replicate(buddy_at, periodic)))
                 fetched = []
                 times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, 0))))
                 times["bucket"].append(timed(lambda: shard_from_storage(bucket, ckpt, 0)))
@@ -165,7 +170,8 @@ def main() -> int:
     shard_gib = sum(len(d) for d in files.values()) / GIB
     gbps = {k: shard_gib * GIB / statistics.median(v) / 1e9 for k, v in times.items()}
     print(f"one rank's shard: {shard_gib:.3f} GiB, {rounds} round(s), loopback, buddy and sink in their own processes")
-    for name, what in (("raw", "raw TCP copy"), ("buddy", "notice save into buddy memory"), ("fetch", "restore from buddy"),
+    for name, what in (("raw", "raw TCP copy"), ("buddy", "notice save into buddy memory"),
+                       ("periodic", "periodic replica (manifest's digests)"), ("fetch", "restore from buddy"),
                        ("bucket", "restore from S3 (moto)"), ("local", "restore from local dir (page-cached)")):
         print(f"  {what:40s} median {statistics.median(times[name]):7.3f} s  {gbps[name]:6.2f} GB/s")
     results = [
