@@ -43,7 +43,6 @@ class BuddyServer:
         self.idle_timeout_s = idle_timeout_s
         self.replica: Replica | None = None
         self.receiving = 0  # bytes of the put being received, beside the replica
-        self._publish = threading.Lock()
         self._one_put = threading.Lock()
         store = self
 
@@ -117,10 +116,10 @@ class BuddyServer:
             bad = [name for name in files if computed[name] != expected[name]]
             if bad:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
-            with self._publish:
-                previous, self.replica = self.replica, Replica(step, files, expected)
+            # One assignment: a fetch sees the old replica or the new one, never a mix.
+            previous, self.replica = self.replica, Replica(step, files, expected)
             # The sender waits for this verdict, not for the older shard's pages to be freed;
-            # they are freed before the next put may start, so at most two shards are ever held.
+            # they are freed before the next put may start, so puts never hold more than two.
             wire.send_frame(sock, {"ok": True, "reason": ""})
             del previous
 
