@@ -1,0 +1,19 @@
+"""A buddy store in a process of its own, as on a node of the gang:
+
+    python -m respawn.checkpoint.tiers --holds-for 0 [--host 127.0.0.1] [--port 0]
+
+prints `listening <host> <port>` once it accepts connections, then serves until killed.
+"""
+
+import argparse
+
+from .buddy import BuddyServer
+
+parser = argparse.ArgumentParser(description="A buddy store: keeps one rank's newest verified shard in memory.")
+parser.add_argument("--holds-for", type=int, required=True, help="the rank whose replica this node keeps")
+parser.add_argument("--host", default="127.0.0.1")
+parser.add_argument("--port", type=int, default=0)
+args = parser.parse_args()
+server = BuddyServer(args.holds_for, args.host, args.port)
+print("listening", *server.address, flush=True)
+server.serve_forever()

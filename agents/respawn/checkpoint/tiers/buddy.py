@@ -1,0 +1,140 @@
+"""A node's buddy store: keeps one other rank's newest verified shard in host memory and
+serves it back (DESIGN §12).
+
+At most one shard is held: a put is received into fresh buffers while the previous
+replica stays served, and replaces it only once every byte has arrived and matched its
+digest; a torn or mismatched put is dropped and the previous one stays. Puts are taken
+one at a time, so a receipt in progress holds at most one more shard. Before a replica
+is served it is digested again: host memory can rot, and nothing unverified leaves.
+
+Run alone on a node: `python -m respawn.checkpoint.tiers` (tiers/__main__.py).
+"""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+from dataclasses import dataclass
+
+from .. import manifest
+from . import wire
+
+
+@dataclass(frozen=True)
+class Replica:
+    step: int
+    files: dict  # name -> bytearray, never written after it is published
+    digests: dict
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(data) for data in self.files.values())
+
+
+# A peer silent this long is gone (a node lost without a FIN): its put is dropped, so it
+# cannot hold the one-put slot, and the replica it would have replaced, forever.
+IDLE_TIMEOUT_S = 60.0
+
+
+class BuddyServer:
+    def __init__(self, holds_for: int, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = IDLE_TIMEOUT_S):
+        self.holds_for = holds_for
+        self.idle_timeout_s = idle_timeout_s
+        self.replica: Replica | None = None
+        self.receiving = 0  # bytes of the put being received, beside the replica
+        self._one_put = threading.Lock()
+        store = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                store._serve(self.request)
+
+        self._server = socketserver.ThreadingTCPServer((host, port), Handler, bind_and_activate=False)
+        self._server.daemon_threads = True
+        self._server.allow_reuse_address = True
+        self._server.server_bind()
+        self._server.server_activate()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._server.server_address[:2]
+
+    def start(self) -> "BuddyServer":
+        threading.Thread(target=self.serve_forever, name="buddy-store", daemon=True).start()
+        return self
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire.set_idle_timeout(sock, self.idle_timeout_s)
+        try:
+            request = wire.recv_frame(sock)
+            op = request.get("op")
+            if op == "put":
+                self._put(sock, request)
+            elif op == "get":
+                self._get(sock, request)
+            elif op == "status":
+                held = self.replica
+                wire.send_frame(sock, {"holds_for": self.holds_for, "step": held.step if held else None,
+                                       "bytes": held.nbytes if held else 0, "receiving": self.receiving})
+            else:
+                wire.send_frame(sock, {"ok": False, "reason": f"unknown op {op!r}"})
+        except (wire.Torn, OSError):
+            pass  # the peer went away or fell silent: what it was sending is dropped, the replica stays
+
+    def _put(self, sock: socket.socket, request: dict) -> None:
+        rank, step = request.get("rank"), request.get("step")
+        rows = wire.file_list(request, with_digest=False)
+        if rank != self.holds_for:
+            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps rank {self.holds_for}'s replica, not rank {rank}'s"})
+        if type(step) is not int:
+            return wire.send_frame(sock, {"ok": False, "reason": f"step {step!r} is not a whole number"})
+        with self._one_put:
+            held = self.replica
+            if held is not None and step <= held.step:
+                return wire.send_frame(sock, {"ok": False, "reason": f"step {step} is not newer than the replica's step {held.step}"})
+            wire.send_frame(sock, {"ok": True, "reason": ""})  # go: the bytes are wanted
+            files, computed = {}, {}
+            try:
+                self.receiving = sum(size for _, size in rows)
+                for name, size in rows:
+                    files[name], computed[name] = wire.recv_body(sock, size)
+                digests = wire.recv_frame(sock).get("digests")
+            finally:
+                self.receiving = 0
+            if not isinstance(digests, list) or len(digests) != len(rows):
+                return wire.send_frame(sock, {"ok": False, "reason": "the put's digests are missing"})
+            expected = {name: digest for (name, _), digest in zip(rows, digests)}
+            bad = [name for name in files if computed[name] != expected[name]]
+            if bad:
+                return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
+            # One assignment: a fetch sees the old replica or the new one, never a mix.
+            previous, self.replica = self.replica, Replica(step, files, expected)
+            # The sender waits for this verdict, not for the older shard's pages to be freed;
+            # they are freed before the next put may start, so puts never hold more than two.
+            wire.send_frame(sock, {"ok": True, "reason": ""})
+            del previous
+
+    def _get(self, sock: socket.socket, request: dict) -> None:
+        rank = request.get("rank")
+        held = self.replica
+        if rank != self.holds_for:
+            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps rank {self.holds_for}'s replica, not rank {rank}'s"})
+        if held is None:
+            return wire.send_frame(sock, {"ok": False, "reason": f"no replica of rank {rank} has arrived complete and verified"})
+        rotten = [name for name, data in held.files.items() if manifest.digest_bytes(data) != held.digests[name]]
+        if rotten:
+            return wire.send_frame(sock, {"ok": False, "reason": f"step {held.step}: {', '.join(rotten)} no longer match their digest in the buddy's memory"})
+        wire.send_frame(sock, {"ok": True, "step": held.step,
+                               "files": [[name, len(data), held.digests[name]] for name, data in held.files.items()]})
+        for data in held.files.values():
+            wire.send_body(sock, data, digest_it=False)
+

@@ -1,0 +1,85 @@
+"""A rank's side of the memory tier: replicate its shard to its buddy, fetch it back.
+
+Every failure is a ReplicaUnavailable that says why (buddy unreachable, refused, torn,
+failed its digest); falling back to storage is the caller's decision.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from ..errors import CheckpointError
+from . import wire
+from .shard import Shard
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class ReplicaUnavailable(CheckpointError):
+    """The buddy holds no replica that can be trusted, or cannot be reached."""
+
+
+def _connect(address: tuple[str, int], timeout_s: float | None) -> socket.socket:
+    try:
+        sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]} unreachable ({exc})") from None
+    sock.settimeout(timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _answer(sock: socket.socket, address, what: str) -> dict:
+    try:
+        reply = wire.recv_frame(sock)
+    except (wire.Torn, OSError) as exc:
+        raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: {what} torn ({exc})") from None
+    if not reply.get("ok"):
+        raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]} refused the {what}: {reply.get('reason')}")
+    return reply
+
+
+def replicate(address: tuple[str, int], shard: Shard, timeout_s: float | None = None) -> None:
+    """Put `shard` into the buddy's memory; returns once the buddy has verified it and
+    serves it (the previous replica is served until then)."""
+    with _connect(address, timeout_s) as sock:
+        try:
+            wire.send_frame(sock, {"op": "put", "rank": shard.rank, "step": shard.step,
+                                   "files": [[name, len(memoryview(data).cast("B"))] for name, data in shard.files.items()]})
+            _answer(sock, address, f"put of step {shard.step}")
+            digests = [wire.send_body(sock, data, digest_it=shard.digests.get(name) is None) or shard.digests[name]
+                       for name, data in shard.files.items()]
+            wire.send_frame(sock, {"digests": digests})
+        except OSError as exc:
+            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} cut ({exc})") from None
+        _answer(sock, address, f"put of step {shard.step}")
+
+
+def fetch(address: tuple[str, int], rank: int, timeout_s: float | None = None) -> Shard:
+    """Rank `rank`'s newest verified replica from its buddy, checked again on arrival."""
+    with _connect(address, timeout_s) as sock:
+        try:
+            wire.send_frame(sock, {"op": "get", "rank": rank})
+        except OSError as exc:
+            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch cut ({exc})") from None
+        reply = _answer(sock, address, f"fetch of rank {rank}")
+        files, digests = {}, {}
+        try:
+            for name, size, digest in wire.file_list(reply, with_digest=True):
+                files[name], got = wire.recv_body(sock, size)
+                if got != digest:
+                    raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: {name} of step {reply['step']} failed its digest in transit")
+                digests[name] = digest
+        except (wire.Torn, OSError) as exc:
+            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch of rank {rank} torn ({exc})") from None
+        return Shard(rank, reply["step"], files, digests)
+
+
+def status(address: tuple[str, int]) -> dict:
+    """What the buddy holds: {"holds_for", "step", "bytes", "receiving"}."""
+    with _connect(address, CONNECT_TIMEOUT_S) as sock:
+        wire.send_frame(sock, {"op": "status"})
+        try:
+            return wire.recv_frame(sock)
+        except (wire.Torn, OSError) as exc:
+            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: status torn ({exc})") from None

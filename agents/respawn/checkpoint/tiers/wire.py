@@ -1,0 +1,102 @@
+"""The memory tier's bytes on a TCP stream: JSON frames (4-byte length, then the text)
+and file bodies, digested chunk by chunk on both ends as they pass.
+
+A put:   {"op": "put", "rank", "step", "files": [[name, size], ...]}; the buddy answers
+         {"ok", "reason"} (a refusal before any byte is sent), then the files' bytes in
+         that order, then {"digests": [...]}; the buddy answers {"ok", "reason"} again.
+A fetch: {"op": "get", "rank"}; the buddy answers {"ok": true, "step", "files":
+         [[name, size, digest], ...]} and the bytes, or {"ok": false, "reason"}.
+The digests trail the bytes so that a sender can digest a file as it sends it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+
+from .. import manifest
+
+CHUNK = 8 << 20
+MAX_FRAME = 16 << 20
+_LENGTH = struct.Struct(">I")
+
+
+class Torn(Exception):
+    """The peer closed the stream, or sent something that is not this protocol."""
+
+
+def send_frame(sock: socket.socket, body: dict) -> None:
+    text = json.dumps(body).encode()
+    sock.sendall(_LENGTH.pack(len(text)) + text)
+
+
+def set_idle_timeout(sock: socket.socket, seconds: float) -> None:
+    """A receive that waits this long fails, but in the kernel (SO_RCVTIMEO): Python's own
+    timeout would poll before every recv, and a receive could not wait for a whole chunk."""
+    whole = int(seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    filled = 0
+    while filled < len(view):
+        got = sock.recv_into(view[filled:], 0, socket.MSG_WAITALL)  # a chunk in one call, not one per segment
+        if not got:
+            raise Torn(f"the stream ended {len(view) - filled} bytes short")
+        filled += got
+
+
+def recv_frame(sock: socket.socket) -> dict:
+    head = bytearray(_LENGTH.size)
+    _recv_exact(sock, memoryview(head))
+    (length,) = _LENGTH.unpack(head)
+    if length > MAX_FRAME:
+        raise Torn(f"a {length}-byte frame is not this protocol")
+    text = bytearray(length)
+    _recv_exact(sock, memoryview(text))
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise Torn(f"a frame is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise Torn("a frame is not a JSON object")
+    return body
+
+
+def send_body(sock: socket.socket, data, digest_it: bool) -> str | None:
+    """Send one file's bytes; their digest when asked (computed on the way, chunk by chunk)."""
+    view = memoryview(data).cast("B")
+    digest = manifest.new_digest() if digest_it else None
+    for offset in range(0, len(view), CHUNK):
+        chunk = view[offset : offset + CHUNK]
+        if digest is not None:
+            digest.update(chunk)
+        sock.sendall(chunk)
+    return digest.hexdigest() if digest is not None else None
+
+
+def recv_body(sock: socket.socket, size: int) -> tuple[bytearray, str]:
+    """One file's bytes, straight into their final buffer, and their digest."""
+    data = bytearray(size)
+    view = memoryview(data)
+    digest = manifest.new_digest()
+    for offset in range(0, size, CHUNK):
+        chunk = view[offset : offset + CHUNK]
+        _recv_exact(sock, chunk)
+        digest.update(chunk)
+    return data, digest.hexdigest()
+
+
+def file_list(body: dict, with_digest: bool) -> list:
+    """The frame's files, checked to be [name, size(, digest)] rows."""
+    rows = body.get("files")
+    width = 3 if with_digest else 2
+    if not isinstance(rows, list) or not all(
+        isinstance(row, list) and len(row) == width and isinstance(row[0], str)
+        and type(row[1]) is int and row[1] >= 0 for row in rows
+    ):
+        raise Torn("the frame's file list is malformed")
+    if len({row[0] for row in rows}) != len(rows):
+        raise Torn("the frame names a file twice")
+    return rows

@@ -1,0 +1,191 @@
+"""The memory tier against its baselines, one run, loopback (issue 37's targets):
+
+- notice save into a buddy's memory (the sender digesting as it sends, the buddy checking
+  on receipt, its verdict awaited) / a raw TCP copy of the same bytes into a fresh
+  buffer in another process, no digests: target <= 1.3;
+- printed beside it: a periodic replica, whose digests the manifest already holds (the
+  sender digests nothing);
+- restore of a rank's shard from its buddy (checked before serving and on arrival) /
+  restore of the same shard from storage (a moto S3 server, manifest digests checked):
+  target <= 0.3; a local directory (page-cached) is printed beside it for scale;
+- the buddy process's resident memory after several puts, in shards: target <= 1.05
+  (one shard, plus allocator slack).
+
+    .venv/bin/python bench/tiers.py [--size-gib 1] [--rounds 3] [--smoke] [--check]
+
+Each round interleaves the methods; the ratios are medians of per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from respawn.checkpoint import layout, manifest  # noqa: E402
+from respawn.checkpoint.storage import open_storage  # noqa: E402
+from respawn.checkpoint.tiers import Shard, fetch, replicate, shard_from_storage, status  # noqa: E402
+from s3_upload import BUCKET, start_moto  # noqa: E402
+
+MIB = 1 << 20
+GIB = 1 << 30
+SAVE_TARGET = 1.3
+RESTORE_TARGET = 0.3
+MEMORY_TARGET = 1.05
+RANDOM_BLOCK = 64 * MIB  # repeated to fill a shard: urandom of a whole GiB costs seconds of CPU
+_SIZE = struct.Struct(">Q")
+
+
+def raw_sink() -> None:
+    """The baseline's receiver: each connection's bytes into a fresh buffer, then one byte back."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        print("listening", *server.getsockname(), flush=True)
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                head = conn.recv(_SIZE.size, socket.MSG_WAITALL)
+                (size,) = _SIZE.unpack(head)
+                view = memoryview(bytearray(size))
+                filled = 0
+                while filled < size:
+                    filled += conn.recv_into(view[filled:], 0, socket.MSG_WAITALL)
+                conn.sendall(b"k")
+                del view
+
+
+def raw_copy(address, files: dict) -> None:
+    with socket.create_connection(address) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(_SIZE.pack(sum(len(data) for data in files.values())))
+        for data in files.values():
+            sock.sendall(data)
+        assert sock.recv(1) == b"k"
+
+
+def spawn(argv: list[str]) -> tuple[subprocess.Popen, tuple[str, int]]:
+    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True)
+    word, host, port = process.stdout.readline().split()
+    assert word == "listening", word
+    return process, (host, int(port))
+
+
+def make_files(size: int) -> dict:
+    block = os.urandom(min(RANDOM_BLOCK, size // 2))
+    half = bytearray(size // 2)
+    for offset in range(0, len(half), len(block)):
+        half[offset : offset + len(block)] = block[: len(half) - offset]
+    second = bytearray(half)
+    second[:8] = b"second!!"  # two files, not one file twice
+    return {layout.data_file(0, 0): half, layout.data_file(0, 1): second}
+
+
+def commit_to(storage, files: dict, step: int) -> str:
+    ckpt = layout.step_dir(step)
+    entries = {}
+    for name, data in files.items():
+        writer = storage.open_writer(f"{ckpt}/{name}")
+        writer.write(memoryview(data))
+        writer.close()
+        entries[name] = manifest.FileEntry(len(data), manifest.digest_bytes(data))
+    manifest.commit(storage, ckpt, step, entries, {"step": step})
+    return ckpt
+
+
+def timed(action) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-gib", type=float, default=1.0, help="one rank's shard (the issue asks >= 1)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="4 MiB, one round: that it runs, not what it measures")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--raw-sink", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.raw_sink:
+        raw_sink()
+        return 0
+    size = 4 * MIB if args.smoke else int(args.size_gib * GIB)
+    rounds = 1 if args.smoke else args.rounds
+
+    files = make_files(size)
+    buddy, buddy_at = spawn(["-m", "respawn.checkpoint.tiers", "--holds-for", "0"])
+    sink, sink_at = spawn([__file__, "--raw-sink"])
+    moto, endpoint = start_moto()
+    os.environ.update(AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_DEFAULT_REGION="us-east-1")
+    try:
+        import boto3
+
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        bucket = open_storage(f"s3://{BUCKET}/tiers")
+        with tempfile.TemporaryDirectory(prefix="bench-tiers-") as tmp:
+            local = open_storage(tmp)
+            ckpt = commit_to(bucket, files, 1)
+            commit_to(local, files, 1)
+            committed = shard_from_storage(local, ckpt, 0)  # with state.json: the shard a rank holds
+            files = committed.files
+            buddy_before = rss(buddy.pid)
+            save, restore, times = [], [], {k: [] for k in ("raw", "buddy", "periodic", "fetch", "bucket", "local")}
+            for round_ in range(rounds):
+                times["raw"].append(timed(lambda: raw_copy(sink_at, files)))
+                times["buddy"].append(timed(lambda: replicate(buddy_at, Shard(0, 10 + 2 * round_, files, {}))))
+                periodic = Shard(0, 11 + 2 * round_, files, committed.digests)  # the manifest's: none computed
+                times["periodic"].append(timed(lambda: replicate(buddy_at, periodic)))
+                fetched = []
+                times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, 0))))
+                times["bucket"].append(timed(lambda: shard_from_storage(bucket, ckpt, 0)))
+                times["local"].append(timed(lambda: shard_from_storage(local, ckpt, 0)))
+                assert all(bytes(fetched[0].files[n]) == bytes(files[n]) for n in files), "a restore differs"
+                save.append(times["buddy"][-1] / times["raw"][-1])
+                restore.append(times["fetch"][-1] / times["bucket"][-1])
+                del fetched
+            held = status(buddy_at)
+            memory = (rss(buddy.pid) - buddy_before) / held["bytes"]
+    finally:
+        for process in (buddy, sink, moto):
+            process.kill()
+            process.wait()
+
+    shard_gib = sum(len(d) for d in files.values()) / GIB
+    gbps = {k: shard_gib * GIB / statistics.median(v) / 1e9 for k, v in times.items()}
+    print(f"one rank's shard: {shard_gib:.3f} GiB, {rounds} round(s), loopback, buddy and sink in their own processes")
+    for name, what in (("raw", "raw TCP copy"), ("buddy", "notice save into buddy memory"),
+                       ("periodic", "periodic replica (manifest's digests)"), ("fetch", "restore from buddy"),
+                       ("bucket", "restore from S3 (moto)"), ("local", "restore from local dir (page-cached)")):
+        print(f"  {what:40s} median {statistics.median(times[name]):7.3f} s  {gbps[name]:6.2f} GB/s")
+    results = [
+        ("notice save into buddy memory / raw TCP copy", statistics.median(save), SAVE_TARGET),
+        ("restore from buddy / restore from S3 (moto)", statistics.median(restore), RESTORE_TARGET),
+        ("buddy's extra resident memory, in shards", memory, MEMORY_TARGET),
+    ]
+    missed = False
+    for what, ratio, target in results:
+        ok = ratio <= target
+        missed |= not ok
+        print(f"{what:48s} {ratio:6.3f}  target <= {target}  {'ok' if ok else 'MISSED'}")
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

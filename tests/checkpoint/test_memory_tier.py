@@ -1,0 +1,205 @@
+"""The memory tier's buddy store (agents/respawn/checkpoint/tiers/): real buddy processes
+on loopback, real sockets cut and real SIGKILLs; nothing torn or unverified is served."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from respawn.checkpoint import Checkpointer, layout
+from respawn.checkpoint.storage import open_storage
+from respawn.checkpoint.tiers import (BuddyServer, ReplicaUnavailable, Shard, buddy_of, fetch, held_for, replicate,
+                                      shard_from_storage, status, wire)
+
+from .conftest import config, train
+
+MIB = 1 << 20
+
+
+class Buddy:
+    """A buddy store in its own process, as on another node."""
+
+    def __init__(self, holds_for: int):
+        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers", "--holds-for", str(holds_for)],
+                                        stdout=subprocess.PIPE, text=True)
+        word, host, port = self.process.stdout.readline().split()
+        assert word == "listening"
+        self.address = (host, int(port))
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def buddies():
+    started = []
+
+    def start(holds_for: int) -> Buddy:
+        started.append(Buddy(holds_for))
+        return started[-1]
+
+    yield start
+    for buddy in started:
+        if buddy.process.poll() is None:
+            buddy.kill()
+
+
+def random_shard(rank: int, step: int, size: int = MIB) -> Shard:
+    return Shard(rank, step, {layout.data_file(rank, 0): os.urandom(size), layout.rank_state_file(rank): b'{"step": %d}' % step}, {})
+
+
+def same_bytes(a: Shard, b: Shard) -> bool:
+    return a.step == b.step and a.files.keys() == b.files.keys() and all(bytes(a.files[n]) == bytes(b.files[n]) for n in a.files)
+
+
+def test_a_committed_step_replicated_to_a_buddy_process_comes_back_bitwise_equal(root, state, data, buddies):
+    ckpt = Checkpointer(state, config(root, every_steps=5))
+    train(state, data, ckpt, 0, 5)
+    assert ckpt.wait().committed
+    ckpt.close()
+    storage = open_storage(root)
+    shard = shard_from_storage(storage, layout.step_dir(5), rank=0)
+    assert layout.STATE in shard.files and any(name.startswith("data-r0-") for name in shard.files)
+
+    buddy = buddies(held_for(buddy_of(0, 2), 2))  # the node after rank 0's keeps rank 0's
+    replicate(buddy.address, shard)
+    back = fetch(buddy.address, rank=0)
+
+    assert same_bytes(back, shard)
+    assert back.digests == shard.digests  # the manifest's own digests, kept and served
+    for name, data_ in back.files.items():
+        assert bytes(data_) == storage.read(f"{layout.step_dir(5)}/{name}")
+
+
+def test_a_byte_corrupted_in_the_buddys_memory_is_never_served():
+    server = BuddyServer(holds_for=0).start()
+    try:
+        replicate(server.address, random_shard(0, 5))
+        name = layout.data_file(0, 0)
+        server.replica.files[name][12345] ^= 0x01  # bit rot in the buddy's host memory
+
+        with pytest.raises(ReplicaUnavailable, match=f"{name} no longer match their digest"):
+            fetch(server.address, rank=0)
+    finally:
+        server.close()
+
+
+def test_a_put_that_fails_its_digest_on_receipt_is_refused_and_the_previous_replica_stays(buddies):
+    buddy = buddies(0)
+    good = random_shard(0, 5)
+    replicate(buddy.address, good)
+    bad = random_shard(0, 10)
+    wrong = {name: "0" * 32 for name in bad.files}
+
+    with pytest.raises(ReplicaUnavailable, match="failed the xxh3_128 digest on receipt"):
+        replicate(buddy.address, Shard(0, 10, bad.files, wrong))
+    assert same_bytes(fetch(buddy.address, rank=0), good)
+
+
+def test_a_buddy_refuses_another_ranks_shard_and_an_older_step(buddies):
+    buddy = buddies(1)
+    replicate(buddy.address, random_shard(1, 10))
+    with pytest.raises(ReplicaUnavailable, match="keeps rank 1's replica, not rank 2's"):
+        replicate(buddy.address, random_shard(2, 20))
+    with pytest.raises(ReplicaUnavailable, match="step 5 is not newer than the replica's step 10"):
+        replicate(buddy.address, random_shard(1, 5))
+    fresh = BuddyServer(holds_for=1).start()
+    try:
+        with pytest.raises(ReplicaUnavailable, match="no replica of rank 1 has arrived"):
+            fetch(fresh.address, rank=1)
+    finally:
+        fresh.close()
+
+
+HALF_A_PUT = """
+import socket, sys, time
+from respawn.checkpoint.tiers import wire
+sock = socket.create_connection(("{host}", {port}))
+wire.send_frame(sock, {{"op": "put", "rank": 0, "step": 10, "files": [["data-r0-0.bin", {size}]]}})
+assert wire.recv_frame(sock)["ok"]
+sock.sendall(b"x" * ({size} // 2))
+print("half sent", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_connection_cut_mid_transfer_leaves_the_previous_replica_served_and_the_torn_one_never(buddies):
+    buddy = buddies(0)
+    good = random_shard(0, 5)
+    replicate(buddy.address, good)
+    size = 4 * MIB
+    sender = subprocess.Popen([sys.executable, "-c", HALF_A_PUT.format(host=buddy.address[0], port=buddy.address[1], size=size)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert sender.stdout.readline().strip() == "half sent"
+        assert same_bytes(fetch(buddy.address, rank=0), good)  # while the put is half there
+        assert status(buddy.address)["receiving"] == size
+    finally:
+        os.kill(sender.pid, signal.SIGKILL)  # the sender's node dies mid-transfer
+        sender.wait()
+
+    deadline = time.monotonic() + 30
+    while status(buddy.address)["receiving"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status(buddy.address) == {"holds_for": 0, "step": 5, "bytes": good.nbytes, "receiving": 0}
+    assert same_bytes(fetch(buddy.address, rank=0), good)
+
+
+def test_a_sender_that_falls_silent_mid_put_is_dropped_and_the_next_put_is_taken():
+    """A node lost without a FIN: no reset ever comes, so the buddy's idle timeout ends the put."""
+    server = BuddyServer(holds_for=0, idle_timeout_s=0.5).start()
+    silent = socket.create_connection(server.address)
+    try:
+        replicate(server.address, random_shard(0, 5))
+        wire.send_frame(silent, {"op": "put", "rank": 0, "step": 10, "files": [["data-r0-0.bin", MIB]]})
+        assert wire.recv_frame(silent)["ok"]
+        silent.sendall(b"x" * (MIB // 2))  # and nothing more, and no close
+
+        newer = random_shard(0, 11)
+        replicate(server.address, newer, timeout_s=10)  # waits for the slot the silent put held
+        assert same_bytes(fetch(server.address, rank=0), newer)
+    finally:
+        silent.close()
+        server.close()
+
+
+def test_a_ring_of_three_nodes_one_sigkilled_loses_only_the_replica_it_held(buddies):
+    world = 3
+    nodes = [buddies(held_for(rank, world)) for rank in range(world)]
+    shards = [random_shard(rank, 40) for rank in range(world)]
+    for rank, shard in enumerate(shards):
+        replicate(nodes[buddy_of(rank, world)].address, shard)
+
+    nodes[1].kill()  # rank 0's buddy
+
+    with pytest.raises(ReplicaUnavailable, match="unreachable"):
+        fetch(nodes[buddy_of(0, world)].address, rank=0)  # rank 0 falls back to storage: the caller's call
+    # Node 1's own state survives on node 2: a replacement for node 1 restores it from there.
+    assert same_bytes(fetch(nodes[buddy_of(1, world)].address, rank=1), shards[1])
+    assert same_bytes(fetch(nodes[buddy_of(2, world)].address, rank=2), shards[2])
+
+
+def test_a_buddy_holds_at_most_one_shard_at_rest(buddies):
+    buddy = buddies(0)
+    size = 32 * MIB
+    before = buddy.rss_bytes()
+    for step in (1, 2, 3, 4):
+        replicate(buddy.address, random_shard(0, step, size))
+    held = status(buddy.address)
+    assert held["step"] == 4 and held["bytes"] == size + len(b'{"step": 4}')
+    # The older replicas and the receive buffers are freed; allocator slack is a few MiB.
+    assert buddy.rss_bytes() - before <= size + 8 * MIB
