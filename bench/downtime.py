@@ -221,7 +221,7 @@ def _validation_times(folder: Path, extra_env: dict, trials: int) -> dict:
     step_times = []
     for trial in range(trials):
         uri = str(folder / f"trial-{trial}")
-        made = subprocess.run([sys.executable, str(ROOT / "bench" / "tiny_checkpoint.py"), uri, "3"], env=env, cwd=ROOT,
+        made = subprocess.run([sys.executable, str(ROOT / "bench" / "helpers" / "tiny_checkpoint.py"), uri, "3"], env=env, cwd=ROOT,
                               capture_output=True, text=True, check=True)
         step_times.append(json.loads(made.stdout.splitlines()[-1])["step_s"])
         report = protocol.CheckpointReport(checkpoint_id=f"trial-{trial}", step=3, uri=f"{uri}/step-00000003", bytes=0,

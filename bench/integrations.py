@@ -284,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=5, help="trials per framework; the ratios are their medians")
     parser.add_argument("--no-validation", action="store_true", help="skip the causal-LM validation row")
     parser.add_argument("--smoke", action="store_true",
-                        help="width 32, 8 steps, one trial: the suite's run that keeps the bench working")
+                        help="width 32, 16 steps, one trial: the suite's run that keeps the bench working")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.n_embd, args.steps, args.every, args.trials = 32, 8, 4, 1
+        # Three periodic saves before the notice: under load the last may still be persisting
+        # when the notice supersedes it, and the rows need one that committed.
+        args.n_embd, args.steps, args.every, args.trials = 32, 16, 4, 1
     if args.trials < 1:
         parser.error("--trials must be at least 1")
     import torch

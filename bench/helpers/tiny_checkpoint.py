@@ -1,4 +1,4 @@
-"""`python bench/tiny_checkpoint.py URI STEPS`: the demo's model (respawn.examples.tiny, as
+"""`python bench/helpers/tiny_checkpoint.py URI STEPS` (run by bench/downtime.py, not a bench): the demo's model (respawn.examples.tiny, as
 wide as TINY_HIDDEN says) trained STEPS steps in this process, one checkpoint saved at
 the end (with its validation reference); prints {"step_s": the median step's seconds}. A separate process: the model's width is fixed at tiny's import."""
 
