@@ -53,7 +53,7 @@ from respawn.checkpoint.storage import Storage, StorageError, open_storage
 FORMAT = "respawn-prepare/1"
 MANIFEST = "MANIFEST.json"
 CHUNK = 8 << 20
-LINE_PREFIX = "[respawn-agent] prepare:"
+LINE_PREFIX = f"{protocol.AGENT_LINE_PREFIX} prepare:"  # the logs API marks these as the agent's lines
 
 
 class PrepareError(Exception):
