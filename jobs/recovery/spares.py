@@ -136,10 +136,13 @@ def promote_spares(job: Job, spares: list[Instance]) -> None:
     an old instance still lived would break the one-live-instance-per-slot constraint."""
     resume = usable_checkpoint(job)
     olds = [spare.standby_for for spare in spares]
-    for spare in spares:
-        Instance.objects.filter(pk=spare.pk).update(
-            standby_for=None, **({"resume_checkpoint": resume, "last_step": resume.step if resume else 0}
-                                 if spare.state == InstanceState.RUNNING else {}))
+    ids = [spare.pk for spare in spares]
+    # A spare registering now holds its row until it commits: these updates wait for it, and
+    # the state they test (and the count below) is the committed one, not the one read
+    # before the notice save ended; a stale read left a registered spare's job provisioning.
+    Instance.objects.filter(pk__in=ids, state=InstanceState.RUNNING).update(
+        standby_for=None, resume_checkpoint=resume, last_step=resume.step if resume else 0)
+    Instance.objects.filter(pk__in=ids).exclude(standby_for=None).update(standby_for=None)
     interrupted = any(counts_as_preemption(old.end_reason, old.pk) for old in olds)
     counted = {"preemptions": F("preemptions") + 1} if interrupted else {}
     transition_job(job.pk, job.status, JobStatus.RECOVERING,
@@ -148,7 +151,7 @@ def promote_spares(job: Job, spares: list[Instance]) -> None:
     transition_job(job.pk, JobStatus.RECOVERING, JobStatus.PROVISIONING,
                    message=f"spare instance{'s' if len(spares) > 1 else ''} {names}, launched on the notice, "
                            f"take{'' if len(spares) > 1 else 's'} over" + (f" from step {resume.step}" if resume else ""))
-    if all(spare.state == InstanceState.RUNNING for spare in spares):
+    if not Instance.objects.filter(pk__in=ids).exclude(state=InstanceState.RUNNING).exists():
         transition_job(job.pk, JobStatus.PROVISIONING, JobStatus.RUNNING, message="the spares had registered")
     for spare, old in zip(spares, olds):
         log_job_event(job.pk, f"spare instance {spare.pk} promoted; {overlap_words(spare, old.ended_at)}")

@@ -14,7 +14,7 @@ from respawn_server.jobs.core.transitions import end_instance
 from respawn_server.jobs.fleet.reconciler import retry_stuck_provisioning
 from respawn_server.jobs.models import Instance, Job
 from respawn_server.jobs.recovery.after_end import after_instance_ended
-from respawn_server.jobs.recovery.spares import launch_spare, release_stale_spares
+from respawn_server.jobs.recovery.spares import launch_spare, promote_spares, release_stale_spares
 from respawn_server.jobs.reports.checkpoints import record_checkpoint
 from respawn_server.jobs.reports.exits import record_exit
 from respawn_server.jobs.reports.notices import record_notice
@@ -71,6 +71,31 @@ def test_the_spare_takes_over_from_the_notice_checkpoint_once_the_old_instance_e
     assert (spare.standby_for_id, spare.resume_checkpoint_id) == (None, save.pk)
     assert (job.status, job.preemptions) == (JobStatus.RUNNING, 1)
     assert job.events.filter(message__contains="the price of the overlap").exists()
+
+
+def test_a_spare_registering_while_the_handover_reads_it_still_runs_the_job(noticed):
+    """The notice save's handover read the spare as booting; its registration committed
+    before the promotion wrote (it ran beside, with the job still running, so it moved
+    nothing): the promotion must see the registered spare and run the job on it (CI's
+    drill stuck in provisioning with its spare trained to the end)."""
+    from tests.downtime.test_downtime import _checkpoint
+
+    job, old = noticed
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
+    save = _checkpoint(old, 90, "notice", timezone.now())
+    with transaction.atomic():
+        end_instance(old, EndReason.PREEMPTED)
+    read_before_register = list(Instance.objects.filter(pk=spare.pk).select_related("standby_for"))
+    with transaction.atomic():
+        register_instance(spare, hostname="spare", agent_version="t", provider_instance_id="")
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    with transaction.atomic():
+        promote_spares(job, read_before_register)
+    job.refresh_from_db()
+    spare.refresh_from_db()
+    assert job.status == JobStatus.RUNNING
+    assert (spare.standby_for_id, spare.resume_checkpoint_id, spare.last_step) == (None, save.pk, 90)
 
 
 def test_a_false_notice_releases_the_spare_and_says_what_the_overlap_cost(noticed):
