@@ -8,9 +8,10 @@ PYTEST_ARGS ?=
 # Test processes in parallel (pytest-xdist), one per CPU, a test module on one of them:
 # its module-scoped fixtures (a demo run, built wheels, a cloud emulator, an uninterrupted
 # reference training) are made once, where `--dist load` spread a module's neighbouring
-# tests over the workers and each made them again.
+# tests over the workers and each made them again. Modules go out slowest first, in the
+# order tests/slowest_first.py collects them, not xdist's most-tests-first.
 TEST_WORKERS ?= auto
-XDIST := -n $(TEST_WORKERS) --dist loadscope
+XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: install agent-wheel demo test test-embedded clean
 

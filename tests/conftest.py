@@ -41,14 +41,18 @@ def pytest_collection_modifyitems(config, items):
     """RESPAWN_TEST_SCOPE=store keeps the tests that use the database or the broker: the
     suite's second CI run (.ci/run), on the embedded default, where only those differ
     from the first run's PostgreSQL and Redis. A test that reads their configuration
-    without a database fixture says so with the `store` marker."""
+    without a database fixture says so with the `store` marker. What a store changes in a
+    whole-system run is how concurrent writers meet (row locks, SQLite's one writer): the
+    preemption, gang, elastic, liveness and chaos runs show it on both stores. The other
+    whole-system runs (the trainer's process tree, spares, drills, the loss curve, the
+    browser, the CLI, the VM's install) say `store_incidental` and run once, on the first."""
     if os.environ.get("RESPAWN_TEST_SCOPE") != "store":
         return
     keep, drop = [], []
     for item in items:
         uses = STORE_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("django_db") \
             or item.get_closest_marker("store")
-        (keep if uses else drop).append(item)
+        (keep if uses and not item.get_closest_marker("store_incidental") else drop).append(item)
     config.hook.pytest_deselected(items=drop)
     items[:] = keep
 

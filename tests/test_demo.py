@@ -41,7 +41,7 @@ class DemoRun:
     """Every process of the demo's tree and of its local VM, just before Ctrl-C."""
 
 
-def wait_for(predicate, what: str, demo: subprocess.Popen, output: Path, timeout: float = 120.0):
+def wait_for(predicate, what: str, demo: subprocess.Popen, output: Path, timeout: float = 240.0):
     give_up = time.monotonic() + timeout
     while not predicate():
         assert demo.poll() is None, f"demo exited with {demo.returncode} waiting for {what}:\n{output.read_text()}"
@@ -103,8 +103,14 @@ def demo_run(tmp_path_factory) -> DemoRun:
         exit_code = demo.wait(timeout=120)
     finally:
         if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGKILL)
-            demo.wait()
+            # A failed wait still ends the demo as Ctrl-C does, so it stops its web, worker, beat
+            # and VMs (sessions of their own, which a SIGKILL of its group would leave running).
+            os.killpg(demo.pid, signal.SIGINT)
+            try:
+                demo.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.pid, signal.SIGKILL)
+                demo.wait()
     return DemoRun(var=var, port=port, terminal=terminal, answered_when_up=answered_when_up,
                    stopped_output=output.read_text()[len(terminal):], exit_code=exit_code, processes=processes)
 

@@ -23,7 +23,7 @@ from tests.agent.live import AgentProcess
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 
 def upload(server_url: str, person, team, archive: workdir.Archive) -> None:

@@ -21,6 +21,8 @@ from tests.agent_api.helpers import AgentClient, checkpoint_report
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
+pytestmark = pytest.mark.store_incidental
+
 TINY = [sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.01"]
 
 

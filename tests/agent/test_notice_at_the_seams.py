@@ -46,7 +46,7 @@ from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
 from tests.integrations.trials import ROOT, differing, final_state, standalone_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 STEPS = 240
 LONG_STEP_S = 3.0  # the deadline-passes cell's steps: longer than its notice's whole window

@@ -23,6 +23,8 @@ from tests.conftest import wait_until
 from tests.costs.history import make_history
 from tests.factories import make_instance, make_job, make_team_with_members
 
+pytestmark = pytest.mark.store_incidental
+
 RESPAWN = Path(sys.executable).parent / "respawn"  # the console script pip installed next to this Python
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "job-spec.example.yaml"
 PASSWORD = "correct horse battery"

@@ -20,6 +20,8 @@ from respawn_server.jobs.fleet.providers.base import AGENT_LIB, AGENT_MARKER, AG
 from respawn_server.jobs.models import Job
 from tests.factories import make_instance, make_job, make_team_with_members
 
+pytestmark = pytest.mark.store_incidental
+
 
 @pytest.fixture
 def booting(transactional_db):

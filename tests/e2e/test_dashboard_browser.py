@@ -21,7 +21,7 @@ from respawn_server.jobs.money.seed_prices import seed_price_book
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_instance, make_team_with_members
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 LIVE_S = 20_000  # ms a live update may take: two polls plus a slow CI machine
 
 

@@ -21,7 +21,7 @@ from tests.e2e.browser import browser_page, evidence_on_failure, log_in
 from tests.e2e.test_dashboard_browser import LIVE_S, Agent, dashboard, now_iso  # noqa: F401 (a fixture)
 from tests.factories import make_instance, make_job
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 CONFIGURED = ["local", "gcp"]
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 

@@ -23,6 +23,8 @@ from tests.e2e.stack import local_gang_stack, run_to_the_end
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
+pytestmark = pytest.mark.store_incidental
+
 STEPS, STEP_DELAY_S = 900, 0.03
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 

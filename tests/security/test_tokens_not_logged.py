@@ -16,6 +16,8 @@ from tests.conftest import start_worker_and_beat, wait_until
 from tests.factories import make_job
 from tests.security.leaks import tokens_in, tokens_in_database, tokens_in_files
 
+pytestmark = pytest.mark.store_incidental
+
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", "40", "--step-delay", "0.02"]
 
 
