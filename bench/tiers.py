@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from respawn import protocol  # noqa: E402
 from respawn.checkpoint import layout, manifest  # noqa: E402
 from respawn.checkpoint.storage import open_storage  # noqa: E402
 from respawn.checkpoint.tiers import Shard, fetch, replicate, shard_from_storage, status  # noqa: E402
@@ -41,6 +42,7 @@ GIB = 1 << 30
 SAVE_TARGET = 1.3
 RESTORE_TARGET = 0.3
 MEMORY_TARGET = 1.05
+TOKEN = "bench-token"
 RANDOM_BLOCK = 64 * MIB  # repeated to fill a shard: urandom of a whole GiB costs seconds of CPU
 _SIZE = struct.Struct(">Q")
 
@@ -73,7 +75,8 @@ def raw_copy(address, files: dict) -> None:
 
 
 def spawn(argv: list[str]) -> tuple[subprocess.Popen, tuple[str, int]]:
-    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, protocol.ENV_MEMORY_TIER_TOKEN: TOKEN})
     word, host, port = process.stdout.readline().split()
     assert word == "listening", word
     return process, (host, int(port))
@@ -149,18 +152,18 @@ def main() -> int:
             save, restore, times = [], [], {k: [] for k in ("raw", "buddy", "periodic", "fetch", "bucket", "local")}
             for round_ in range(rounds):
                 times["raw"].append(timed(lambda: raw_copy(sink_at, files)))
-                times["buddy"].append(timed(lambda: replicate(buddy_at, Shard(0, 10 + 2 * round_, files, {}))))
+                times["buddy"].append(timed(lambda: replicate(buddy_at, TOKEN, Shard(0, 10 + 2 * round_, files, {}))))
                 periodic = Shard(0, 11 + 2 * round_, files, committed.digests)  # the manifest's: none computed
-                times["periodic"].append(timed(lambda: replicate(buddy_at, periodic)))
+                times["periodic"].append(timed(lambda: replicate(buddy_at, TOKEN, periodic)))
                 fetched = []
-                times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, 0))))
+                times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, TOKEN, 0))))
                 times["bucket"].append(timed(lambda: shard_from_storage(bucket, ckpt, 0)))
                 times["local"].append(timed(lambda: shard_from_storage(local, ckpt, 0)))
                 assert all(bytes(fetched[0].files[n]) == bytes(files[n]) for n in files), "a restore differs"
                 save.append(times["buddy"][-1] / times["raw"][-1])
                 restore.append(times["fetch"][-1] / times["bucket"][-1])
                 del fetched
-            held = status(buddy_at)
+            held = status(buddy_at, TOKEN)
             memory = (rss(buddy.pid) - buddy_before) / held["bytes"]
     finally:
         for process in (buddy, sink, moto):

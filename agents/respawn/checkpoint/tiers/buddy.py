@@ -7,11 +7,18 @@ digest; a torn or mismatched put is dropped and the previous one stays. Puts are
 one at a time, so a receipt in progress holds at most one more shard. Before a replica
 is served it is digested again: host memory can rot, and nothing unverified leaves.
 
-Run alone on a node: `python -m respawn.checkpoint.tiers` (tiers/__main__.py).
+Every request carries the store's token (compared in constant time): the store holds a
+rank's whole training state, so what can reach its port but is not of the gang (another
+tenant of the network, a scanner) must neither read nor replace it. The token is no
+encryption: the gang's network sees it pass, as it sees the replicas' bytes.
+
+On a node the agent runs it (agents/respawn/agent/memory_tier.py); alone:
+`python -m respawn.checkpoint.tiers` (tiers/__main__.py).
 """
 
 from __future__ import annotations
 
+import hmac
 import socket
 import socketserver
 import threading
@@ -23,6 +30,7 @@ from . import wire
 
 @dataclass(frozen=True)
 class Replica:
+    rank: int
     step: int
     files: dict  # name -> bytearray, never written after it is published
     digests: dict
@@ -38,8 +46,16 @@ IDLE_TIMEOUT_S = 60.0
 
 
 class BuddyServer:
-    def __init__(self, holds_for: int, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = IDLE_TIMEOUT_S):
+    """`holds_for` is the rank whose puts it takes; the agent changes it when its gang
+    re-forms (docs/elastic.md). The replica of the rank it held before stays served, for
+    that rank, until the new rank's first verified put replaces it."""
+
+    def __init__(self, holds_for: int, token: str, host: str = "127.0.0.1", port: int = 0,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S):
+        if not token:
+            raise ValueError("a buddy store needs a token: it must not serve a rank's state to anyone who asks")
         self.holds_for = holds_for
+        self._token = token.encode()
         self.idle_timeout_s = idle_timeout_s
         self.replica: Replica | None = None
         self.receiving = 0  # bytes of the put being received, beside the replica
@@ -77,13 +93,17 @@ class BuddyServer:
         try:
             request = wire.recv_frame(sock)
             op = request.get("op")
-            if op == "put":
+            token = request.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+                wire.send_frame(sock, {"ok": False, "reason": "the request's token is not this store's"})
+            elif op == "put":
                 self._put(sock, request)
             elif op == "get":
                 self._get(sock, request)
             elif op == "status":
                 held = self.replica
-                wire.send_frame(sock, {"holds_for": self.holds_for, "step": held.step if held else None,
+                wire.send_frame(sock, {"ok": True, "holds_for": self.holds_for, "rank": held.rank if held else None,
+                                       "step": held.step if held else None,
                                        "bytes": held.nbytes if held else 0, "receiving": self.receiving})
             else:
                 wire.send_frame(sock, {"ok": False, "reason": f"unknown op {op!r}"})
@@ -99,7 +119,7 @@ class BuddyServer:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {step!r} is not a whole number"})
         with self._one_put:
             held = self.replica
-            if held is not None and step <= held.step:
+            if held is not None and held.rank == rank and step <= held.step:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step} is not newer than the replica's step {held.step}"})
             wire.send_frame(sock, {"ok": True, "reason": ""})  # go: the bytes are wanted
             files, computed = {}, {}
@@ -117,7 +137,7 @@ class BuddyServer:
             if bad:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
             # One assignment: a fetch sees the old replica or the new one, never a mix.
-            previous, self.replica = self.replica, Replica(step, files, expected)
+            previous, self.replica = self.replica, Replica(rank, step, files, expected)
             # The sender waits for this verdict, not for the older shard's pages to be freed;
             # they are freed before the next put may start, so puts never hold more than two.
             wire.send_frame(sock, {"ok": True, "reason": ""})
@@ -126,9 +146,7 @@ class BuddyServer:
     def _get(self, sock: socket.socket, request: dict) -> None:
         rank = request.get("rank")
         held = self.replica
-        if rank != self.holds_for:
-            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps rank {self.holds_for}'s replica, not rank {rank}'s"})
-        if held is None:
+        if held is None or held.rank != rank:
             return wire.send_frame(sock, {"ok": False, "reason": f"no replica of rank {rank} has arrived complete and verified"})
         rotten = [name for name, data in held.files.items() if manifest.digest_bytes(data) != held.digests[name]]
         if rotten:

@@ -39,12 +39,12 @@ def _answer(sock: socket.socket, address, what: str) -> dict:
     return reply
 
 
-def replicate(address: tuple[str, int], shard: Shard, timeout_s: float | None = None) -> None:
+def replicate(address: tuple[str, int], token: str, shard: Shard, timeout_s: float | None = None) -> None:
     """Put `shard` into the buddy's memory; returns once the buddy has verified it and
-    serves it (the previous replica is served until then)."""
+    serves it (the previous replica is served until then). `token`: the buddy store's."""
     with _connect(address, timeout_s) as sock:
         try:
-            wire.send_frame(sock, {"op": "put", "rank": shard.rank, "step": shard.step,
+            wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step,
                                    "files": [[name, len(memoryview(data).cast("B"))] for name, data in shard.files.items()]})
             _answer(sock, address, f"put of step {shard.step}")
             digests = [wire.send_body(sock, data, digest_it=shard.digests.get(name) is None) or shard.digests[name]
@@ -55,11 +55,11 @@ def replicate(address: tuple[str, int], shard: Shard, timeout_s: float | None = 
         _answer(sock, address, f"put of step {shard.step}")
 
 
-def fetch(address: tuple[str, int], rank: int, timeout_s: float | None = None) -> Shard:
+def fetch(address: tuple[str, int], token: str, rank: int, timeout_s: float | None = None) -> Shard:
     """Rank `rank`'s newest verified replica from its buddy, checked again on arrival."""
     with _connect(address, timeout_s) as sock:
         try:
-            wire.send_frame(sock, {"op": "get", "rank": rank})
+            wire.send_frame(sock, {"op": "get", "token": token, "rank": rank})
         except OSError as exc:
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch cut ({exc})") from None
         reply = _answer(sock, address, f"fetch of rank {rank}")
@@ -75,11 +75,9 @@ def fetch(address: tuple[str, int], rank: int, timeout_s: float | None = None) -
         return Shard(rank, reply["step"], files, digests)
 
 
-def status(address: tuple[str, int]) -> dict:
-    """What the buddy holds: {"holds_for", "step", "bytes", "receiving"}."""
+def status(address: tuple[str, int], token: str) -> dict:
+    """What the buddy holds: {"holds_for", "rank", "step", "bytes", "receiving"}."""
     with _connect(address, CONNECT_TIMEOUT_S) as sock:
-        wire.send_frame(sock, {"op": "status"})
-        try:
-            return wire.recv_frame(sock)
-        except (wire.Torn, OSError) as exc:
-            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: status torn ({exc})") from None
+        wire.send_frame(sock, {"op": "status", "token": token})
+        reply = _answer(sock, address, "status")
+        return {key: reply[key] for key in ("holds_for", "rank", "step", "bytes", "receiving")}
