@@ -9,55 +9,17 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from respawn import protocol
 from respawn.checkpoint import Checkpointer, layout
 from respawn.checkpoint.storage import open_storage
 from respawn.checkpoint.tiers import (BuddyServer, ReplicaUnavailable, Shard, buddy_of, fetch, held_for, replicate,
                                       shard_from_storage, status, wire)
 
-from .conftest import config, train
+from .conftest import TOKEN, config, train
 
 MIB = 1 << 20
-TOKEN = "a-token-of-this-gang"
-
-
-class Buddy:
-    """A buddy store in its own process, as on another node."""
-
-    def __init__(self, holds_for: int):
-        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers", "--holds-for", str(holds_for)],
-                                        stdout=subprocess.PIPE, text=True, env={**os.environ, protocol.ENV_MEMORY_TIER_TOKEN: TOKEN})
-        word, host, port = self.process.stdout.readline().split()
-        assert word == "listening"
-        self.address = (host, int(port))
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
-
-
-@pytest.fixture
-def buddies():
-    started = []
-
-    def start(holds_for: int) -> Buddy:
-        started.append(Buddy(holds_for))
-        return started[-1]
-
-    yield start
-    for buddy in started:
-        if buddy.process.poll() is None:
-            buddy.kill()
 
 
 def random_shard(rank: int, step: int, size: int = MIB) -> Shard:
@@ -222,22 +184,36 @@ def test_a_request_without_the_stores_token_is_refused_and_the_replica_is_untouc
     assert same_bytes(fetch(buddy.address, TOKEN, rank=0), good)
 
 
-def test_a_store_told_to_hold_another_rank_serves_the_old_replica_until_the_new_ranks_first_put():
+def test_a_store_told_to_hold_another_rank_serves_the_old_replica_until_the_new_forms_first_put():
     """A regrouped gang's node keeps another rank's replica from then on; the one it held
     is still what a regroup restores the lost rank from."""
     server = BuddyServer(holds_for=2, token=TOKEN).start()
     try:
         old = random_shard(2, 40)
         replicate(server.address, TOKEN, old)
-        server.holds_for = 1
+        server.hold_for(1)
         assert same_bytes(fetch(server.address, TOKEN, rank=2), old)
         with pytest.raises(ReplicaUnavailable, match="keeps rank 1's replica, not rank 2's"):
             replicate(server.address, TOKEN, random_shard(2, 50))
 
-        new = random_shard(1, 30)  # an older step than the old replica's: another rank's
+        new = random_shard(1, 30)  # an older step than the old replica's: the gang resumed from storage
         replicate(server.address, TOKEN, new)
         assert same_bytes(fetch(server.address, TOKEN, rank=1), new)
         with pytest.raises(ReplicaUnavailable, match="no replica of rank 2"):
             fetch(server.address, TOKEN, rank=2)
+        with pytest.raises(ReplicaUnavailable, match="step 30 is not newer than the replica's step 30"):
+            replicate(server.address, TOKEN, random_shard(1, 30))  # within one form, only newer steps
+    finally:
+        server.close()
+
+
+def test_a_restarted_trainer_of_the_same_rank_replicates_again_from_its_resume_step():
+    server = BuddyServer(holds_for=0, token=TOKEN).start()
+    try:
+        replicate(server.address, TOKEN, random_shard(0, 50))
+        server.hold_for(0)  # the agent restarts the trainer: it resumes from step 40 in storage
+        again = random_shard(0, 41)
+        replicate(server.address, TOKEN, again)
+        assert same_bytes(fetch(server.address, TOKEN, rank=0), again)
     finally:
         server.close()

@@ -21,6 +21,7 @@ from .resume import Resumed, choose
 from .rotation import remove_torn
 from .state import TrainState
 from .storage import Storage, open_storage
+from .tiers.replicator import join_ring
 from .validation import Verdict, judge, mark
 
 FRAMEWORK = "torch"
@@ -50,7 +51,8 @@ class Checkpointer(CheckpointManager):
         self.framework = framework  # in state.json: a resume by another framework refuses it (DESIGN §11)
         self.storage: Storage = open_storage(config.uri)
         self.rank = self.coord.rank
-        self._start(PackedWriter(state, config, framework, self.storage, self.coord, self.clock, hook_optimizer))
+        replicas = join_ring(self.coord, config)
+        self._start(PackedWriter(state, config, framework, self.storage, self.coord, self.clock, hook_optimizer, replicas))
 
     def before_optimizer_step(self) -> None:
         """With `hook_optimizer=False`: call it after forward/backward, right before the
@@ -120,6 +122,8 @@ class Checkpointer(CheckpointManager):
         periodic save is an interval from now, and a notice at this step saves nothing new."""
         super().resumed_at(step)
         self.backend.last_committed_step = step
+        if self.backend.replicas is not None:
+            self.backend.replicas.started_step = step  # K steps from here, as the periodic saves
 
 
 def export_final(loaded: LoadedCheckpoint, config: CheckpointConfig):

@@ -32,6 +32,16 @@ class Backend(Protocol):
     """Its saves wait for the previous one (never `busy`): a save due by steps, which every
     rank sees at the same call, may start at a call that reads no table."""
 
+    replicas: object | None
+    """The memory tier's Replicator (tiers/replicator.py), or None: then `replica_due`
+    and `replicate` are never called."""
+
+    def replica_due(self, step: int) -> bool:
+        """A replication to the buddy is due by this rank's count (rank 0's decides)."""
+
+    def replicate(self, step: int) -> None:
+        """Snapshot and send to the buddy in the background, unless its buffers are taken."""
+
     def progress(self) -> tuple[int, int, int]:
         """This rank's save in flight for its row: (busy, written step, failed step)."""
 
@@ -125,13 +135,16 @@ class CheckpointManager:
         decision = policy.decide(step, kind, table, busy=self.backend.busy(table), last_saved_step=self.clock.last_step,
                                  due_here=due_here)
         outcome = self._act(step, kind, decision, deadline)
+        if decision.kind is None and table is not None and table[0][policy.REPLICA]:
+            self.backend.replicate(step)  # every rank at the same call: the buddies' replicas are of one step
         self.coord.share(self._row(step))
         self.backend.after_call()
         return outcome
 
     def _row(self, step: int) -> list[int]:
         due = self.clock.due(step, time.monotonic())
-        return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress()]
+        replica = self.backend.replicas is not None and self.backend.replica_due(step)
+        return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress(), int(replica)]
 
     def _act(self, step: int, asked: str | None, decision: policy.Decision, deadline) -> SaveOutcome | None:
         if decision.kind is None:

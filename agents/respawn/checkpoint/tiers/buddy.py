@@ -30,6 +30,7 @@ from . import wire
 
 @dataclass(frozen=True)
 class Replica:
+    form: int  # of the gang, as the store counts its `hold_for` calls
     rank: int
     step: int
     files: dict  # name -> bytearray, never written after it is published
@@ -46,15 +47,17 @@ IDLE_TIMEOUT_S = 60.0
 
 
 class BuddyServer:
-    """`holds_for` is the rank whose puts it takes; the agent changes it when its gang
-    re-forms (docs/elastic.md). The replica of the rank it held before stays served, for
-    that rank, until the new rank's first verified put replaces it."""
+    """`holds_for` is the rank whose puts it takes; the agent calls `hold_for` when its gang
+    re-forms (docs/elastic.md). The replica it held stays served, for its rank, until the
+    new form's first verified put replaces it, whatever that put's step: a gang resumed
+    from an older checkpoint counts its steps again from there."""
 
     def __init__(self, holds_for: int, token: str, host: str = "127.0.0.1", port: int = 0,
                  idle_timeout_s: float = IDLE_TIMEOUT_S):
         if not token:
             raise ValueError("a buddy store needs a token: it must not serve a rank's state to anyone who asks")
         self.holds_for = holds_for
+        self._form = 0
         self._token = token.encode()
         self.idle_timeout_s = idle_timeout_s
         self.replica: Replica | None = None
@@ -71,6 +74,16 @@ class BuddyServer:
         self._server.allow_reuse_address = True
         self._server.server_bind()
         self._server.server_activate()
+
+    def hold_for(self, rank: int) -> None:
+        """The gang re-formed (or its trainer restarted): take `rank`'s puts from now on."""
+        with self._one_put:
+            self.holds_for = rank
+            self._form += 1
+
+    @property
+    def token(self) -> str:
+        return self._token.decode()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -119,7 +132,7 @@ class BuddyServer:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {step!r} is not a whole number"})
         with self._one_put:
             held = self.replica
-            if held is not None and held.rank == rank and step <= held.step:
+            if held is not None and held.form == self._form and step <= held.step:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step} is not newer than the replica's step {held.step}"})
             wire.send_frame(sock, {"ok": True, "reason": ""})  # go: the bytes are wanted
             files, computed = {}, {}
@@ -137,7 +150,7 @@ class BuddyServer:
             if bad:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
             # One assignment: a fetch sees the old replica or the new one, never a mix.
-            previous, self.replica = self.replica, Replica(rank, step, files, expected)
+            previous, self.replica = self.replica, Replica(self._form, rank, step, files, expected)
             # The sender waits for this verdict, not for the older shard's pages to be freed;
             # they are freed before the next put may start, so puts never hold more than two.
             wire.send_frame(sock, {"ok": True, "reason": ""})
