@@ -229,7 +229,7 @@ def main() -> int:
                 restore.append(times["fetch"][-1] / times["bucket"][-1])
                 del fetched
             held = status(buddy_at, TOKEN)
-            memory = (rss(buddy.pid) - buddy_before) / held["bytes"]
+            memory = (rss(buddy.pid) - buddy_before) / held["replicas"][0][2]
     finally:
         for process in (buddy, sink, moto):
             process.kill()

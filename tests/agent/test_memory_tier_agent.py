@@ -32,8 +32,8 @@ def test_a_gangs_node_runs_a_buddy_store_on_the_gangs_address_that_wants_its_tok
         host, _, port = first[protocol.ENV_MEMORY_TIER_ADDR].rpartition(":")
         token = first[protocol.ENV_MEMORY_TIER_TOKEN]
         assert host == "127.0.0.1"  # the rendezvous' side, not 0.0.0.0
-        # Rank 0 of 2 keeps rank 1's replica; none has come yet.
-        assert status((host, int(port)), token) == {"holds_for": 1, "rank": None, "step": None, "bytes": 0, "receiving": 0}
+        # Rank 0 of 2 keeps rank 1's replica and its own; none has come yet.
+        assert status((host, int(port)), token) == {"keeps": [0, 1], "replicas": [], "receiving": 0}
         with pytest.raises(ReplicaUnavailable, match="token is not this store's"):
             status((host, int(port)), "a guess")
 

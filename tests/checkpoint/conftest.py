@@ -58,8 +58,9 @@ def train(state, data, ckpt, start: int, stop: int) -> None:
 class Buddy:
     """A buddy store in its own process, as on another node."""
 
-    def __init__(self, holds_for: int):
-        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers", "--holds-for", str(holds_for)],
+    def __init__(self, holds_for: int, own: int | None = None):
+        mine = ["--own", str(own)] if own is not None else []
+        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers", "--holds-for", str(holds_for), *mine],
                                         stdout=subprocess.PIPE, text=True, env={**os.environ, protocol.ENV_MEMORY_TIER_TOKEN: TOKEN})
         word, host, port = self.process.stdout.readline().split()
         assert word == "listening"
@@ -80,8 +81,8 @@ class Buddy:
 def buddies():
     started = []
 
-    def start(holds_for: int) -> Buddy:
-        started.append(Buddy(holds_for))
+    def start(holds_for: int, own: int | None = None) -> Buddy:
+        started.append(Buddy(holds_for, own))
         return started[-1]
 
     yield start

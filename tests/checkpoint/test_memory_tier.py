@@ -54,7 +54,7 @@ def test_a_byte_corrupted_in_the_buddys_memory_is_never_served():
     try:
         replicate(server.address, TOKEN, random_shard(0, 5))
         name = layout.data_file(0, 0)
-        server.replica.files[name][12345] ^= 0x01  # bit rot in the buddy's host memory
+        server.replicas[0].files[name][12345] ^= 0x01  # bit rot in the buddy's host memory
 
         with pytest.raises(ReplicaUnavailable, match=f"{name} no longer match their digest"):
             fetch(server.address, TOKEN, rank=0)
@@ -119,7 +119,7 @@ def test_a_connection_cut_mid_transfer_leaves_the_previous_replica_served_and_th
     deadline = time.monotonic() + 30
     while status(buddy.address, TOKEN)["receiving"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert status(buddy.address, TOKEN) == {"holds_for": 0, "rank": 0, "step": 5, "bytes": good.nbytes, "receiving": 0}
+    assert status(buddy.address, TOKEN) == {"keeps": [0], "replicas": [[0, 5, good.nbytes, ""]], "receiving": 0}
     assert same_bytes(fetch(buddy.address, TOKEN, rank=0), good)
 
 
@@ -164,7 +164,7 @@ def test_a_buddy_holds_at_most_one_shard_at_rest(buddies):
     for step in (1, 2, 3, 4):
         replicate(buddy.address, TOKEN, random_shard(0, step, size))
     held = status(buddy.address, TOKEN)
-    assert held["step"] == 4 and held["bytes"] == size + len(b'{"step": 4}')
+    assert held["replicas"] == [[0, 4, size + len(b'{"step": 4}'), ""]]
     # The older replicas and the receive buffers are freed; allocator slack is a few MiB.
     assert buddy.rss_bytes() - before <= size + 8 * MIB
 

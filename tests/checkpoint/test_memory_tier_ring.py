@@ -41,7 +41,7 @@ def tensors_of(state: dict) -> dict:
 
 
 def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(tmp_path, buddies):
-    nodes = [buddies(held_for(rank, WORLD)) for rank in range(WORLD)]
+    nodes = [buddies(held_for(rank, WORLD), own=rank) for rank in range(WORLD)]
     root = str(tmp_path / "ckpt")
 
     def body(rank: int) -> None:
@@ -77,7 +77,8 @@ def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(t
 
 def test_a_replication_due_while_one_is_in_flight_is_skipped_not_queued():
     with socket.create_server(("127.0.0.1", 0)) as mute:  # a buddy that takes the put and never answers
-        replicas = Replicator(0, mute.getsockname()[:2], TOKEN, every_steps=1)
+        store = (mute.getsockname()[:2], TOKEN)
+        replicas = Replicator(0, store, store, every_steps=1)
         shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
         assert replicas.start(1, lambda: shard, None)
         assert replicas.busy

@@ -51,9 +51,10 @@ def test_k_needs_a_step_time():
 
 
 def test_a_jobs_own_k_wins_and_until_a_replication_is_measured_the_next_step_replicates():
-    mine = Replicator(0, ("127.0.0.1", 1), "t", every_steps=7)
+    nowhere = (("127.0.0.1", 1), "t")
+    mine = Replicator(0, nowhere, nowhere, every_steps=7)
     assert mine.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 7
-    chosen = Replicator(0, ("127.0.0.1", 1), "t")
+    chosen = Replicator(0, nowhere, nowhere)
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 1
     chosen.cost_s, chosen.wall_s = 0.05, 0.5
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == k()

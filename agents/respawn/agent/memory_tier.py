@@ -1,6 +1,6 @@
 """The node's buddy store of the memory tier (docs/memory-tier.md): a multi-node job's
-agent keeps the previous rank's replica in its own memory, so the replica outlives the
-trainer (an elastic gang's regroup restarts it; a SIGKILLed peer's state is wanted then).
+agent keeps the previous rank's replica and its own rank's in its own memory, so both
+outlive the trainer (an elastic gang's regroup kills it; the state is wanted then).
 
 It listens on the address this node reaches the gang's rendezvous from, not on every
 interface, on a port of the kernel's choosing, and refuses any request without its token:
@@ -33,7 +33,7 @@ def gang_facing_address(rendezvous_addr: str) -> str:
 
 def put_in_env(agent: Agent, env: dict[str, str]) -> None:
     """The store's address and token in the environment of the trainer about to start, the
-    store started on the first call and told whose replica to keep in the gang as it is
+    store started on the first call and told whose replicas to keep in the gang as it is
     now; neither for a job of one node (an elastic gang may have shrunk to one)."""
     job = agent.state.job
     assert job is not None
@@ -44,8 +44,8 @@ def put_in_env(agent: Agent, env: dict[str, str]) -> None:
     store = agent.state.buddy_store
     if store is None:
         store = agent.state.buddy_store = BuddyServer(held_for(job.rank, job.world_size), secrets.token_urlsafe(32),
-                                                      gang_facing_address(job.rendezvous_addr)).start()
+                                                      gang_facing_address(job.rendezvous_addr), own=job.rank).start()
         agent.agent_line(f"memory tier: this node keeps a buddy's replica, store at {store.address[0]}:{store.address[1]}")
-    store.hold_for(held_for(job.rank, job.world_size))  # a new trainer: its steps restart from where it resumes
+    store.hold_for(held_for(job.rank, job.world_size), own=job.rank)  # a new trainer: its steps restart where it resumes
     host, port = store.address
     env.update({protocol.ENV_MEMORY_TIER_ADDR: f"{host}:{port}", protocol.ENV_MEMORY_TIER_TOKEN: store.token})

@@ -34,9 +34,9 @@ Save choices, each a deliberate one:
   every K steps as the gang agrees, a snapshot of its own into the same buffers, taken
   the same way (the optimizer's next step waits only for its copy) and sent in the
   background. Nothing is written live then (the buffers hold the whole state, which the
-  replica reads after the step), and no snapshot is taken while the buffers are being
-  sent: a periodic save waits (deferred, as behind a persist), a notice save waits for
-  the send to end.
+  replica reads after the step). A save that comes while the buffers are being sent
+  cuts the send (within a chunk) and takes them: storage first; the save's snapshot is
+  replicated in its stead.
 """
 
 from __future__ import annotations
@@ -156,18 +156,14 @@ class PackedWriter:
         finished = job is not None and job.finished.is_set()
         written = job.step if finished and job.error is None else NOT_YET
         failed = job.step if finished and job.error is not None else NOT_YET
-        return int(job is not None or self._sending()), written, failed
-
-    def _sending(self) -> bool:
-        """A replication reads the buffers: no snapshot may be taken into them."""
-        return self.replicas is not None and self.replicas.busy
+        return int(job is not None), written, failed
 
     def busy(self, table: list[list[int]] | None) -> bool:
         # Alone, a persist that just finished frees the slot at once; in a gang all
         # ranks must decide from the same table.
         if table is not None and self.coord.world_size > 1:
             return any(row[BUSY] for row in table)
-        return self.inflight is not None or self._sending()
+        return self.inflight is not None
 
     def settle(self, table: list[list[int]]) -> None:
         """Retire a finished persist. Alone, the persist thread has committed already;
@@ -295,7 +291,7 @@ class PackedWriter:
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
         if self.replicas is not None:
-            self.replicas.wait()  # a notice's save (a periodic one is deferred while it sends): its wait is stall
+            self.replicas.give_up()  # the buffers are the save's: a send in flight stops within a chunk
         meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.clock.saved(step, time.monotonic())
@@ -437,12 +433,13 @@ class PackedWriter:
 
     # --- the memory tier ------------------------------------------------------------------------
     def replica_due(self, step: int) -> bool:
-        """K steps since the last replication began (rank 0's answer decides for the gang)."""
+        """K steps since the last replication began by the call that acts on this answer
+        (rank 0's decides for the gang, `agree_every` calls later)."""
         if self.replicas is None:
             return False
         every = self.replicas.every_steps(step_s=self._step_time_s, save_cost_s=self._save_cost_s,
                                           interval_s=self._period_s())
-        return step - self.replicas.started_step >= every
+        return step + self.coord.agree_every - self.replicas.started_step >= every
 
     def replicate(self, step: int) -> None:
         """Snapshot into the buffers and send to the buddy in the background, unless the
