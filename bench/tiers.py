@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from respawn import protocol  # noqa: E402
 from respawn.checkpoint import layout, manifest  # noqa: E402
 from respawn.checkpoint.storage import open_storage  # noqa: E402
-from respawn.checkpoint.tiers import Shard, fetch, held_for, replicate, shard_from_storage, status  # noqa: E402
+from respawn.checkpoint.tiers import Shard, fetch, held_for, replicate, settle, shard_from_storage, status  # noqa: E402
 from s3_upload import BUCKET, start_moto  # noqa: E402
 from tests.checkpoint.ranks import run_gang  # noqa: E402
 
@@ -220,6 +220,7 @@ def main() -> int:
                 times["buddy"].append(timed(lambda: replicate(buddy_at, TOKEN, Shard(0, 10 + 2 * round_, files, {}))))
                 periodic = Shard(0, 11 + 2 * round_, files, committed.digests)  # the manifest's: none computed
                 times["periodic"].append(timed(lambda: replicate(buddy_at, TOKEN, periodic)))
+                settle(buddy_at, TOKEN, 0, periodic.step)  # as a gang does once every rank's has landed
                 fetched = []
                 times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, TOKEN, 0))))
                 times["bucket"].append(timed(lambda: shard_from_storage(bucket, ckpt, 0)))

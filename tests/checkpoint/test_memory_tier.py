@@ -14,7 +14,7 @@ import pytest
 
 from respawn.checkpoint import Checkpointer, layout
 from respawn.checkpoint.storage import open_storage
-from respawn.checkpoint.tiers import (BuddyServer, ReplicaUnavailable, Shard, buddy_of, fetch, held_for, replicate,
+from respawn.checkpoint.tiers import (BuddyServer, ReplicaUnavailable, Shard, buddy_of, fetch, held_for, replicate, settle,
                                       shard_from_storage, status, wire)
 
 from .conftest import TOKEN, config, train
@@ -54,7 +54,7 @@ def test_a_byte_corrupted_in_the_buddys_memory_is_never_served():
     try:
         replicate(server.address, TOKEN, random_shard(0, 5))
         name = layout.data_file(0, 0)
-        server.replicas[0].files[name][12345] ^= 0x01  # bit rot in the buddy's host memory
+        server.replicas[0][-1].files[name][12345] ^= 0x01  # bit rot in the buddy's host memory
 
         with pytest.raises(ReplicaUnavailable, match=f"{name} no longer match their digest"):
             fetch(server.address, TOKEN, rank=0)
@@ -157,12 +157,13 @@ def test_a_ring_of_three_nodes_one_sigkilled_loses_only_the_replica_it_held(budd
     assert same_bytes(fetch(nodes[buddy_of(2, world)].address, TOKEN, rank=2), shards[2])
 
 
-def test_a_buddy_holds_at_most_one_shard_at_rest(buddies):
+def test_a_buddy_holds_one_shard_at_rest_once_the_gang_settles_each_step(buddies):
     buddy = buddies(0)
     size = 32 * MIB
     before = buddy.rss_bytes()
     for step in (1, 2, 3, 4):
         replicate(buddy.address, TOKEN, random_shard(0, step, size))
+        settle(buddy.address, TOKEN, 0, step)  # every rank's replica of it landed
     held = status(buddy.address, TOKEN)
     assert held["replicas"] == [[0, 4, size + len(b'{"step": 4}'), ""]]
     # The older replicas and the receive buffers are freed; allocator slack is a few MiB.
@@ -215,5 +216,27 @@ def test_a_restarted_trainer_of_the_same_rank_replicates_again_from_its_resume_s
         again = random_shard(0, 41)
         replicate(server.address, TOKEN, again)
         assert same_bytes(fetch(server.address, TOKEN, rank=0), again)
+    finally:
+        server.close()
+
+
+def test_a_store_keeps_the_previous_step_until_the_gang_says_the_newest_is_whole():
+    """A node lost while its replication lands leaves the step before whole elsewhere."""
+    server = BuddyServer(holds_for=0, token=TOKEN).start()
+    try:
+        older, newer = random_shard(0, 5), random_shard(0, 10)
+        replicate(server.address, TOKEN, older)
+        replicate(server.address, TOKEN, newer)
+        assert [row[:2] for row in status(server.address, TOKEN)["replicas"]] == [[0, 5], [0, 10]]
+        assert same_bytes(fetch(server.address, TOKEN, rank=0, step=5), older)
+        assert same_bytes(fetch(server.address, TOKEN, rank=0), newer)
+
+        settle(server.address, TOKEN, 0, 10)
+        assert [row[:2] for row in status(server.address, TOKEN)["replicas"]] == [[0, 10]]
+        with pytest.raises(ReplicaUnavailable, match="no replica of rank 0 of step 5"):
+            fetch(server.address, TOKEN, rank=0, step=5)
+        replicate(server.address, TOKEN, random_shard(0, 15))
+        replicate(server.address, TOKEN, random_shard(0, 20))  # unsettled: at most two are kept
+        assert [row[:2] for row in status(server.address, TOKEN)["replicas"]] == [[0, 15], [0, 20]]
     finally:
         server.close()

@@ -133,7 +133,7 @@ def test_a_replica_that_fails_its_digest_sends_every_rank_to_storage(tmp_path, s
     nodes = stores(3)
     train_until_lost(tmp_path, nodes)
     nodes[1].close()
-    lost_ranks_shard = nodes[2].replicas[1]
+    lost_ranks_shard = nodes[2].replicas[1][-1]
     next(iter(lost_ranks_shard.files.values()))[100] ^= 0x01  # rot in node 2's memory: the only copy left
 
     resumed = regroup(tmp_path, [nodes[0], nodes[2]])
@@ -146,6 +146,14 @@ def test_the_plan_takes_the_newest_step_whole_from_one_run_its_own_nodes_copy_fi
     assert restore.plan(held, ranks=2, newer_than=20) == (24, "a", [0, 1])
     assert restore.plan(held, ranks=3, newer_than=20) == (24, "a", [0, 1, 0])  # the lost rank 2's, from its buddy
     assert restore.plan(held, ranks=2, newer_than=24) is None  # not newer than storage's: storage
+
+
+def test_a_node_lost_while_its_replication_landed_leaves_the_step_before_whole():
+    # The survivors of 3 (old nodes 0 and 2): rank 1's step 24 was on its way to node 2
+    # when rank 1's node died; neither store has settled 20 away.
+    held = [[[0, 20, 9, "a"], [0, 24, 9, "a"], [2, 20, 9, "a"], [2, 24, 9, "a"]],
+            [[2, 20, 9, "a"], [2, 24, 9, "a"], [1, 20, 9, "a"]]]
+    assert restore.plan(held, ranks=2, newer_than=16) == (20, "a", [0, 1])
 
 
 def test_the_plan_never_mixes_two_runs_shards_of_one_step_and_takes_an_older_whole_step():

@@ -33,7 +33,12 @@ RESUMED = re.compile(r"rank (\d) resumed at step (\d+) from the memory tier")
 
 
 def final_states(uri: str, world: int) -> list[dict]:
-    return [load(CheckpointRef(open_storage(uri), layout.step_dir(STEPS)), rank).state for rank in range(world)]
+    """Each rank's final state but Python's and NumPy's RNGs, which tiny never seeds (each
+    process starts them from the OS) nor uses: torch's it seeds, and that one is kept."""
+    states = [load(CheckpointRef(open_storage(uri), layout.step_dir(STEPS)), rank).state for rank in range(world)]
+    for state in states:
+        state["rng"] = {"torch": state["rng"]["torch"]}
+    return states
 
 
 @pytest.fixture
@@ -57,9 +62,10 @@ def test_a_node_killed_outright_costs_at_most_k_steps_and_the_survivors_resume_b
                and EVERY + 2 * K <= newest_step(job) < 2 * EVERY - 2 * K,
                timeout=240, what="the gang to train past its first checkpoint", proc=worker, interval=0.1,
                explain=lambda: job_story(job.pk, vms))
-    first, killed_at, story = kill_a_gangs_node(job, vms, worker, 1)
-    assert [w.world_size for w in job.world_sizes.order_by("at", "id")] == [3, 2], story
-    in_storage = job.world_sizes.order_by("at", "id")[1].resume_checkpoint
+    first, _, story = kill_a_gangs_node(job, vms, worker, 1)
+    sizes = list(job.world_sizes.order_by("at", "id").select_related("resume_checkpoint"))
+    assert [w.world_size for w in sizes] == [3, 2], story
+    regrouped_at, in_storage = sizes[1].at, sizes[1].resume_checkpoint
     assert in_storage is not None, story
 
     # Each survivor's trainer says it resumed from the memory tier, both at one step R,
@@ -70,7 +76,10 @@ def test_a_node_killed_outright_costs_at_most_k_steps_and_the_survivors_resume_b
         resumed |= {int(m.group(1)): int(m.group(2)) for line in lines if (m := RESUMED.search(line))}
     assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, story
     step = resumed[0]
-    reached = StepPoint.objects.filter(instance__job=job, time__lte=killed_at).aggregate(top=Max("step"))["top"]
+    # The furthest the gang got: the survivors' steps before their trainers were stopped for
+    # the regroup (the lost node's last ones may not have been shipped before it died).
+    reached = StepPoint.objects.filter(instance__in=(first[0], first[2]), time__lt=regrouped_at).aggregate(
+        top=Max("step"))["top"]
     assert in_storage.step < step <= reached, story
     assert reached - step <= K < reached - in_storage.step, story  # storage alone would have lost more than K
 

@@ -140,7 +140,7 @@ class Checkpointer(CheckpointManager):
         step, gang, nodes = found
         store = self._stores[nodes[self.rank]]
         try:
-            shard = fetch(*store, self.rank)
+            shard = fetch(*store, self.rank, step=step)
             if (shard.step, shard.gang) != (step, gang):
                 raise ReplicaUnavailable(f"its store now holds step {shard.step} of another run, not {step}")
             state, _ = restore.state_of(shard)

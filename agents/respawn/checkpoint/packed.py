@@ -468,6 +468,10 @@ class PackedWriter:
 
         self.replicas.start(step, prepare, lambda: job.outcome.stall_s)
 
+    def settle_replicas(self, step: int) -> None:
+        if step > self.replicas.settled_step:
+            self.replicas.settle(step)
+
     def _shard(self, step: int, meta: dict) -> Shard:
         """This rank's files of `step` as a checkpoint would hold them: the buffers (nothing
         is written live with the tier) and its state file."""

@@ -10,8 +10,8 @@ docs/memory-tier.md says what is left.
 """
 
 from .buddy import BuddyServer
-from .client import ReplicaUnavailable, fetch, replicate, status
+from .client import ReplicaUnavailable, fetch, replicate, settle, status
 from .shard import Shard, buddy_of, held_for, shard_from_storage
 
-__all__ = ["BuddyServer", "ReplicaUnavailable", "Shard", "buddy_of", "fetch", "held_for", "replicate",
+__all__ = ["BuddyServer", "ReplicaUnavailable", "Shard", "buddy_of", "fetch", "held_for", "replicate", "settle",
            "shard_from_storage", "status"]

@@ -3,10 +3,13 @@ and, beside it, its own rank's, and serves them back (DESIGN §12). Its own outl
 trainer, which a regroup kills: with both, one node lost leaves every rank's shard on
 some node, the lost one's on its buddy.
 
-At most one shard per kept rank is held: a put is received into fresh buffers while the
-previous replica stays served, and replaces it only once every byte has arrived and
-matched its digest; a torn or mismatched put is dropped and the previous one stays. Puts
-are taken one at a time, so a receipt in progress holds at most one more shard. Before a replica
+A put is received into fresh buffers while the previous replica stays served, and is
+published only once every byte has arrived and matched its digest; a torn or mismatched
+put is dropped and the previous one stays. Each kept rank's newest replica and, until the
+gang says the newest step is whole (`settle`: every rank's replica of it has landed), the
+one before are held: a node lost while a replication lands leaves the previous step whole
+on the nodes left. Puts are taken one at a time, so a receipt in progress holds at most
+one more shard. Before a replica
 is served it is digested again: host memory can rot, and nothing unverified leaves.
 
 Every request carries the store's token (compared in constant time): the store holds a
@@ -64,7 +67,7 @@ class BuddyServer:
         self._form = 0
         self._token = token.encode()
         self.idle_timeout_s = idle_timeout_s
-        self.replicas: dict[int, Replica] = {}
+        self.replicas: dict[int, tuple[Replica, ...]] = {}  # by rank, oldest first, at most two
         self.receiving = 0  # bytes of the put being received, beside the replica
         self._one_put = threading.Lock()
         store = self
@@ -122,9 +125,11 @@ class BuddyServer:
             elif op == "get":
                 self._get(sock, request)
             elif op == "status":
-                held = self.replicas
+                held = [replica for versions in self.replicas.values() for replica in versions]
                 wire.send_frame(sock, {"ok": True, "keeps": list(self.keeps), "receiving": self.receiving,
-                                       "replicas": [[r.rank, r.step, r.nbytes, r.gang] for r in held.values()]})
+                                       "replicas": [[r.rank, r.step, r.nbytes, r.gang] for r in held]})
+            elif op == "settle":
+                self._settle(sock, request)
             else:
                 wire.send_frame(sock, {"ok": False, "reason": f"unknown op {op!r}"})
         except (wire.Torn, OSError):
@@ -139,7 +144,7 @@ class BuddyServer:
         if type(step) is not int:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {step!r} is not a whole number"})
         with self._one_put:
-            held = self.replicas.get(rank)
+            held = self.replicas.get(rank, (None,))[-1]
             if held is not None and held.form == self._form and step <= held.step:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step} is not newer than the replica's step {held.step}"})
             wire.send_frame(sock, {"ok": True, "reason": ""})  # go: the bytes are wanted
@@ -157,21 +162,34 @@ class BuddyServer:
             bad = [name for name in files if computed[name] != expected[name]]
             if bad:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
-            # One assignment: a fetch sees the old replica or the new one, never a mix. An older
+            # One assignment: a fetch sees the old replicas or the new ones, never a mix. An older
             # form's replicas go with the new form's first: the regroup has read them by then.
             previous = self.replicas
-            self.replicas = {r: kept for r, kept in previous.items() if kept.form == self._form and r != rank} | {
-                rank: Replica(self._form, gang, rank, step, files, expected)}
-            # The sender waits for this verdict, not for the older shard's pages to be freed;
-            # they are freed before the next put may start, so puts never hold more than two.
+            mine = tuple(kept for kept in previous.get(rank, ()) if kept.form == self._form)[-1:]
+            self.replicas = {r: kept for r, kept in previous.items() if kept[-1].form == self._form and r != rank} | {
+                rank: (*mine, Replica(self._form, gang, rank, step, files, expected))}
+            # The sender waits for this verdict, not for the oldest shard's pages to be freed;
+            # they are freed before the next put may start.
             wire.send_frame(sock, {"ok": True, "reason": ""})
             del previous
 
+    def _settle(self, sock: socket.socket, request: dict) -> None:
+        """Rank `rank`'s step `step` is whole on the gang's stores: the replicas before it go."""
+        rank, step = request.get("rank"), request.get("step")
+        with self._one_put:
+            versions = self.replicas.get(rank, ())
+            if type(step) is int and any(kept.step >= step for kept in versions):
+                self.replicas[rank] = tuple(kept for kept in versions if kept.step >= step)
+        wire.send_frame(sock, {"ok": True, "reason": ""})
+
     def _get(self, sock: socket.socket, request: dict) -> None:
-        rank = request.get("rank")
-        held = self.replicas.get(rank) if isinstance(rank, int) else None
+        """Rank `rank`'s replica of step `step`, or its newest when the request names none."""
+        rank, step = request.get("rank"), request.get("step")
+        versions = self.replicas.get(rank, ()) if isinstance(rank, int) else ()
+        held = next((kept for kept in reversed(versions) if step is None or kept.step == step), None)
         if held is None:
-            return wire.send_frame(sock, {"ok": False, "reason": f"no replica of rank {rank} has arrived complete and verified"})
+            which = "" if step is None else f" of step {step}"
+            return wire.send_frame(sock, {"ok": False, "reason": f"no replica of rank {rank}{which} has arrived complete and verified"})
         rotten = [name for name, data in held.files.items() if manifest.digest_bytes(data) != held.digests[name]]
         if rotten:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {held.step}: {', '.join(rotten)} no longer match their digest in the buddy's memory"})

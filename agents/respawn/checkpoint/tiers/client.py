@@ -62,11 +62,13 @@ def replicate(address: tuple[str, int], token: str, shard: Shard, timeout_s: flo
         return dict(zip(shard.files, digests))
 
 
-def fetch(address: tuple[str, int], token: str, rank: int, timeout_s: float | None = None) -> Shard:
-    """Rank `rank`'s newest verified replica from its buddy, checked again on arrival."""
+def fetch(address: tuple[str, int], token: str, rank: int, timeout_s: float | None = None,
+          step: int | None = None) -> Shard:
+    """Rank `rank`'s newest verified replica from its buddy (or its replica of `step`),
+    checked again on arrival."""
     with _connect(address, timeout_s) as sock:
         try:
-            wire.send_frame(sock, {"op": "get", "token": token, "rank": rank})
+            wire.send_frame(sock, {"op": "get", "token": token, "rank": rank, "step": step})
         except OSError as exc:
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch cut ({exc})") from None
         reply = _answer(sock, address, f"fetch of rank {rank}")
@@ -80,6 +82,14 @@ def fetch(address: tuple[str, int], token: str, rank: int, timeout_s: float | No
         except (wire.Torn, OSError) as exc:
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch of rank {rank} torn ({exc})") from None
         return Shard(rank, reply["step"], files, digests, str(reply.get("gang", "")))
+
+
+def settle(address: tuple[str, int], token: str, rank: int, step: int) -> None:
+    """Tell the store that rank `rank`'s step `step` is whole on the gang's stores: it
+    drops that rank's older replicas."""
+    with _connect(address, CONNECT_TIMEOUT_S) as sock:
+        wire.send_frame(sock, {"op": "settle", "token": token, "rank": rank, "step": step})
+        _answer(sock, address, f"settle of step {step}")
 
 
 def status(address: tuple[str, int], token: str) -> dict:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from ..config import CheckpointConfig
 from ..distributed import Coordinator, gather_objects
 from ..persist import lower_priority
-from .client import ReplicaUnavailable, replicate
+from .client import ReplicaUnavailable, replicate, settle
 from .pacing import replica_every_steps
 from .shard import Shard, buddy_of
 
@@ -65,7 +65,8 @@ class Replicator:
         self.own = own
         self._fixed_every = every_steps
         self.started_step = 0  # of the last replication begun (or, at a resume, the step resumed from)
-        self.replicated_step: int | None = None  # the newest step the buddy verified
+        self.replicated_step: int | None = None  # the newest step both stores verified
+        self.settled_step = -1  # the newest step the gang said is whole on the stores
         self.skipped = 0
         self.cost_s: float | None = None  # the last measured replication's stall of training
         self.wall_s: float | None = None  # the last one's time from its snapshot to the buddy's verdict
@@ -79,6 +80,20 @@ class Replicator:
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
+
+    def settle(self, step: int) -> None:
+        """Tell both stores, in the background, that this rank's `step` is whole on the
+        gang's: they drop its older replica. A store gone keeps nothing anyway."""
+        self.settled_step = step
+
+        def tell() -> None:
+            for store in (self.own, self.buddy):
+                try:
+                    settle(*store, self.rank, step)
+                except (ReplicaUnavailable, OSError):
+                    pass
+
+        threading.Thread(target=tell, name=f"ckpt-settle-{step}", daemon=True).start()
 
     def give_up(self) -> None:
         """Cut the replication in flight, if any, between two chunks, and wait for its end."""
