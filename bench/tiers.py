@@ -164,7 +164,8 @@ def steady_rank(rank: int, stores: list, state_mib: int, steps: int, rounds: int
 
 def steady_ratio(state_mib: int, steps: int, rounds: int) -> tuple[float, list]:
     """Step time with the memory tier / without, worst rank; and each rank's K."""
-    stores = [spawn(["-m", "respawn.checkpoint.tiers", "--holds-for", str(held_for(rank, RANKS))]) for rank in range(RANKS)]
+    stores = [spawn(["-m", "respawn.checkpoint.tiers", "--holds-for", str(held_for(rank, RANKS)), "--own", str(rank)])
+              for rank in range(RANKS)]
     try:
         with tempfile.TemporaryDirectory(prefix="bench-steady-") as work:
             codes = run_gang(RANKS, lambda rank: steady_rank(rank, [at for _, at in stores], state_mib, steps, rounds,

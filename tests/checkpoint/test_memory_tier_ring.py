@@ -75,6 +75,22 @@ def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(t
         assert STEPS - 2 * K < result["step"] <= STEPS, (rank, result)
 
 
+def test_ranks_that_share_a_node_have_no_memory_tier(tmp_path, buddies):
+    """torchrun's ranks of one node would keep their buddy's shard on their own node."""
+    node = buddies(0, own=1)
+    root = str(tmp_path / "ckpt")
+
+    def body(rank: int) -> None:
+        host, port = node.address
+        ckpt = Checkpointer(tiny.build(rank=rank, world_size=2),
+                            config(root, memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN))
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({"tier": ckpt.backend.replicas is not None}))
+        ckpt.close()
+
+    assert run_gang(2, body) == [0, 0]
+    assert [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)] == [{"tier": False}] * 2
+
+
 def test_a_replication_due_while_one_is_in_flight_is_skipped_not_queued():
     with socket.create_server(("127.0.0.1", 0)) as mute:  # a buddy that takes the put and never answers
         store = (mute.getsockname()[:2], TOKEN)

@@ -33,8 +33,9 @@ Store = tuple[tuple[str, int], str]  # a node's store: its address and token
 
 
 def gang_stores(coord: Coordinator, config: CheckpointConfig) -> list[Store] | None:
-    """Every rank's node's store, indexed by rank, or None (alone, or a rank without one:
-    then the gang has no memory tier). They go round on the ranks' own group, which the
+    """Every rank's node's store, indexed by rank, or None (alone, a rank without one, or
+    ranks sharing a node, whose ring would keep a shard on its own node: then the gang has
+    no memory tier). They go round on the ranks' own group, which the
     gang has anyway: nothing new to ask the control plane, and a regrouped gang's new
     trainers learn the new ring the same way. Every rank of a gang calls it together."""
     if coord.world_size == 1:
@@ -44,6 +45,10 @@ def gang_stores(coord: Coordinator, config: CheckpointConfig) -> list[Store] | N
     if any(store is None for store in stores):
         if mine is not None:
             print("respawn checkpoint: no memory tier: not every node of the gang runs a buddy store", file=sys.stderr)
+        return None
+    if len({address for address, _ in stores}) < len(stores):
+        if coord.rank == 0:
+            print("respawn checkpoint: no memory tier: ranks share a node (it takes one rank a node)", file=sys.stderr)
         return None
     return [((address.rpartition(":")[0], int(address.rpartition(":")[2])), token) for address, token in stores]
 
