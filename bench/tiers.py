@@ -9,9 +9,15 @@
   restore of the same shard from storage (a moto S3 server, manifest digests checked):
   target <= 0.3; a local directory (page-cached) is printed beside it for scale;
 - the buddy process's resident memory after several puts, in shards: target <= 1.05
-  (one shard, plus allocator slack).
+  (one shard, plus allocator slack);
+- steady step time with replication / without: two gloo ranks train a model of
+  `--step-state-mib` (AdamW) under the packed Checkpointer, each node's buddy store a
+  process of its own, in alternating phases of `--steps` steps with the memory tier
+  and without it (no storage save in either); medians of per-phase medians, the worst
+  rank: target <= 1.03. K is the default before any storage save is measured (the
+  replication's own time, in steps), the most often the tier replicates: its worst case.
 
-    .venv/bin/python bench/tiers.py [--size-gib 1] [--rounds 3] [--smoke] [--check]
+    .venv/bin/python bench/tiers.py [--size-gib 1] [--rounds 3] [--step-state-mib 64] [--steps 40] [--smoke] [--check]
 
 Each round interleaves the methods; the ratios are medians of per-round ratios.
 """
@@ -19,6 +25,7 @@ Each round interleaves the methods; the ratios are medians of per-round ratios.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -31,16 +38,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from respawn import protocol  # noqa: E402
 from respawn.checkpoint import layout, manifest  # noqa: E402
 from respawn.checkpoint.storage import open_storage  # noqa: E402
-from respawn.checkpoint.tiers import Shard, fetch, replicate, shard_from_storage, status  # noqa: E402
+from respawn.checkpoint.tiers import Shard, fetch, held_for, replicate, settle, shard_from_storage, status  # noqa: E402
 from s3_upload import BUCKET, start_moto  # noqa: E402
+from tests.checkpoint.ranks import run_gang  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
 SAVE_TARGET = 1.3
 RESTORE_TARGET = 0.3
 MEMORY_TARGET = 1.05
+STEADY_TARGET = 1.03
+RANKS = 2
+TOKEN = "bench-token"
 RANDOM_BLOCK = 64 * MIB  # repeated to fill a shard: urandom of a whole GiB costs seconds of CPU
 _SIZE = struct.Struct(">Q")
 
@@ -73,7 +85,8 @@ def raw_copy(address, files: dict) -> None:
 
 
 def spawn(argv: list[str]) -> tuple[subprocess.Popen, tuple[str, int]]:
-    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, protocol.ENV_MEMORY_TIER_TOKEN: TOKEN})
     word, host, port = process.stdout.readline().split()
     assert word == "listening", word
     return process, (host, int(port))
@@ -114,11 +127,67 @@ def rss(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def steady_rank(rank: int, stores: list, state_mib: int, steps: int, rounds: int, out: Path) -> None:
+    """One rank: `rounds` pairs of phases (without the tier, with it), `steps` timed steps each."""
+    import torch
+
+    from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState
+
+    width = int((state_mib * MIB / 4 / 3 / 4) ** 0.5)  # 4 square layers, weights + two AdamW moments, fp32
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(4)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    state, x = TrainState(model, optimizer), torch.randn(32, width)
+    host, port = stores[rank]
+    medians, every, step = {"off": [], "on": []}, None, 0
+    with tempfile.TemporaryDirectory(prefix=f"bench-steady-{rank}-") as tmp:
+        for _ in range(rounds):
+            for phase in ("off", "on"):
+                tier = {"memory_tier_addr": f"{host}:{port}", "memory_tier_token": TOKEN} if phase == "on" else {}
+                ckpt = Checkpointer(state, CheckpointConfig(uri=tmp, interval_s=3600, handle_signals=False, **tier))
+                times = []
+                for _ in range(steps):
+                    started = time.perf_counter()
+                    model(x).square().mean().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    step += 1  # on through the phases: a buddy takes only newer steps
+                    ckpt.save(step)
+                    times.append(time.perf_counter() - started)
+                if phase == "on":
+                    backend = ckpt.backend
+                    every = backend.replicas.every_steps(step_s=backend._step_time_s, save_cost_s=None, interval_s=3600)
+                ckpt.close()
+                medians[phase].append(statistics.median(times[steps // 4:]))  # the first steps warm up
+    out.write_text(json.dumps({"medians": medians, "every": every}))
+
+
+def steady_ratio(state_mib: int, steps: int, rounds: int) -> tuple[float, list]:
+    """Step time with the memory tier / without, worst rank; and each rank's K."""
+    stores = [spawn(["-m", "respawn.checkpoint.tiers", "--holds-for", str(held_for(rank, RANKS)), "--own", str(rank)])
+              for rank in range(RANKS)]
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-steady-") as work:
+            codes = run_gang(RANKS, lambda rank: steady_rank(rank, [at for _, at in stores], state_mib, steps, rounds,
+                                                             Path(work, f"{rank}.json")), timeout_s=120)
+            if codes != [0] * RANKS:
+                raise SystemExit(f"steady ranks exited with {codes}")
+            ranks = [json.loads(Path(work, f"{rank}.json").read_text()) for rank in range(RANKS)]
+    finally:
+        for process, _ in stores:
+            process.kill()
+            process.wait()
+    ratios = [statistics.median(on / off for on, off in zip(r["medians"]["on"], r["medians"]["off"])) for r in ranks]
+    return max(ratios), [r["every"] for r in ranks]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gib", type=float, default=1.0, help="one rank's shard (the issue asks >= 1)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="4 MiB, one round: that it runs, not what it measures")
+    parser.add_argument("--step-state-mib", type=int, default=64, help="each rank's state in the steady-step row")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per phase of the steady-step row")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--raw-sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,23 +218,27 @@ def main() -> int:
             save, restore, times = [], [], {k: [] for k in ("raw", "buddy", "periodic", "fetch", "bucket", "local")}
             for round_ in range(rounds):
                 times["raw"].append(timed(lambda: raw_copy(sink_at, files)))
-                times["buddy"].append(timed(lambda: replicate(buddy_at, Shard(0, 10 + 2 * round_, files, {}))))
+                times["buddy"].append(timed(lambda: replicate(buddy_at, TOKEN, Shard(0, 10 + 2 * round_, files, {}))))
                 periodic = Shard(0, 11 + 2 * round_, files, committed.digests)  # the manifest's: none computed
-                times["periodic"].append(timed(lambda: replicate(buddy_at, periodic)))
+                times["periodic"].append(timed(lambda: replicate(buddy_at, TOKEN, periodic)))
+                settle(buddy_at, TOKEN, 0, periodic.step)  # as a gang does once every rank's has landed
                 fetched = []
-                times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, 0))))
+                times["fetch"].append(timed(lambda: fetched.append(fetch(buddy_at, TOKEN, 0))))
                 times["bucket"].append(timed(lambda: shard_from_storage(bucket, ckpt, 0)))
                 times["local"].append(timed(lambda: shard_from_storage(local, ckpt, 0)))
                 assert all(bytes(fetched[0].files[n]) == bytes(files[n]) for n in files), "a restore differs"
                 save.append(times["buddy"][-1] / times["raw"][-1])
                 restore.append(times["fetch"][-1] / times["bucket"][-1])
                 del fetched
-            held = status(buddy_at)
-            memory = (rss(buddy.pid) - buddy_before) / held["bytes"]
+            held = status(buddy_at, TOKEN)
+            memory = (rss(buddy.pid) - buddy_before) / held["replicas"][0][2]
     finally:
         for process in (buddy, sink, moto):
             process.kill()
             process.wait()
+
+    state_mib, steps = (4, 12) if args.smoke else (args.step_state_mib, args.steps)
+    steady, every = steady_ratio(state_mib, steps, rounds + 1)
 
     shard_gib = sum(len(d) for d in files.values()) / GIB
     gbps = {k: shard_gib * GIB / statistics.median(v) / 1e9 for k, v in times.items()}
@@ -174,10 +247,12 @@ def main() -> int:
                        ("periodic", "periodic replica (manifest's digests)"), ("fetch", "restore from buddy"),
                        ("bucket", "restore from S3 (moto)"), ("local", "restore from local dir (page-cached)")):
         print(f"  {what:40s} median {statistics.median(times[name]):7.3f} s  {gbps[name]:6.2f} GB/s")
+    print(f"steady steps: {RANKS} gloo ranks, {state_mib} MiB of state each, {steps} steps a phase; K chosen: {every}")
     results = [
         ("notice save into buddy memory / raw TCP copy", statistics.median(save), SAVE_TARGET),
         ("restore from buddy / restore from S3 (moto)", statistics.median(restore), RESTORE_TARGET),
         ("buddy's extra resident memory, in shards", memory, MEMORY_TARGET),
+        ("steady step time with replication / without", steady, STEADY_TARGET),
     ]
     missed = False
     for what, ratio, target in results:

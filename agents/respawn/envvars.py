@@ -15,3 +15,11 @@ def env_float(name: str, error: type[ValueError] = ValueError) -> float | None:
         return float(value)
     except ValueError:
         raise error(f"environment variable {name}={value!r} is not a number") from None
+
+
+def env_int(name: str, error: type[ValueError] = ValueError) -> int | None:
+    """`name` as a whole number; None when unset or blank; otherwise as `env_float`."""
+    value = env_float(name, error)
+    if value is not None and not value.is_integer():
+        raise error(f"environment variable {name}={os.environ[name]!r} is not a whole number")
+    return None if value is None else int(value)

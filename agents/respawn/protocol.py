@@ -391,6 +391,13 @@ ENV_ARTIFACT_DIGEST = "RESPAWN_ARTIFACT_DIGEST"  # post step: its digest ("sha25
 # The job's experiment-tracker run (agents/respawn/trackers.py): the same on every VM of the job, and the
 # tag an MLflow run carries so that every VM finds the one the first made.
 ENV_RUN_ID = "RESPAWN_RUN_ID"
+# The memory tier (docs/memory-tier.md), a multi-node job's: agent -> trainer, this node's buddy store
+# ("host:port", bound to the address the gang reaches this node at) and its token, which the ranks
+# exchange on their own group. Absent: no memory tier. ENV_REPLICA_EVERY_STEPS (the job's env, optional):
+# replicate every this many steps instead of the K chosen from the measured cost.
+ENV_MEMORY_TIER_ADDR = "RESPAWN_MEMORY_TIER_ADDR"
+ENV_MEMORY_TIER_TOKEN = "RESPAWN_MEMORY_TIER_TOKEN"
+ENV_REPLICA_EVERY_STEPS = "RESPAWN_REPLICA_EVERY_STEPS"
 MLFLOW_RUN_TAG = "respawn_run_id"
 
 # Signals the agent sends the trainer. Handlers only set a flag; the save happens

@@ -41,13 +41,24 @@ def agent_for(setup, child_env, tmp_path, web_server, imds):
                         provider="aws", metadata_url=imds.url).start()
 
 
-def test_a_regroup_restarts_the_trainer_in_the_new_gang(team_setup, child_env, web_server, tmp_path, imds):
+def started_pair(team_setup, child_env, web_server, tmp_path, imds, script: str):
+    """The pair's rank 0 under its agent, once its trainer, `script`, started: it writes one
+    JSON line a start to the returned file. The caller stops the agent."""
     starts = tmp_path / "starts.jsonl"
-    job, rank0, rank1 = elastic_pair(team_setup, tmp_path, [sys.executable, "-c", SAYS_ITS_GANG, str(starts)])
+    job, rank0, rank1 = elastic_pair(team_setup, tmp_path, [sys.executable, "-c", script, str(starts)])
     agent = agent_for(rank0, child_env, tmp_path, web_server, imds)
     try:
         wait_until(lambda: starts.exists() and starts.read_text().count("\n") == 1, timeout=60,
                    what="the trainer's first start", proc=agent)
+    except BaseException:
+        agent.stop(9)
+        raise
+    return agent, rank0, rank1, starts
+
+
+def test_a_regroup_restarts_the_trainer_in_the_new_gang(team_setup, child_env, web_server, tmp_path, imds):
+    agent, rank0, rank1, starts = started_pair(team_setup, child_env, web_server, tmp_path, imds, SAYS_ITS_GANG)
+    try:
         _end_gone(rank1, "the cloud says gone")  # what the reconciler does for a vanished VM
         wait_until(lambda: starts.read_text().count("\n") == 2, timeout=60, what="the trainer's restart", proc=agent)
     finally:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from respawn import protocol
 from respawn.checkpoint import CheckpointConfig
 from respawn.examples import tiny
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
+TOKEN = "a-token-of-this-gang"  # the memory tier's buddy stores'
 
 
 @pytest.fixture(autouse=True)
@@ -47,3 +53,39 @@ def train(state, data, ckpt, start: int, stop: int) -> None:
     for step in range(start, stop):
         tiny.train_step(state, x, y)
         ckpt.save(step + 1)
+
+
+class Buddy:
+    """A buddy store in its own process, as on another node."""
+
+    def __init__(self, holds_for: int, own: int | None = None):
+        mine = ["--own", str(own)] if own is not None else []
+        self.process = subprocess.Popen([sys.executable, "-m", "respawn.checkpoint.tiers", "--holds-for", str(holds_for), *mine],
+                                        stdout=subprocess.PIPE, text=True, env={**os.environ, protocol.ENV_MEMORY_TIER_TOKEN: TOKEN})
+        word, host, port = self.process.stdout.readline().split()
+        assert word == "listening"
+        self.address = (host, int(port))
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def buddies():
+    started = []
+
+    def start(holds_for: int, own: int | None = None) -> Buddy:
+        started.append(Buddy(holds_for, own))
+        return started[-1]
+
+    yield start
+    for buddy in started:
+        if buddy.process.poll() is None:
+            buddy.kill()

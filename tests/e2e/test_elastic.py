@@ -10,21 +10,16 @@ Real processes throughout: gunicorn, a Celery worker and beat, three detached lo
 (DistributedDataParallel over gloo, sharded checkpoints)."""
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from django.utils import timezone
 
-from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
+from respawn_server.jobs.core.choices import EndReason, JobStatus
 from respawn_server.jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
 from respawn_server.jobs.money import costs
-from tests.conftest import ROOT, free_port, wait_until
-from tests.e2e.stack import local_gang_stack
-from tests.factories import make_job, make_team_with_members
+from tests.conftest import wait_until
+from tests.e2e.stack import elastic_gang_stack, kill_a_gangs_node, run_ranks_by_hand
 from tests.history import job_story
 
 STEPS, EVERY, NODES = 120, 10, 3
@@ -38,27 +33,10 @@ def final_data_digests(uri: Path) -> dict[str, str]:
     return {name: entry["digest"] for name, entry in manifest["files"].items() if name.endswith(".distcp")}
 
 
-def run_by_hand(uri: Path, world: int, steps: int) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESPAWN_")}
-    env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    argv = [*TRAIN, "--uri", str(uri)]
-    argv[argv.index("--steps") + 1] = str(steps)
-    ranks = [subprocess.Popen(argv, cwd=ROOT, env={**env, "RANK": str(rank)}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE) for rank in range(world)]
-    for proc in ranks:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
-
-
 @pytest.fixture
 def elastic_job(child_env, web_server, tmp_path):
-    env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5", "RESPAWN_GROW_RETRY_S": "0"}
-    setup = make_team_with_members()
-    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2,
-                   command=[*TRAIN, "--step-delay", "0.1"], total_steps=STEPS, checkpoint_uri=str(tmp_path / "ckpt"),
-                   allowed_clouds=["local"], instance_types=["cpu-small"])
-    with local_gang_stack(job, env, tmp_path) as running:
+    with elastic_gang_stack(child_env, web_server.url, tmp_path, [*TRAIN, "--step-delay", "0.1"], STEPS,
+                            grow_retry_s=0) as running:
         yield running
 
 
@@ -69,19 +47,7 @@ def test_a_node_killed_outright_leaves_two_training_on_they_grow_back_to_three_a
                and Checkpoint.objects.filter(job=job, step__gt=0).exists(),
                timeout=180, what="the gang to run and commit a checkpoint", proc=worker, interval=0.2,
                explain=lambda: job_story(job.pk, vms))
-    first = list(Instance.objects.filter(job=job, state=InstanceState.RUNNING).order_by("rank"))
-    assert [i.rank for i in first] == [0, 1, 2]
-    killed_at = timezone.now()
-    for pid in vms.processes(first[1].provider_instance_id):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    wait_until(lambda: Job.objects.get(pk=job.pk).status in JobStatus.TERMINAL, timeout=240,
-               what="the job to finish", proc=worker, interval=0.5, explain=lambda: job_story(job.pk, vms))
-    job.refresh_from_db()
-    story = job_story(job.pk, vms)
-    assert job.status == JobStatus.SUCCEEDED, story
+    first, killed_at, story = kill_a_gangs_node(job, vms, worker, 1)
 
     # The two survivors trained on, re-ranked 0 and 1 of 2, without a new VM; then one joiner
     # (rank 2) was launched, and at the checkpoint asked for once it was ready the three
@@ -114,8 +80,8 @@ def test_a_node_killed_outright_leaves_two_training_on_they_grow_back_to_three_a
     # The same training by hand: 3 ranks up to the checkpoint the survivors resumed from,
     # 2 up to the one the grown gang resumed from, then 3.
     reference = tmp_path / "reference"
-    run_by_hand(reference, 3, shrunk_at.step)
-    run_by_hand(reference, 2, grown_at.step)
-    run_by_hand(reference, 3, STEPS)
+    run_ranks_by_hand(TRAIN, reference, 3, shrunk_at.step)
+    run_ranks_by_hand(TRAIN, reference, 2, grown_at.step)
+    run_ranks_by_hand(TRAIN, reference, 3, STEPS)
     ours = final_data_digests(Path(job.storage_uri))
     assert ours and ours == final_data_digests(reference)

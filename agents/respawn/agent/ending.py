@@ -72,6 +72,8 @@ def shut_down(agent: Agent) -> None:
         agent.state.validator.stop()
     if agent.state.trainer is not None and agent.state.trainer.poll() is None:
         agent.state.trainer.kill()
+    if agent.state.buddy_store is not None:
+        agent.state.buddy_store.close()
     if not agent.reporter.drain(agent.config.drain_timeout_s):
         log.warning("%d report(s) not delivered yet; they stay in %s", agent.journal.pending_count(), agent.journal.directory)
     agent.reporter.stop()

@@ -26,8 +26,8 @@ This module is the run loop (`Agent.run`, `supervise`, `watch`); each concern is
 module of its own that takes the agent, whose mutable state is one object
 (`state.AgentState`): `registration` (register, or resume a session), `setup_steps`
 (source, validator, prepare step, container image), `gang` (rendezvous, promotion,
-regroup), `notice_handling`, `heartbeat_answers`, `dispatch` (an event to one of those
-two), `shipping` (checkpoints, verdicts, output, metrics), `tracker_run` (the MLflow
+regroup), `memory_tier` (the node's buddy store), `notice_handling`,
+`heartbeat_answers`, `dispatch` (an event to one of those two), `shipping` (checkpoints, verdicts, output, metrics), `tracker_run` (the MLflow
 run) and `ending` (the exit report, the shut-down).
 """
 
@@ -47,6 +47,7 @@ from respawn.agent import (
     ending,
     gang,
     heartbeat_answers,
+    memory_tier,
     notice_handling,
     registration,
     session,
@@ -203,6 +204,7 @@ class Agent:
                     env[protocol.ENV_RESUME_FROM] = job.resume_from
             try:
                 env.update(gang_env(job))
+                memory_tier.put_in_env(self, env)
                 if self.state.checkpoint_interval_s:
                     write_json_atomic(self.paths.control, {"checkpoint_interval_s": self.state.checkpoint_interval_s})
                 if job.container_image:

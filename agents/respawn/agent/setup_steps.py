@@ -161,4 +161,6 @@ def say_where_it_resumes(agent: Agent) -> None:
     if not job.resume_from or job.purpose != protocol.Purpose.TRAIN:
         return
     verdict = RESUME_VERDICTS.get(job.resume_validation, job.resume_validation or "validation unknown")
-    agent.agent_line(f"resumed from step {job.resume_step} (checkpoint {job.resume_from}, {verdict})")
+    newer = (" unless the gang's memory tier holds a newer step whole (the trainer's log says which)"
+             if agent.state.buddy_store is not None and job.world_size > 1 else "")
+    agent.agent_line(f"resumed from step {job.resume_step} (checkpoint {job.resume_from}, {verdict}){newer}")

@@ -12,6 +12,7 @@ from respawn.agent.channel import LogTail
 from respawn.agent.session import Session
 from respawn.agent.supervisor import TrainerProcess
 from respawn.agent.validation import Validator
+from respawn.checkpoint.tiers import BuddyServer
 from respawn.notices import NoticeEvent
 
 
@@ -41,3 +42,4 @@ class AgentState:
     # this node waits for the gang's word, and whether a new form of the gang was announced.
     trainer_exit_code: int | None = None
     regroup_wanted: bool = False
+    buddy_store: BuddyServer | None = None  # a multi-node job's memory tier (agent/memory_tier.py)

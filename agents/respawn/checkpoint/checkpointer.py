@@ -8,6 +8,8 @@ in the next `save()` call.
 
 from __future__ import annotations
 
+import sys
+
 from respawn import protocol, trainer
 
 from . import channel, layout
@@ -16,11 +18,14 @@ from .distributed import Coordinator
 from .errors import CheckpointError, IncompatibleCheckpointError
 from .manager import CheckpointManager
 from .packed import PackedWriter
-from .reader import CheckpointRef, LoadedCheckpoint, load
+from .reader import CheckpointRef, LoadedCheckpoint, committed, load
 from .resume import Resumed, choose
 from .rotation import remove_torn
 from .state import TrainState
 from .storage import Storage, open_storage
+from .tiers import restore
+from .tiers.client import ReplicaUnavailable, fetch, status
+from .tiers.replicator import gang_stores, replicator
 from .validation import Verdict, judge, mark
 
 FRAMEWORK = "torch"
@@ -50,7 +55,9 @@ class Checkpointer(CheckpointManager):
         self.framework = framework  # in state.json: a resume by another framework refuses it (DESIGN §11)
         self.storage: Storage = open_storage(config.uri)
         self.rank = self.coord.rank
-        self._start(PackedWriter(state, config, framework, self.storage, self.coord, self.clock, hook_optimizer))
+        self._stores = gang_stores(self.coord, config)
+        replicas = replicator(self.coord, config, self._stores)
+        self._start(PackedWriter(state, config, framework, self.storage, self.coord, self.clock, hook_optimizer, replicas))
 
     def before_optimizer_step(self) -> None:
         """With `hook_optimizer=False`: call it after forward/backward, right before the
@@ -97,7 +104,14 @@ class Checkpointer(CheckpointManager):
         `.skipped` the newer checkpoints passed over, with why. Rank 0 picks it
         (validating it first when validation is configured: an invalid one is marked
         and the previous one tried) and every rank loads the same one. Torn
-        directories older than the newest committed checkpoint are deleted first."""
+        directories older than the newest committed checkpoint are deleted first.
+
+        With the memory tier, a step newer than storage's newest that every rank finds in a
+        store of the gang, verified, is resumed from instead (tiers/restore.py), and
+        `.tier` says "memory"."""
+        resumed = self._load_from_memory() if self._stores is not None else None
+        if resumed is not None:
+            return resumed
         chosen, skipped = None, ()
         if self.rank == 0:
             remove_torn(self.storage)
@@ -114,12 +128,54 @@ class Checkpointer(CheckpointManager):
         self.resumed_at(loaded.ref.step)
         return Resumed(loaded.ref.step, loaded.ref.uri, skipped)
 
+    def _load_from_memory(self) -> Resumed | None:
+        """The memory tier's step, loaded on every rank, or None on every rank (storage then)."""
+        found = None
+        if self.rank == 0:
+            newest = max((ref.step for ref in committed(self.storage)), default=0)
+            found = restore.plan([self._holdings(store) for store in self._stores], self.coord.world_size, newest)
+        found = self.coord.broadcast_from_zero(found)
+        if found is None:
+            return None
+        step, gang, nodes = found
+        store = self._stores[nodes[self.rank]]
+        try:
+            shard = fetch(*store, self.rank, step=step)
+            if (shard.step, shard.gang) != (step, gang):
+                raise ReplicaUnavailable(f"its store now holds step {shard.step} of another run, not {step}")
+            state, _ = restore.state_of(shard)
+            self.state.load_state_dict(state)
+            ok = True
+        except (ReplicaUnavailable, CheckpointError, RuntimeError, KeyError, ValueError) as exc:
+            print(f"respawn checkpoint: rank {self.rank} cannot resume step {step} from the memory tier: {exc}",
+                  file=sys.stderr, flush=True)
+            ok = False
+        if not all(row[0] for row in self.coord.exchange([int(ok)])):
+            print(f"respawn checkpoint: step {step} is not whole in the memory tier: resuming from storage", file=sys.stderr)
+            return None
+        # Not `resumed_at`: this step is not in storage, so a notice here must save it.
+        CheckpointManager.resumed_at(self, step)
+        self.backend.replicas.started_step = step
+        where = f"{store[0][0]}:{store[0][1]}"
+        print(f"respawn checkpoint: rank {self.rank} resumed at step {step} from the memory tier (its state from the store "
+              f"at {where}), newer than storage's newest checkpoint", file=sys.stderr, flush=True)
+        return Resumed(step, None, tier="memory")
+
+    @staticmethod
+    def _holdings(store) -> list[list[int]]:
+        try:
+            return status(*store)["replicas"]
+        except ReplicaUnavailable:
+            return []  # its node is gone: what it held is
+
     def resumed_at(self, step: int) -> None:
         """The loop continues from committed checkpoint `step`, restored by `load_latest()`
         or by a framework's own resume from a copy of it (agents/respawn/integrations): the next
         periodic save is an interval from now, and a notice at this step saves nothing new."""
         super().resumed_at(step)
         self.backend.last_committed_step = step
+        if self.backend.replicas is not None:
+            self.backend.replicas.started_step = step  # K steps from here, as the periodic saves
 
 
 def export_final(loaded: LoadedCheckpoint, config: CheckpointConfig):

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 from respawn import protocol
-from respawn.envvars import env_float
+from respawn.envvars import env_float, env_int
 
 from . import channel
 from .errors import ConfigError
@@ -61,6 +61,14 @@ class CheckpointConfig:
     That step's `optimizer.step()` waits for those writes, so the default depends on
     the storage: 0.5 on a local disk (direct I/O takes them at memory speed), 0 (copy
     everything) on an object store, where they would wait for the upload."""
+    memory_tier_addr: str | None = None
+    """This node's buddy store ("host:port", which the agent runs): with every rank's, the
+    packed Checkpointer replicates each rank's snapshot to the next rank's node
+    (docs/memory-tier.md). None on any rank: no memory tier."""
+    memory_tier_token: str = ""
+    """That store's token; the ranks exchange it with the address, on their own group."""
+    replica_every_steps: int | None = None
+    """Replicate every this many steps; None: K chosen from the measured cost (tiers/pacing.py)."""
     checkpoints_file: str | None = None
     validations_file: str | None = None
     control_file: str | None = None
@@ -83,6 +91,8 @@ class CheckpointConfig:
             raise ConfigError(f"write_live_fraction={self.write_live_fraction} must be in [0, 1]")
         if self.agree_every_steps < 1:
             raise ConfigError(f"agree_every_steps={self.agree_every_steps} must be >= 1")
+        if self.replica_every_steps is not None and self.replica_every_steps < 1:
+            raise ConfigError(f"replica_every_steps={self.replica_every_steps} must be >= 1 (or None: chosen from the cost)")
         if self.notice_budget_s <= 0:
             raise ConfigError(f"notice_budget_s={self.notice_budget_s} must be > 0")
 
@@ -97,6 +107,9 @@ class CheckpointConfig:
             "validations_file": env.get(protocol.ENV_VALIDATIONS_FILE) or None,
             "control_file": env.get(protocol.ENV_CONTROL_FILE) or None,
             "notice_file": env.get(protocol.ENV_NOTICE_FILE) or None,
+            "memory_tier_addr": env.get(protocol.ENV_MEMORY_TIER_ADDR) or None,
+            "memory_tier_token": env.get(protocol.ENV_MEMORY_TIER_TOKEN, ""),
+            "replica_every_steps": env_int(protocol.ENV_REPLICA_EVERY_STEPS),
         }
         model_factory = env.get(protocol.ENV_VALIDATION_MODEL_FACTORY)
         batch_factory = env.get(protocol.ENV_VALIDATION_BATCH_FACTORY)

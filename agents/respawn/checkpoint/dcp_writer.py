@@ -30,7 +30,7 @@ from respawn import protocol
 from . import commit, layout, manifest
 from .config import CheckpointConfig, SaveOutcome
 from .dcp_storage import StorageWriter
-from .distributed import Coordinator, pg_timeout_s
+from .distributed import Coordinator, gather_objects, pg_timeout_s
 from .policy import NOT_YET, SaveClock, all_done
 from .reader import CheckpointRef
 from .state import rng_state
@@ -46,15 +46,6 @@ WRITER = "torch.distributed.checkpoint"
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank}.json"
-
-
-def gather_objects(coord: Coordinator, obj) -> list:
-    """Every rank's `obj`, indexed by rank, on the coordinator's group."""
-    if coord.world_size == 1:
-        return [obj]
-    out = [None] * coord.world_size
-    dist.all_gather_object(out, obj, group=coord.group)
-    return out
 
 
 def failure_reason(exc: BaseException, rank: int) -> str:
@@ -101,6 +92,7 @@ class DcpWriter:
     """DCP's planner decides who writes what; a save waits for the one before it."""
 
     saves_at_any_call = True
+    replicas = None  # the memory tier sends the packed writer's snapshot; DCP's staging is its own (docs/memory-tier.md)
 
     def __init__(self, state: ShardedState, config: CheckpointConfig, storage: Storage, coord: Coordinator,
                  clock: SaveClock):

@@ -166,3 +166,12 @@ class Coordinator:
         box = [obj]
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
         return box[0]
+
+
+def gather_objects(coord: Coordinator, obj) -> list:
+    """Every rank's `obj`, indexed by rank, on the coordinator's group."""
+    if coord.world_size == 1:
+        return [obj]
+    out = [None] * coord.world_size
+    dist.all_gather_object(out, obj, group=coord.group)
+    return out

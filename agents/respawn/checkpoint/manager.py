@@ -32,6 +32,19 @@ class Backend(Protocol):
     """Its saves wait for the previous one (never `busy`): a save due by steps, which every
     rank sees at the same call, may start at a call that reads no table."""
 
+    replicas: object | None
+    """The memory tier's Replicator (tiers/replicator.py), or None: then `replica_due`
+    and `replicate` are never called."""
+
+    def replica_due(self, step: int) -> bool:
+        """A replication to the buddy is due by this rank's count (rank 0's decides)."""
+
+    def replicate(self, step: int) -> None:
+        """Snapshot and send to the buddy in the background, unless its buffers are taken."""
+
+    def settle_replicas(self, step: int) -> None:
+        """Every rank's replica of `step` has landed: the stores may drop the older ones."""
+
     def progress(self) -> tuple[int, int, int]:
         """This rank's save in flight for its row: (busy, written step, failed step)."""
 
@@ -125,13 +138,21 @@ class CheckpointManager:
         decision = policy.decide(step, kind, table, busy=self.backend.busy(table), last_saved_step=self.clock.last_step,
                                  due_here=due_here)
         outcome = self._act(step, kind, decision, deadline)
+        if self.backend.replicas is not None and table is not None:
+            # Every rank's newest replication landed at or past this step: it is whole on the stores.
+            self.backend.settle_replicas(min(row[policy.REPLICATED] for row in table))
+            if decision.kind is None and table[0][policy.REPLICA]:
+                self.backend.replicate(step)  # every rank at the same call: the replicas are of one step
         self.coord.share(self._row(step))
         self.backend.after_call()
         return outcome
 
     def _row(self, step: int) -> list[int]:
         due = self.clock.due(step, time.monotonic())
-        return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress()]
+        replicas = self.backend.replicas
+        replica = replicas is not None and self.backend.replica_due(step)
+        replicated = replicas.replicated_step if replicas is not None and replicas.replicated_step is not None else -1
+        return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress(), int(replica), replicated]
 
     def _act(self, step: int, asked: str | None, decision: policy.Decision, deadline) -> SaveOutcome | None:
         if decision.kind is None:

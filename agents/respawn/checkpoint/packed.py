@@ -29,6 +29,14 @@ Save choices, each a deliberate one:
   persisted at full speed and committed before the deadline, or abandoned at the
   deadline, leaving the previous checkpoint intact; the outcome says which. Training
   waits for it, so its CPU tensors are written in place, not copied first.
+- With the memory tier (a gang whose nodes run buddy stores, tiers/replicator.py), the
+  same snapshot is sent to the rank's buddy: every periodic save's, and between them,
+  every K steps as the gang agrees, a snapshot of its own into the same buffers, taken
+  the same way (the optimizer's next step waits only for its copy) and sent in the
+  background. Nothing is written live then (the buffers hold the whole state, which the
+  replica reads after the step). A save that comes while the buffers are being sent
+  cuts the send (within a chunk) and takes them: storage first; the save's snapshot is
+  replicated in its stead.
 """
 
 from __future__ import annotations
@@ -53,6 +61,8 @@ from .snapshot import DeviceCopy, SnapshotBuffers
 from .state import TrainState
 from .storage import Storage
 from .storage.local import LocalStorage
+from .tiers.replicator import Replicator
+from .tiers.shard import Shard
 from .validation import ReferenceLoss
 
 LOCAL_LIVE_FRACTION = 0.5
@@ -93,7 +103,7 @@ class PackedWriter:
     saves_at_any_call = False  # a periodic save due while one is in flight waits for the table
 
     def __init__(self, state: TrainState, config: CheckpointConfig, framework: str, storage: Storage,
-                 coord: Coordinator, clock: SaveClock, hook_optimizer: bool):
+                 coord: Coordinator, clock: SaveClock, hook_optimizer: bool, replicas: Replicator | None = None):
         self.state = state
         self.config = config
         self.framework = framework
@@ -104,9 +114,14 @@ class PackedWriter:
         self._live_fraction = config.write_live_fraction
         if self._live_fraction is None:
             self._live_fraction = LOCAL_LIVE_FRACTION if isinstance(storage, LocalStorage) else 0.0
+        self.replicas = replicas
+        if replicas is not None:
+            self._live_fraction = 0.0  # a replica is sent after the step: the buffers must hold everything
         self.buffers = SnapshotBuffers(config.num_files)
         self._reference = ReferenceLoss(config.validation) if config.validation is not None and self.rank == 0 else None
         self.inflight: _Persist | None = None
+        self._replica_snapshot: _Persist | None = None  # a replication's own snapshot, until its copy is complete
+        self._save_cost_s: float | None = None  # the last committed periodic save's stall: what the interval was chosen for
         self.last_committed_step = -1
         self._step_time_s: float | None = None  # a step's own time, no save beside it
         self._step_ended_at: float | None = None  # when the last save() returned: the loop's step began
@@ -118,15 +133,15 @@ class PackedWriter:
 
     def before_optimizer_step(self, *_) -> None:
         """The weights are about to change: the in-flight snapshot must hold them first."""
-        job = self.inflight
-        if job is not None and job.device is not None:
-            job.device.hold_update()
-        if job is not None and not job.snapshotted.is_set():
-            started = time.monotonic()
-            job.snapshotted.wait()
-            waited = time.monotonic() - started
-            job.outcome.stall_s += waited
-            self._waited_in_step += waited
+        for job in (self.inflight, self._replica_snapshot):
+            if job is not None and job.device is not None:
+                job.device.hold_update()
+            if job is not None and not job.snapshotted.is_set():
+                started = time.monotonic()
+                job.snapshotted.wait()
+                waited = time.monotonic() - started
+                job.outcome.stall_s += waited
+                self._waited_in_step += waited
 
     # --- the manager's calls (agents/respawn/checkpoint/manager.py Backend) --------------------
     def before_decision(self) -> None:
@@ -275,6 +290,8 @@ class PackedWriter:
 
     def _new_job(self, step: int, kind: str, pace: persist.Pace, overlap: bool = False) -> _Persist:
         started = time.monotonic()
+        if self.replicas is not None:
+            self.replicas.give_up()  # the buffers are the save's: a send in flight stops within a chunk
         meta, stall, tensors, deferred, device = self._snapshot(step, kind, overlap)
         outcome = SaveOutcome(step, kind, None, self.storage.url_for(layout.step_dir(step)), stall_s=stall)
         self.clock.saved(step, time.monotonic())
@@ -321,6 +338,9 @@ class PackedWriter:
             self.buffers.copy_some(job.tensors, job.deferred)
             if job.device is not None:
                 job.device.wait()
+            if self.replicas is not None and job.kind == protocol.CheckpointKind.PERIODIC:
+                shard = self._shard(job.step, job.meta)  # before the reference loss adds to the meta
+                self.replicas.start(job.step, lambda: shard, None)
             reference = self._start_reference_loss(job)  # it reads the weights as saved
 
         def release_live():
@@ -373,6 +393,8 @@ class PackedWriter:
         commit.commit(self.storage, self.config, ckpt, files, job.meta, job.outcome, job.started,
                       stall_s=job.outcome.stall_s, pace=job.pace)
         self.last_committed_step = job.step
+        if job.kind == protocol.CheckpointKind.PERIODIC:
+            self._save_cost_s = job.outcome.stall_s
 
     def save_now(self, step: int, kind: str, deadline: float | None) -> SaveOutcome:
         """Notice/final path: jump the queue, persist at full speed, commit or say why not.
@@ -409,6 +431,55 @@ class PackedWriter:
         """Rank 0's answer, on every rank (so all ranks take the same branch)."""
         return bool(self.coord.exchange([int(rank0_value)])[0][0])
 
+    # --- the memory tier ------------------------------------------------------------------------
+    def replica_due(self, step: int) -> bool:
+        """K steps since the last replication began by the call that acts on this answer
+        (rank 0's decides for the gang, `agree_every` calls later)."""
+        if self.replicas is None:
+            return False
+        every = self.replicas.every_steps(step_s=self._step_time_s, save_cost_s=self._save_cost_s,
+                                          interval_s=self._period_s())
+        return step + self.coord.agree_every - self.replicas.started_step >= every
+
+    def replicate(self, step: int) -> None:
+        """Snapshot into the buffers and send to the buddy in the background, unless the
+        buffers are taken (a persist, whose snapshot went to the buddy at its start; a send
+        still in flight: skipped)."""
+        if self.replicas is None or self.inflight is not None:
+            return
+        if self.replicas.busy:
+            self.replicas.skipped += 1
+            return
+        started = time.monotonic()
+        meta, stall, tensors, deferred, device = self._snapshot(step, protocol.CheckpointKind.PERIODIC, overlap=True)
+        job = _Persist(step, protocol.CheckpointKind.PERIODIC, persist.Pace(), SaveOutcome(step, "replica", None, "", stall_s=stall),
+                       meta, started, tensors=tensors, deferred=deferred, device=device)
+        self._replica_snapshot = job
+
+        def prepare() -> Shard:
+            try:
+                self.buffers.copy_some(job.tensors, job.deferred)
+                if job.device is not None:
+                    job.device.wait()
+            finally:
+                job.tensors = None
+                job.snapshotted.set()
+            return self._shard(step, meta)
+
+        self.replicas.start(step, prepare, lambda: job.outcome.stall_s)
+
+    def settle_replicas(self, step: int) -> None:
+        if step > self.replicas.settled_step:
+            self.replicas.settle(step)
+
+    def _shard(self, step: int, meta: dict) -> Shard:
+        """This rank's files of `step` as a checkpoint would hold them: the buffers (nothing
+        is written live with the tier) and its state file."""
+        files = {layout.data_file(self.rank, i): memoryview(b.numpy()).cast("B") if b.numel() else memoryview(b"")
+                 for i, b in enumerate(self.buffers.buffers)}
+        files[layout.rank_state_file(self.rank)] = json.dumps(meta).encode()
+        return Shard(self.rank, step, files, {})
+
     # --- the end -----------------------------------------------------------------------------
     def drain(self) -> SaveOutcome | None:
         """Finish the in-flight persist (if any) at full speed (the caller blocks anyway)
@@ -425,6 +496,8 @@ class PackedWriter:
         return job.outcome
 
     def close(self) -> None:
+        if self.replicas is not None:
+            self.replicas.wait()
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None

@@ -9,14 +9,18 @@ storage, no torch; the caller passes the time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from respawn.protocol import CheckpointKind
 
 # Columns of the row each rank shares: its flags (stop seen, checkpoint-now seen, a
-# periodic save due by its clock), whether a save of its is in flight, and the step of
-# that save once this rank's part of it is written (or has failed), else -1.
-STOP, NOW, DUE, BUSY, WRITTEN_STEP, FAILED_STEP = range(6)
+# periodic save due by its clock), whether a save of its is in flight, the step of that
+# save once this rank's part of it is written (or has failed), else -1; with the memory
+# tier, a replication to its buddy due by its count (rank 0's decides for the gang, as for
+# saves) and the step of its newest replication landed on both its stores (else -1): the
+# manager acts on those two, not `decide`.
+STOP, NOW, DUE, BUSY, WRITTEN_STEP, FAILED_STEP, REPLICA, REPLICATED = range(8)
 NOT_YET = -1
 
 
@@ -65,6 +69,18 @@ def decide(step: int, asked: str | None, table: list[list[int]] | None, *, busy:
 def all_done(table: list[list[int]], step: int) -> bool:
     """Every rank's part of the save of `step` is written or has failed."""
     return all(step in (row[WRITTEN_STEP], row[FAILED_STEP]) for row in table)
+
+
+def daly_interval(cost_s: float, mtbi_s: float) -> float:
+    """Daly's higher-order optimum for checkpoint cost C and mean time between interruptions M
+    (DESIGN §9): the control plane's storage interval (respawn_server.jobs.fleet.policies.interval)
+    and the memory tier's K (tiers/pacing.py) both come from it."""
+    if math.isinf(mtbi_s):
+        return math.inf
+    if cost_s >= 2 * mtbi_s:
+        return mtbi_s
+    ratio = cost_s / (2 * mtbi_s)
+    return math.sqrt(2 * cost_s * mtbi_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost_s
 
 
 class SaveClock:

@@ -106,10 +106,16 @@ def load(ref: CheckpointRef, rank: int = 0) -> LoadedCheckpoint:
     # The files were written in parallel; read (and verify) them in parallel too.
     with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="ckpt-read") as pool:
         buffers = dict(zip(names, pool.map(read, names.values())))
-    tensors = [view_of(buffers.get(s.file), s) for s in map(Slot.from_json, rank_state["slots"])]
-    state = codec.unflatten(rank_state["skeleton"], tensors)
+    state = rebuild(rank_state, buffers)
     meta = {k: v for k, v in meta.items() if k not in ("skeleton", "slots")}
     return LoadedCheckpoint(ref, meta, state, man)
+
+
+def rebuild(rank_state: dict, buffers: dict[int, torch.Tensor]) -> dict:
+    """A rank's state from its state file's skeleton and slots and its data files' bytes
+    (flat uint8 tensors by file index), as views into them."""
+    tensors = [view_of(buffers.get(s.file), s) for s in map(Slot.from_json, rank_state["slots"])]
+    return codec.unflatten(rank_state["skeleton"], tensors)
 
 
 def read_json(ref: CheckpointRef, man: manifest.Manifest, name: str) -> Any:

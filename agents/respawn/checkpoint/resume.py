@@ -24,15 +24,20 @@ class Skipped:
 @dataclass(frozen=True, slots=True)
 class Resumed:
     """What `Checkpointer.load_latest()` restored: the loop continues at `step`
-    (0 and `uri` None when there was nothing to resume from). `skipped` holds the
+    (0 and `uri` None when there was nothing to resume from, or `tier` "memory"). `skipped` holds the
     newer checkpoints passed over, newest first, each with its reason."""
 
     step: int
     uri: str | None
     skipped: tuple[Skipped, ...] = ()
+    tier: str = "storage"
+    """"memory": restored from the gang's buddy stores (docs/memory-tier.md), `uri` None."""
 
     def __str__(self) -> str:
-        head = f"resumed at step {self.step} from {self.uri}" if self.uri else "no checkpoint to resume from: starting at step 0"
+        if self.tier == "memory":
+            head = f"resumed at step {self.step} from the memory tier"
+        else:
+            head = f"resumed at step {self.step} from {self.uri}" if self.uri else "no checkpoint to resume from: starting at step 0"
         return "; ".join([head, *(f"skipped {s.uri}: {s.reason}" for s in self.skipped)])
 
 

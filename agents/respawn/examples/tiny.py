@@ -50,13 +50,14 @@ def validation_batch() -> tuple[torch.Tensor, torch.Tensor]:
     return x[idx], y[idx]
 
 
-def build(seed: int = 0, rank: int = 0, world_size: int = 1):
-    """Model, optimizer, scheduler and sampler of a run, ready for a TrainState."""
+def build(seed: int = 0, rank: int = 0, world_size: int = 1, batch_size: int = BATCH):
+    """Model, optimizer, scheduler and sampler of a run, ready for a TrainState; `batch_size`
+    samples a step on each rank."""
     torch.manual_seed(seed + rank)
     model = make_model()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.9)
-    sampler = ResumableSampler(DATASET_SIZE, BATCH, seed=seed, rank=rank, world_size=world_size)
+    sampler = ResumableSampler(DATASET_SIZE, batch_size, seed=seed, rank=rank, world_size=world_size)
     return TrainState(model, optimizer, scheduler, sampler=sampler)
 
 

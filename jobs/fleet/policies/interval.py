@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from respawn.checkpoint.policy import daly_interval
 from respawn_server.jobs.fleet.policies.rates import RateEstimate
 
 
@@ -55,16 +56,6 @@ class IntervalDecision:
     mtbi_s: float | None = None
     """Mean time between interruptions of any kind there (the noticed ones cost only their
     downtime; M above counts the others), so the page can say both."""
-
-
-def daly_interval(cost_s: float, mtbi_s: float) -> float:
-    """Daly's higher-order optimum for checkpoint cost C and mean time between interruptions M."""
-    if math.isinf(mtbi_s):
-        return math.inf
-    if cost_s >= 2 * mtbi_s:
-        return mtbi_s
-    ratio = cost_s / (2 * mtbi_s)
-    return math.sqrt(2 * cost_s * mtbi_s) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - cost_s
 
 
 def checkpoint_interval(*, checkpoint_cost_s: float, rate: RateEstimate,

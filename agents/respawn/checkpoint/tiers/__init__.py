@@ -1,16 +1,17 @@
 """The memory tier (DESIGN §12, issue 37): a rank's host snapshot replicated into its
 buddy node's host memory over TCP, digest-checked on receipt and again before it is
-served. This slice is the store and its transport only; it is not yet wired into the
-Checkpointer, the agent or the manifest (docs/memory-tier.md says what is left).
+served. The agent runs a node's store (agents/respawn/agent/memory_tier.py), the packed
+writer replicates to it (replicator.py), a regrouped gang resumes from it (restore.py);
+docs/memory-tier.md says what is left.
 
-    server = BuddyServer(holds_for=buddy.held_for(rank, world)).start()   # on every node
-    client.replicate(address_of_buddy, Shard(rank, step, files))           # every K steps
-    shard = client.fetch(address_of_buddy, rank)   # or ReplicaUnavailable, saying why
+    server = BuddyServer(held_for(rank, world), token, own=rank).start()  # on every node
+    client.replicate(address_of_buddy, token, Shard(rank, step, files, {}))  # every K steps
+    shard = client.fetch(address_of_buddy, token, rank)   # or ReplicaUnavailable, saying why
 """
 
 from .buddy import BuddyServer
-from .client import ReplicaUnavailable, fetch, replicate, status
+from .client import ReplicaUnavailable, fetch, replicate, settle, status
 from .shard import Shard, buddy_of, held_for, shard_from_storage
 
-__all__ = ["BuddyServer", "ReplicaUnavailable", "Shard", "buddy_of", "fetch", "held_for", "replicate",
+__all__ = ["BuddyServer", "ReplicaUnavailable", "Shard", "buddy_of", "fetch", "held_for", "replicate", "settle",
            "shard_from_storage", "status"]

@@ -1,17 +1,29 @@
-"""A node's buddy store: keeps one other rank's newest verified shard in host memory and
-serves it back (DESIGN §12).
+"""A node's buddy store: keeps the previous rank's newest verified shard in host memory
+and, beside it, its own rank's, and serves them back (DESIGN §12). Its own outlives its
+trainer, which a regroup kills: with both, one node lost leaves every rank's shard on
+some node, the lost one's on its buddy.
 
-At most one shard is held: a put is received into fresh buffers while the previous
-replica stays served, and replaces it only once every byte has arrived and matched its
-digest; a torn or mismatched put is dropped and the previous one stays. Puts are taken
-one at a time, so a receipt in progress holds at most one more shard. Before a replica
+A put is received into fresh buffers while the previous replica stays served, and is
+published only once every byte has arrived and matched its digest; a torn or mismatched
+put is dropped and the previous one stays. Each kept rank's newest replica and, until the
+gang says the newest step is whole (`settle`: every rank's replica of it has landed), the
+one before are held: a node lost while a replication lands leaves the previous step whole
+on the nodes left. Puts are taken one at a time, so a receipt in progress holds at most
+one more shard. Before a replica
 is served it is digested again: host memory can rot, and nothing unverified leaves.
 
-Run alone on a node: `python -m respawn.checkpoint.tiers` (tiers/__main__.py).
+Every request carries the store's token (compared in constant time): the store holds a
+rank's whole training state, so what can reach its port but is not of the gang (another
+tenant of the network, a scanner) must neither read nor replace it. The token is no
+encryption: the gang's network sees it pass, as it sees the replicas' bytes.
+
+On a node the agent runs it (agents/respawn/agent/memory_tier.py); alone:
+`python -m respawn.checkpoint.tiers` (tiers/__main__.py).
 """
 
 from __future__ import annotations
 
+import hmac
 import socket
 import socketserver
 import threading
@@ -23,6 +35,9 @@ from . import wire
 
 @dataclass(frozen=True)
 class Replica:
+    form: int  # of the gang, as the store counts its `hold_for` calls
+    gang: str  # the sender's run of the gang (Shard.gang)
+    rank: int
     step: int
     files: dict  # name -> bytearray, never written after it is published
     digests: dict
@@ -38,10 +53,21 @@ IDLE_TIMEOUT_S = 60.0
 
 
 class BuddyServer:
-    def __init__(self, holds_for: int, host: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = IDLE_TIMEOUT_S):
-        self.holds_for = holds_for
+    """`holds_for` is the rank whose puts it takes, and `own` its node's rank (None: only the
+    other's); the agent calls `hold_for` when its gang re-forms (docs/elastic.md). The
+    replicas it held stay served, for their ranks, until the new form's first verified put
+    replaces them, whatever that put's step: a gang resumed from an older checkpoint counts
+    its steps again from there."""
+
+    def __init__(self, holds_for: int, token: str, host: str = "127.0.0.1", port: int = 0,
+                 idle_timeout_s: float = IDLE_TIMEOUT_S, own: int | None = None):
+        if not token:
+            raise ValueError("a buddy store needs a token: it must not serve a rank's state to anyone who asks")
+        self.keeps = self._keeps(holds_for, own)
+        self._form = 0
+        self._token = token.encode()
         self.idle_timeout_s = idle_timeout_s
-        self.replica: Replica | None = None
+        self.replicas: dict[int, tuple[Replica, ...]] = {}  # by rank, oldest first, at most two
         self.receiving = 0  # bytes of the put being received, beside the replica
         self._one_put = threading.Lock()
         store = self
@@ -55,6 +81,20 @@ class BuddyServer:
         self._server.allow_reuse_address = True
         self._server.server_bind()
         self._server.server_activate()
+
+    @staticmethod
+    def _keeps(holds_for: int, own: int | None) -> tuple[int, ...]:
+        return tuple(sorted({holds_for} | ({own} if own is not None else set())))
+
+    def hold_for(self, rank: int, own: int | None = None) -> None:
+        """The gang re-formed (or its trainer restarted): take `rank`'s and `own`'s puts from now on."""
+        with self._one_put:
+            self.keeps = self._keeps(rank, own)
+            self._form += 1
+
+    @property
+    def token(self) -> str:
+        return self._token.decode()
 
     @property
     def address(self) -> tuple[str, int]:
@@ -77,29 +117,35 @@ class BuddyServer:
         try:
             request = wire.recv_frame(sock)
             op = request.get("op")
-            if op == "put":
+            token = request.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+                wire.send_frame(sock, {"ok": False, "reason": "the request's token is not this store's"})
+            elif op == "put":
                 self._put(sock, request)
             elif op == "get":
                 self._get(sock, request)
             elif op == "status":
-                held = self.replica
-                wire.send_frame(sock, {"holds_for": self.holds_for, "step": held.step if held else None,
-                                       "bytes": held.nbytes if held else 0, "receiving": self.receiving})
+                held = [replica for versions in self.replicas.values() for replica in versions]
+                wire.send_frame(sock, {"ok": True, "keeps": list(self.keeps), "receiving": self.receiving,
+                                       "replicas": [[r.rank, r.step, r.nbytes, r.gang] for r in held]})
+            elif op == "settle":
+                self._settle(sock, request)
             else:
                 wire.send_frame(sock, {"ok": False, "reason": f"unknown op {op!r}"})
         except (wire.Torn, OSError):
             pass  # the peer went away or fell silent: what it was sending is dropped, the replica stays
 
     def _put(self, sock: socket.socket, request: dict) -> None:
-        rank, step = request.get("rank"), request.get("step")
+        rank, step, gang = request.get("rank"), request.get("step"), str(request.get("gang", ""))
         rows = wire.file_list(request, with_digest=False)
-        if rank != self.holds_for:
-            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps rank {self.holds_for}'s replica, not rank {rank}'s"})
+        if rank not in self.keeps:
+            kept = " and ".join(f"rank {r}'s" for r in self.keeps)
+            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps {kept} replica, not rank {rank}'s"})
         if type(step) is not int:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {step!r} is not a whole number"})
         with self._one_put:
-            held = self.replica
-            if held is not None and step <= held.step:
+            held = self.replicas.get(rank, (None,))[-1]
+            if held is not None and held.form == self._form and step <= held.step:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step} is not newer than the replica's step {held.step}"})
             wire.send_frame(sock, {"ok": True, "reason": ""})  # go: the bytes are wanted
             files, computed = {}, {}
@@ -116,24 +162,38 @@ class BuddyServer:
             bad = [name for name in files if computed[name] != expected[name]]
             if bad:
                 return wire.send_frame(sock, {"ok": False, "reason": f"step {step}: {', '.join(bad)} failed the {manifest.ALGORITHM} digest on receipt"})
-            # One assignment: a fetch sees the old replica or the new one, never a mix.
-            previous, self.replica = self.replica, Replica(step, files, expected)
-            # The sender waits for this verdict, not for the older shard's pages to be freed;
-            # they are freed before the next put may start, so puts never hold more than two.
+            # One assignment: a fetch sees the old replicas or the new ones, never a mix. An older
+            # form's replicas go with the new form's first: the regroup has read them by then.
+            previous = self.replicas
+            mine = tuple(kept for kept in previous.get(rank, ()) if kept.form == self._form)[-1:]
+            self.replicas = {r: kept for r, kept in previous.items() if kept[-1].form == self._form and r != rank} | {
+                rank: (*mine, Replica(self._form, gang, rank, step, files, expected))}
+            # The sender waits for this verdict, not for the oldest shard's pages to be freed;
+            # they are freed before the next put may start.
             wire.send_frame(sock, {"ok": True, "reason": ""})
             del previous
 
+    def _settle(self, sock: socket.socket, request: dict) -> None:
+        """Rank `rank`'s step `step` is whole on the gang's stores: the replicas before it go."""
+        rank, step = request.get("rank"), request.get("step")
+        with self._one_put:
+            versions = self.replicas.get(rank, ())
+            if type(step) is int and any(kept.step >= step for kept in versions):
+                self.replicas[rank] = tuple(kept for kept in versions if kept.step >= step)
+        wire.send_frame(sock, {"ok": True, "reason": ""})
+
     def _get(self, sock: socket.socket, request: dict) -> None:
-        rank = request.get("rank")
-        held = self.replica
-        if rank != self.holds_for:
-            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps rank {self.holds_for}'s replica, not rank {rank}'s"})
+        """Rank `rank`'s replica of step `step`, or its newest when the request names none."""
+        rank, step = request.get("rank"), request.get("step")
+        versions = self.replicas.get(rank, ()) if isinstance(rank, int) else ()
+        held = next((kept for kept in reversed(versions) if step is None or kept.step == step), None)
         if held is None:
-            return wire.send_frame(sock, {"ok": False, "reason": f"no replica of rank {rank} has arrived complete and verified"})
+            which = "" if step is None else f" of step {step}"
+            return wire.send_frame(sock, {"ok": False, "reason": f"no replica of rank {rank}{which} has arrived complete and verified"})
         rotten = [name for name, data in held.files.items() if manifest.digest_bytes(data) != held.digests[name]]
         if rotten:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {held.step}: {', '.join(rotten)} no longer match their digest in the buddy's memory"})
-        wire.send_frame(sock, {"ok": True, "step": held.step,
+        wire.send_frame(sock, {"ok": True, "step": held.step, "gang": held.gang,
                                "files": [[name, len(data), held.digests[name]] for name, data in held.files.items()]})
         for data in held.files.values():
             wire.send_body(sock, data, digest_it=False)

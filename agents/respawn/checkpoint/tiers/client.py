@@ -39,27 +39,36 @@ def _answer(sock: socket.socket, address, what: str) -> dict:
     return reply
 
 
-def replicate(address: tuple[str, int], shard: Shard, timeout_s: float | None = None) -> None:
+def replicate(address: tuple[str, int], token: str, shard: Shard, timeout_s: float | None = None,
+              cancel=None) -> dict:
     """Put `shard` into the buddy's memory; returns once the buddy has verified it and
-    serves it (the previous replica is served until then)."""
+    serves it (the previous replica is served until then), with the files' digests (those
+    computed on the way where the shard had none). `token`: the buddy store's. `cancel`
+    (a threading.Event) set: the put is cut between chunks, the buddy drops it."""
     with _connect(address, timeout_s) as sock:
         try:
-            wire.send_frame(sock, {"op": "put", "rank": shard.rank, "step": shard.step,
+            wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step, "gang": shard.gang,
                                    "files": [[name, len(memoryview(data).cast("B"))] for name, data in shard.files.items()]})
             _answer(sock, address, f"put of step {shard.step}")
-            digests = [wire.send_body(sock, data, digest_it=shard.digests.get(name) is None) or shard.digests[name]
+            digests = [wire.send_body(sock, data, shard.digests.get(name) is None, cancel) or shard.digests[name]
                        for name, data in shard.files.items()]
             wire.send_frame(sock, {"digests": digests})
+        except wire.Cancelled:
+            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} given up: a save "
+                                     f"took its buffers") from None
         except OSError as exc:
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} cut ({exc})") from None
         _answer(sock, address, f"put of step {shard.step}")
+        return dict(zip(shard.files, digests))
 
 
-def fetch(address: tuple[str, int], rank: int, timeout_s: float | None = None) -> Shard:
-    """Rank `rank`'s newest verified replica from its buddy, checked again on arrival."""
+def fetch(address: tuple[str, int], token: str, rank: int, timeout_s: float | None = None,
+          step: int | None = None) -> Shard:
+    """Rank `rank`'s newest verified replica from its buddy (or its replica of `step`),
+    checked again on arrival."""
     with _connect(address, timeout_s) as sock:
         try:
-            wire.send_frame(sock, {"op": "get", "rank": rank})
+            wire.send_frame(sock, {"op": "get", "token": token, "rank": rank, "step": step})
         except OSError as exc:
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch cut ({exc})") from None
         reply = _answer(sock, address, f"fetch of rank {rank}")
@@ -72,14 +81,21 @@ def fetch(address: tuple[str, int], rank: int, timeout_s: float | None = None) -
                 digests[name] = digest
         except (wire.Torn, OSError) as exc:
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: fetch of rank {rank} torn ({exc})") from None
-        return Shard(rank, reply["step"], files, digests)
+        return Shard(rank, reply["step"], files, digests, str(reply.get("gang", "")))
 
 
-def status(address: tuple[str, int]) -> dict:
-    """What the buddy holds: {"holds_for", "step", "bytes", "receiving"}."""
+def settle(address: tuple[str, int], token: str, rank: int, step: int) -> None:
+    """Tell the store that rank `rank`'s step `step` is whole on the gang's stores: it
+    drops that rank's older replicas."""
     with _connect(address, CONNECT_TIMEOUT_S) as sock:
-        wire.send_frame(sock, {"op": "status"})
-        try:
-            return wire.recv_frame(sock)
-        except (wire.Torn, OSError) as exc:
-            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: status torn ({exc})") from None
+        wire.send_frame(sock, {"op": "settle", "token": token, "rank": rank, "step": step})
+        _answer(sock, address, f"settle of step {step}")
+
+
+def status(address: tuple[str, int], token: str) -> dict:
+    """What the buddy holds: {"keeps": [rank, ...], "replicas": [[rank, step, bytes, gang], ...],
+    "receiving": bytes of a put in progress}."""
+    with _connect(address, CONNECT_TIMEOUT_S) as sock:
+        wire.send_frame(sock, {"op": "status", "token": token})
+        reply = _answer(sock, address, "status")
+        return {key: reply[key] for key in ("keeps", "replicas", "receiving")}

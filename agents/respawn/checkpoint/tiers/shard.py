@@ -12,12 +12,15 @@ from ..storage import Storage
 @dataclass(frozen=True)
 class Shard:
     """`files`: name -> bytes-like. `digests`: name -> xxh3-128 hex as the manifest records
-    it; a file without one (a notice save not yet persisted) is digested as it is sent."""
+    it; a file without one (a notice save not yet persisted) is digested as it is sent.
+    `gang`: which run of the gang sent it (a trainer gang's start), so that shards of one
+    step number from two runs (one resumed from an older checkpoint) are never mixed."""
 
     rank: int
     step: int
     files: dict
     digests: dict
+    gang: str = ""
 
     @property
     def nbytes(self) -> int:

@@ -26,6 +26,10 @@ class Torn(Exception):
     """The peer closed the stream, or sent something that is not this protocol."""
 
 
+class Cancelled(Exception):
+    """The sender gave the put up between two chunks (its buffers are wanted)."""
+
+
 def send_frame(sock: socket.socket, body: dict) -> None:
     text = json.dumps(body).encode()
     sock.sendall(_LENGTH.pack(len(text)) + text)
@@ -64,11 +68,14 @@ def recv_frame(sock: socket.socket) -> dict:
     return body
 
 
-def send_body(sock: socket.socket, data, digest_it: bool) -> str | None:
-    """Send one file's bytes; their digest when asked (computed on the way, chunk by chunk)."""
+def send_body(sock: socket.socket, data, digest_it: bool, cancel=None) -> str | None:
+    """Send one file's bytes; their digest when asked (computed on the way, chunk by chunk).
+    `cancel` (a threading.Event) set: Cancelled before the next chunk."""
     view = memoryview(data).cast("B")
     digest = manifest.new_digest() if digest_it else None
     for offset in range(0, len(view), CHUNK):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("given up")
         chunk = view[offset : offset + CHUNK]
         if digest is not None:
             digest.update(chunk)

@@ -1,0 +1,51 @@
+"""The node's buddy store of the memory tier (docs/memory-tier.md): a multi-node job's
+agent keeps the previous rank's replica and its own rank's in its own memory, so both
+outlive the trainer (an elastic gang's regroup kills it; the state is wanted then).
+
+It listens on the address this node reaches the gang's rendezvous from, not on every
+interface, on a port of the kernel's choosing, and refuses any request without its token:
+a fresh random one per agent, never sent to the control plane. Both reach this node's
+trainer in its environment; the ranks exchange them on their own group
+(tiers/replicator.py `join_ring`), so only the gang's trainers learn them.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from typing import TYPE_CHECKING
+
+from respawn import protocol
+from respawn.checkpoint.tiers import BuddyServer, held_for
+
+if TYPE_CHECKING:
+    from respawn.agent.lifecycle import Agent
+
+
+def gang_facing_address(rendezvous_addr: str) -> str:
+    """This node's address on the route to the gang's rendezvous (rank 0's own, on rank 0):
+    no packet is sent, the kernel only picks the source address it would use."""
+    host, _, port = rendezvous_addr.rpartition(":")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, int(port)))
+        return probe.getsockname()[0]
+
+
+def put_in_env(agent: Agent, env: dict[str, str]) -> None:
+    """The store's address and token in the environment of the trainer about to start, the
+    store started on the first call and told whose replicas to keep in the gang as it is
+    now; neither for a job of one node (an elastic gang may have shrunk to one)."""
+    job = agent.state.job
+    assert job is not None
+    env.pop(protocol.ENV_MEMORY_TIER_ADDR, None)
+    env.pop(protocol.ENV_MEMORY_TIER_TOKEN, None)
+    if job.world_size < 2 or not job.rendezvous_addr:
+        return
+    store = agent.state.buddy_store
+    if store is None:
+        store = agent.state.buddy_store = BuddyServer(held_for(job.rank, job.world_size), secrets.token_urlsafe(32),
+                                                      gang_facing_address(job.rendezvous_addr), own=job.rank).start()
+        agent.agent_line(f"memory tier: this node keeps a buddy's replica, store at {store.address[0]}:{store.address[1]}")
+    store.hold_for(held_for(job.rank, job.world_size), own=job.rank)  # a new trainer: its steps restart where it resumes
+    host, port = store.address
+    env.update({protocol.ENV_MEMORY_TIER_ADDR: f"{host}:{port}", protocol.ENV_MEMORY_TIER_TOKEN: store.token})

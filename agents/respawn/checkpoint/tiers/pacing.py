@@ -1,0 +1,43 @@
+"""How often a rank replicates its shard to its buddy: every K steps, K chosen from what a
+replication is measured to cost, by the rule that chooses the storage tier's interval
+from what a save costs (Young/Daly, `policy.daly_interval`).
+
+Daly needs M, the mean time between interruptions that lose work. The trainer is not
+told M; it is told the interval τ the control plane chose for a save whose cost C it
+measured (each save's stall, as the control plane averages them). Young's optimum
+τ = sqrt(2·C·M) gives M = τ²/(2·C) back, and the memory tier's optimum for its own cost
+C_r follows: about τ·sqrt(C_r/C). An interval the control plane bounded or a job's
+override makes that M approximate; K stays within its bounds either way:
+
+- at least the replication's own time (snapshot to the buddy's verdict), in steps: a
+  replication still in flight when the next is due skips it, so a shorter K would only
+  skip;
+- at most the storage interval in steps: a replica older than the newest checkpoint is
+  no use.
+
+Pure: the caller measures.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..policy import daly_interval
+
+
+def implied_mtbi_s(interval_s: float, save_cost_s: float) -> float:
+    """M for which Young's optimum is `interval_s` at a save cost of `save_cost_s` (> 0)."""
+    return interval_s * interval_s / (2 * save_cost_s)
+
+
+def replica_every_steps(*, replica_cost_s: float, replica_wall_s: float, step_s: float, save_cost_s: float | None,
+                        interval_s: float) -> int:
+    """K for a replication that costs training `replica_cost_s` (its stall) and takes
+    `replica_wall_s` to land, at `step_s` a step, beside storage saves every `interval_s`
+    that cost `save_cost_s` each (None: none measured yet, or 0: it cost nothing; either
+    way M is unknown and only the replication's own time bounds K)."""
+    if step_s <= 0:
+        raise ValueError(f"step_s must be > 0 (got {step_s})")
+    most = max(1, math.floor(interval_s / step_s))
+    optimum = 0.0 if not save_cost_s or save_cost_s <= 0 else daly_interval(replica_cost_s, implied_mtbi_s(interval_s, save_cost_s))
+    return min(most, max(1, math.ceil(max(optimum, replica_wall_s) / step_s)))

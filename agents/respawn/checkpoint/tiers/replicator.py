@@ -1,0 +1,149 @@
+"""A rank's side of the memory tier in a training loop: at most one replication in flight,
+in a thread of its own, to its own node's store (which outlives the trainer: a regroup
+kills it) and then to its buddy's, and what the replications cost (tiers/pacing.py turns that
+into K).
+
+The packed writer (agents/respawn/checkpoint/packed.py) hands it a shard-building
+callable once its snapshot is taken: the thread completes the snapshot (the optimizer's
+next step waits for that part), then sends at the lowest CPU priority, as a paced persist
+writes: a loop that leaves no core idle starves it, and K, measured, grows. A replication
+due while one is in flight is skipped, never queued: the next one carries a newer step
+anyway. A save (storage first) that wants the buffers cancels one in flight (`give_up`):
+its own snapshot is replicated next. A failed one is said on stderr and leaves the buddy's
+previous replica served; training goes on, the storage tier still holds its checkpoints.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+import time
+from collections.abc import Callable
+
+from ..config import CheckpointConfig
+from ..distributed import Coordinator, gather_objects
+from ..persist import lower_priority
+from .client import ReplicaUnavailable, replicate, settle
+from .pacing import replica_every_steps
+from .shard import Shard, buddy_of
+
+
+Store = tuple[tuple[str, int], str]  # a node's store: its address and token
+
+
+def gang_stores(coord: Coordinator, config: CheckpointConfig) -> list[Store] | None:
+    """Every rank's node's store, indexed by rank, or None (alone, a rank without one, or
+    ranks sharing a node, whose ring would keep a shard on its own node: then the gang has
+    no memory tier). They go round on the ranks' own group, which the
+    gang has anyway: nothing new to ask the control plane, and a regrouped gang's new
+    trainers learn the new ring the same way. Every rank of a gang calls it together."""
+    if coord.world_size == 1:
+        return None
+    mine = (config.memory_tier_addr, config.memory_tier_token) if config.memory_tier_addr else None
+    stores = gather_objects(coord, mine)
+    if any(store is None for store in stores):
+        if mine is not None:
+            print("respawn checkpoint: no memory tier: not every node of the gang runs a buddy store", file=sys.stderr)
+        return None
+    if len({address for address, _ in stores}) < len(stores):
+        if coord.rank == 0:
+            print("respawn checkpoint: no memory tier: ranks share a node (it takes one rank a node)", file=sys.stderr)
+        return None
+    return [((address.rpartition(":")[0], int(address.rpartition(":")[2])), token) for address, token in stores]
+
+
+def replicator(coord: Coordinator, config: CheckpointConfig, stores: list[Store] | None) -> Replicator | None:
+    """This rank's Replicator, its puts marked with this run of the gang (rank 0's draw)."""
+    if stores is None:
+        return None
+    gang = gather_objects(coord, uuid.uuid4().hex)[0]
+    return Replicator(coord.rank, stores[buddy_of(coord.rank, coord.world_size)], stores[coord.rank],
+                      config.replica_every_steps, gang)
+
+
+class Replicator:
+    def __init__(self, rank: int, buddy: Store, own: Store, every_steps: int | None = None, gang: str = ""):
+        self.rank = rank
+        self.gang = gang
+        self.buddy = buddy
+        self.own = own
+        self._fixed_every = every_steps
+        self.started_step = 0  # of the last replication begun (or, at a resume, the step resumed from)
+        self.replicated_step: int | None = None  # the newest step both stores verified
+        self.settled_step = -1  # the newest step the gang said is whole on the stores
+        self.skipped = 0
+        self.cost_s: float | None = None  # the last measured replication's stall of training
+        self.wall_s: float | None = None  # the last one's time from its snapshot to the buddy's verdict
+        self._thread: threading.Thread | None = None
+        self._cancel = threading.Event()
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def settle(self, step: int) -> None:
+        """Tell both stores, in the background, that this rank's `step` is whole on the
+        gang's: they drop its older replica. A store gone keeps nothing anyway."""
+        self.settled_step = step
+
+        def tell() -> None:
+            for store in (self.own, self.buddy):
+                try:
+                    settle(*store, self.rank, step)
+                except (ReplicaUnavailable, OSError):
+                    pass
+
+        threading.Thread(target=tell, name=f"ckpt-settle-{step}", daemon=True).start()
+
+    def give_up(self) -> None:
+        """Cut the replication in flight, if any, between two chunks, and wait for its end."""
+        self._cancel.set()
+        self.wait()
+
+    def every_steps(self, *, step_s: float | None, save_cost_s: float | None, interval_s: float) -> int:
+        """K: the job's own (RESPAWN_REPLICA_EVERY_STEPS), else chosen from the last measured
+        replication; 1 until one is measured (the first replication is its measurement)."""
+        if self._fixed_every:
+            return self._fixed_every
+        if self.wall_s is None or self.cost_s is None or not step_s:
+            return 1
+        return replica_every_steps(replica_cost_s=self.cost_s, replica_wall_s=self.wall_s, step_s=step_s,
+                                   save_cost_s=save_cost_s, interval_s=interval_s)
+
+    def start(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None) -> bool:
+        """Replicate the shard `prepare()` returns (run first thing in the thread), unless one
+        is in flight (skipped: False). `cost_s()`, read once the buddy answered, is what it
+        cost training; None where the snapshot was a storage save's, whose cost it is."""
+        if self.busy:
+            self.skipped += 1
+            return False
+        self.started_step = step
+        self._cancel = threading.Event()
+        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s), name=f"ckpt-replica-{step}", daemon=True)
+        thread.start()
+        self._thread = thread  # started first: `wait` may be called from the training thread meanwhile
+        return True
+
+    def _run(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None) -> None:
+        began = time.monotonic()
+        try:
+            shard = prepare()
+            lower_priority()
+            # Its own node's first: over loopback it lands at once, so a buddy lost mid-put leaves
+            # this rank's shard of the step on a node that is left.
+            cancel = self._cancel
+            digests = replicate(*self.own, Shard(shard.rank, shard.step, shard.files, shard.digests, self.gang),
+                                cancel=cancel)
+            replicate(*self.buddy, Shard(shard.rank, shard.step, shard.files, digests, self.gang), cancel=cancel)
+        except ReplicaUnavailable as exc:
+            print(f"respawn checkpoint: step {step} not replicated to the buddy: {exc}", file=sys.stderr, flush=True)
+            return
+        self.replicated_step = step
+        self.wall_s = time.monotonic() - began
+        if cost_s is not None:
+            self.cost_s = cost_s()

@@ -1,0 +1,163 @@
+"""A gang regrouped after a node is lost resumes from the memory tier
+(agents/respawn/checkpoint/tiers/restore.py, Checkpointer.load_latest): forked ranks,
+each node's store in this process (so a test can rot a byte of it), a node lost by
+closing its store. Each rank's trainer is gone, as a regroup kills them; the new gang
+takes the newest step every rank finds verified in the stores left, when it is newer
+than storage's newest checkpoint, bitwise what the old ranks held; otherwise storage."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from respawn.checkpoint import Checkpointer, ResumableSampler, TrainState
+from respawn.checkpoint.reader import committed
+from respawn.checkpoint.storage import open_storage
+from respawn.checkpoint.tiers import BuddyServer, held_for, restore
+from respawn.examples import tiny
+from respawn.examples.dcp_loop import first_difference
+
+from .conftest import TOKEN, config
+from .ranks import run_gang
+from .test_memory_tier_ring import tensors_of
+
+K, EVERY, STEPS, GLOBAL_BATCH = 4, 10, 27, 24
+
+
+def gang_state(rank: int, world: int) -> TrainState:
+    """Each rank its own weights; a global batch every size of the gang divides, so a
+    state saved by 3 ranks resumes on 2."""
+    built = tiny.build(rank=rank, world_size=world)
+    sampler = ResumableSampler(tiny.DATASET_SIZE, GLOBAL_BATCH // world, seed=0, rank=rank, world_size=world)
+    return TrainState(built.model, built.optimizer, built.scheduler, sampler=sampler)
+
+
+def progress_of(state: dict) -> dict:
+    """What a resume must reproduce: the tensors and counters, the sampler's position in the
+    global order but not its per-rank share (a gang of 2 takes 12 samples a rank, not 8)."""
+    kept = tensors_of(state)
+    kept["sampler"] = {k: v for k, v in kept["sampler"].items() if k not in ("batch_size", "world_size", "rank")}
+    return kept
+
+
+def gang_config(root: str, store: BuddyServer):
+    host, port = store.address
+    return config(root, every_steps=EVERY, memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN,
+                  replica_every_steps=K)
+
+
+def train_until_lost(tmp_path: Path, stores: list[BuddyServer]) -> None:
+    """The first gang trains STEPS steps, each rank keeping what it held at each step,
+    then its trainers are gone (the replications in flight landed)."""
+    world, root = len(stores), str(tmp_path / "ckpt")
+
+    def body(rank: int) -> None:
+        state, (x, y) = gang_state(rank, world), tiny.dataset()
+        ckpt = Checkpointer(state, gang_config(root, stores[rank]))
+        for step in range(STEPS):
+            tiny.train_step(state, x, y)
+            ckpt.save(step + 1)
+            torch.save(progress_of(state.state_dict()), tmp_path / f"held-r{rank}-s{step + 1}.pt")
+            time.sleep(0.02)  # a step leaves a core idle (a GPU's would): replicas run at idle priority
+        ckpt.backend.replicas.wait()
+
+    assert run_gang(world, body) == [0] * world
+
+
+def regroup(tmp_path: Path, survivors: list[BuddyServer]) -> list[dict]:
+    """The gang of the nodes left, re-ranked in their order, each store told its new ring
+    (what the agent does at the trainer's start): what each rank resumed."""
+    world, root = len(survivors), str(tmp_path / "ckpt")
+    for rank, store in enumerate(survivors):
+        store.hold_for(held_for(rank, world), own=rank)
+
+    def body(rank: int) -> None:
+        state = gang_state(rank, world)
+        ckpt = Checkpointer(state, gang_config(root, survivors[rank]))
+        resumed = ckpt.load_latest()
+        held = torch.load(tmp_path / f"held-r{rank}-s{resumed.step}.pt", weights_only=False)
+        (tmp_path / f"resumed-r{rank}.json").write_text(json.dumps({
+            "step": resumed.step, "tier": resumed.tier,
+            "difference": first_difference(progress_of(state.state_dict()), held)}))
+        ckpt.close()
+
+    assert run_gang(world, body) == [0] * world
+    return [json.loads((tmp_path / f"resumed-r{rank}.json").read_text()) for rank in range(world)]
+
+
+def newest_in_storage(tmp_path: Path) -> int:
+    return committed(open_storage(str(tmp_path / "ckpt")))[-1].step
+
+
+@pytest.fixture
+def stores():
+    started = []
+
+    def start(world: int) -> list[BuddyServer]:
+        started.extend(BuddyServer(held_for(rank, world), TOKEN, own=rank).start() for rank in range(world))
+        return started[-world:]
+
+    yield start
+    for store in started:
+        store.close()
+
+
+def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_from_memory(tmp_path, stores):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes)
+    nodes[1].close()  # node 1 lost: its store, and rank 1's trainer, with it
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    # Replicated every K steps, so at most K steps lost, fewer than storage's newest loses;
+    # rank 1 of the new gang resumes the lost rank 1's state, from its buddy, node 2.
+    steps = {r["step"] for r in resumed}
+    assert len(steps) == 1 and max(STEPS - K, newest_in_storage(tmp_path) + 1) <= steps.pop() <= STEPS, resumed
+    assert all(r["tier"] == "memory" and r["difference"] is None for r in resumed), resumed
+
+
+def test_two_neighbours_lost_together_fall_back_to_storage(tmp_path, stores):
+    nodes = stores(4)
+    train_until_lost(tmp_path, nodes)
+    nodes[1].close()
+    nodes[2].close()  # rank 1's shard was on both
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[3]])
+    assert resumed == [{"step": newest_in_storage(tmp_path), "tier": "storage", "difference": None}] * 2
+
+
+def test_a_replica_that_fails_its_digest_sends_every_rank_to_storage(tmp_path, stores):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes)
+    nodes[1].close()
+    lost_ranks_shard = nodes[2].replicas[1][-1]
+    next(iter(lost_ranks_shard.files.values()))[100] ^= 0x01  # rot in node 2's memory: the only copy left
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    assert resumed == [{"step": newest_in_storage(tmp_path), "tier": "storage", "difference": None}] * 2
+
+
+def test_the_plan_takes_the_newest_step_whole_from_one_run_its_own_nodes_copy_first():
+    held = [[[0, 24, 9, "a"], [2, 24, 9, "a"]],  # node 0: its own shard and rank 2's
+            [[1, 24, 9, "a"], [0, 24, 9, "a"]]]  # node 1: its own and rank 0's
+    assert restore.plan(held, ranks=2, newer_than=20) == (24, "a", [0, 1])
+    assert restore.plan(held, ranks=3, newer_than=20) == (24, "a", [0, 1, 0])  # the lost rank 2's, from its buddy
+    assert restore.plan(held, ranks=2, newer_than=24) is None  # not newer than storage's: storage
+
+
+def test_a_node_lost_while_its_replication_landed_leaves_the_step_before_whole():
+    # The survivors of 3 (old nodes 0 and 2): rank 1's step 24 was on its way to node 2
+    # when rank 1's node died; neither store has settled 20 away.
+    held = [[[0, 20, 9, "a"], [0, 24, 9, "a"], [2, 20, 9, "a"], [2, 24, 9, "a"]],
+            [[2, 20, 9, "a"], [2, 24, 9, "a"], [1, 20, 9, "a"]]]
+    assert restore.plan(held, ranks=2, newer_than=16) == (20, "a", [0, 1])
+
+
+def test_the_plan_never_mixes_two_runs_shards_of_one_step_and_takes_an_older_whole_step():
+    held = [[[0, 24, 9, "new"], [0, 22, 9, "old"]],
+            [[1, 24, 9, "old"], [1, 22, 9, "old"]]]  # run "new" resumed from storage and counted to 24 again
+    assert restore.plan(held, ranks=2, newer_than=20) == (22, "old", [0, 1])
+    assert restore.plan(held, ranks=2, newer_than=22) is None

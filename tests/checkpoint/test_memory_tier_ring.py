@@ -1,0 +1,102 @@
+"""The memory tier wired into the packed Checkpointer (agents/respawn/checkpoint/packed.py,
+tiers/replicator.py): a gang of three forked ranks, each node's buddy store a process of
+its own on loopback, addresses and tokens exchanged on the ranks' own group. What a
+user would count on: every K steps each rank's whole state lands in the next node's
+memory, and what comes back is bitwise what the rank held at that step."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import time
+
+import torch
+
+from respawn.checkpoint import Checkpointer
+from respawn.checkpoint.tiers import buddy_of, fetch, held_for
+from respawn.checkpoint.tiers.replicator import Replicator
+from respawn.checkpoint.tiers.restore import state_of
+from respawn.checkpoint.tiers.shard import Shard
+from respawn.examples import tiny
+from respawn.examples.dcp_loop import first_difference
+
+from .conftest import TOKEN, config
+from .ranks import run_gang
+
+WORLD, K, STEPS = 3, 4, 30
+
+
+def tensors_of(state: dict) -> dict:
+    """The state's tensors and counters (model, optimizer, scheduler, sampler), as a
+    resumed rank would restore them (containers as plain dicts and lists: a state dict's
+    OrderedDict comes back a dict)."""
+    def plain(value):
+        if isinstance(value, dict):
+            return {key: plain(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return value
+    return plain({part: state[part] for part in ("model", "optimizer", "scheduler", "sampler")})
+
+
+def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(tmp_path, buddies):
+    nodes = [buddies(held_for(rank, WORLD), own=rank) for rank in range(WORLD)]
+    root = str(tmp_path / "ckpt")
+
+    def body(rank: int) -> None:
+        state = tiny.build(rank=rank, world_size=WORLD)  # each rank its own weights: a replica is one rank's
+        x, y = tiny.dataset()
+        host, port = nodes[rank].address
+        ckpt = Checkpointer(state, config(root, every_steps=10, memory_tier_addr=f"{host}:{port}",
+                                          memory_tier_token=TOKEN, replica_every_steps=K))
+        held = {}
+        for step in range(STEPS):
+            tiny.train_step(state, x, y)
+            ckpt.save(step + 1)
+            held[step + 1] = copy.deepcopy(tensors_of(state.state_dict()))
+            time.sleep(0.02)
+        ckpt.close()
+        replicas = ckpt.backend.replicas
+        shard = fetch(nodes[buddy_of(rank, WORLD)].address, TOKEN, rank)
+        got, meta = state_of(shard)
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({
+            "step": shard.step, "meta_step": meta["step"], "replicated": replicas.replicated_step,
+            "difference": first_difference(tensors_of(got), held[shard.step]),
+        }))
+
+    assert run_gang(WORLD, body) == [0] * WORLD
+    for rank in range(WORLD):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["difference"] is None, (rank, result)
+        assert result["step"] == result["meta_step"] == result["replicated"], (rank, result)
+        # The newest replica is at most K steps old at the end (a replication skipped
+        # while one was in flight makes it up to 2K).
+        assert STEPS - 2 * K < result["step"] <= STEPS, (rank, result)
+
+
+def test_ranks_that_share_a_node_have_no_memory_tier(tmp_path, buddies):
+    """torchrun's ranks of one node would keep their buddy's shard on their own node."""
+    node = buddies(0, own=1)
+    root = str(tmp_path / "ckpt")
+
+    def body(rank: int) -> None:
+        host, port = node.address
+        ckpt = Checkpointer(tiny.build(rank=rank, world_size=2),
+                            config(root, memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN))
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({"tier": ckpt.backend.replicas is not None}))
+        ckpt.close()
+
+    assert run_gang(2, body) == [0, 0]
+    assert [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)] == [{"tier": False}] * 2
+
+
+def test_a_replication_due_while_one_is_in_flight_is_skipped_not_queued():
+    with socket.create_server(("127.0.0.1", 0)) as mute:  # a buddy that takes the put and never answers
+        store = (mute.getsockname()[:2], TOKEN)
+        replicas = Replicator(0, store, store, every_steps=1)
+        shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
+        assert replicas.start(1, lambda: shard, None)
+        assert replicas.busy
+        assert not replicas.start(2, lambda: shard, None)
+        assert replicas.skipped == 1 and replicas.started_step == 1 and replicas.replicated_step is None
