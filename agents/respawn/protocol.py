@@ -395,6 +395,9 @@ ENV_RUN_ID = "RESPAWN_RUN_ID"
 # ("host:port", bound to the address the gang reaches this node at) and its token, which the ranks
 # exchange on their own group. Absent: no memory tier. ENV_REPLICA_EVERY_STEPS (the job's env, optional):
 # replicate every this many steps instead of the K chosen from the measured cost.
+# ENV_MEMORY_TIER (the job's env): "on" asks for the tier; without it no store runs and nothing
+# replicates (a price in step time and host memory that docs/memory-tier.md measures).
+ENV_MEMORY_TIER = "RESPAWN_MEMORY_TIER"
 ENV_MEMORY_TIER_ADDR = "RESPAWN_MEMORY_TIER_ADDR"
 ENV_MEMORY_TIER_TOKEN = "RESPAWN_MEMORY_TIER_TOKEN"
 ENV_REPLICA_EVERY_STEPS = "RESPAWN_REPLICA_EVERY_STEPS"

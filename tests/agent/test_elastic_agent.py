@@ -27,10 +27,10 @@ SAYS_ITS_GANG = ("import json, os, sys, time; f = open(sys.argv[1], 'a'); "
                  "'MASTER_PORT', 'RESPAWN_RESUME_FROM')}) + '\\n'); f.close(); time.sleep(120)")
 
 
-def elastic_pair(team_setup, tmp_path, command):
+def elastic_pair(team_setup, tmp_path, command, **fields):
     """A 2-node elastic job (nodes_min 1) running; rank 1 never registered and has no VM id."""
     job = make_job(team_setup.team, team_setup.people["admin"].user, nodes=2, nodes_min=1, command=command,
-                   checkpoint_uri=str(tmp_path / "ckpt"), status=JobStatus.RUNNING)
+                   checkpoint_uri=str(tmp_path / "ckpt"), status=JobStatus.RUNNING, **fields)
     rank0 = make_instance(job, rank=0, rendezvous_addr="127.0.0.1:29411")
     rank1 = make_instance(job, rank=1, state=InstanceState.RUNNING, rendezvous_addr="127.0.0.1:29411")
     return job, rank0, rank1.instance
@@ -41,11 +41,11 @@ def agent_for(setup, child_env, tmp_path, web_server, imds):
                         provider="aws", metadata_url=imds.url).start()
 
 
-def started_pair(team_setup, child_env, web_server, tmp_path, imds, script: str):
+def started_pair(team_setup, child_env, web_server, tmp_path, imds, script: str, **fields):
     """The pair's rank 0 under its agent, once its trainer, `script`, started: it writes one
     JSON line a start to the returned file. The caller stops the agent."""
     starts = tmp_path / "starts.jsonl"
-    job, rank0, rank1 = elastic_pair(team_setup, tmp_path, [sys.executable, "-c", script, str(starts)])
+    job, rank0, rank1 = elastic_pair(team_setup, tmp_path, [sys.executable, "-c", script, str(starts)], **fields)
     agent = agent_for(rank0, child_env, tmp_path, web_server, imds)
     try:
         wait_until(lambda: starts.exists() and starts.read_text().count("\n") == 1, timeout=60,

@@ -2,7 +2,8 @@
 (agents/respawn/agent/memory_tier.py) under the real agent and control plane: bound to the
 address the node reaches its gang on, refusing what lacks its token, told to keep the
 previous rank's replica, named to the trainer in its environment; a gang regrouped down
-to one node trains without it."""
+to one node trains without it; a job that did not ask for it (RESPAWN_MEMORY_TIER=on in its
+env) runs none."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ SAYS_ITS_STORE = ("import json, os, sys, time; f = open(sys.argv[1], 'a'); "
 
 def test_a_gangs_node_runs_a_buddy_store_on_the_gangs_address_that_wants_its_token(
         team_setup, child_env, web_server, tmp_path, imds):
-    agent, rank0, rank1, starts = started_pair(team_setup, child_env, web_server, tmp_path, imds, SAYS_ITS_STORE)
+    agent, rank0, rank1, starts = started_pair(team_setup, child_env, web_server, tmp_path, imds, SAYS_ITS_STORE,
+                                               env={protocol.ENV_MEMORY_TIER: "on"})
     try:
         first = json.loads(starts.read_text())
         host, _, port = first[protocol.ENV_MEMORY_TIER_ADDR].rpartition(":")
@@ -45,3 +47,12 @@ def test_a_gangs_node_runs_a_buddy_store_on_the_gangs_address_that_wants_its_tok
     assert (second["RANK"], second["WORLD_SIZE"]) == ("0", "1")
     assert second[protocol.ENV_MEMORY_TIER_ADDR] is None and second[protocol.ENV_MEMORY_TIER_TOKEN] is None
     assert "memory tier: this node keeps a buddy's replica, store at 127.0.0.1:" in agent.output()
+
+
+def test_a_gang_that_did_not_ask_for_the_tier_runs_no_store(team_setup, child_env, web_server, tmp_path, imds):
+    agent, rank0, rank1, starts = started_pair(team_setup, child_env, web_server, tmp_path, imds, SAYS_ITS_STORE)
+    agent.stop(9)
+    first = json.loads(starts.read_text())
+    assert (first["WORLD_SIZE"], first[protocol.ENV_MEMORY_TIER_ADDR], first[protocol.ENV_MEMORY_TIER_TOKEN]) == \
+        ("2", None, None)
+    assert "memory tier" not in agent.output()

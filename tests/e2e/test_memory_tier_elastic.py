@@ -45,7 +45,7 @@ def final_states(uri: str, world: int) -> list[dict]:
 def elastic_job(child_env, web_server, tmp_path):
     # No growing back: the gang ends at 2, so the reference is 3 ranks then 2.
     with elastic_gang_stack(child_env, web_server.url, tmp_path, [*TRAIN, "--report", "--step-delay", "0.1"], STEPS,
-                            grow_retry_s=3600, env={"RESPAWN_REPLICA_EVERY_STEPS": str(K)}) as running:
+                            grow_retry_s=3600, env={"RESPAWN_MEMORY_TIER": "on", "RESPAWN_REPLICA_EVERY_STEPS": str(K)}) as running:
         yield running
 
 

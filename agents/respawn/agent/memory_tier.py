@@ -34,12 +34,13 @@ def gang_facing_address(rendezvous_addr: str) -> str:
 def put_in_env(agent: Agent, env: dict[str, str]) -> None:
     """The store's address and token in the environment of the trainer about to start, the
     store started on the first call and told whose replicas to keep in the gang as it is
-    now; neither for a job of one node (an elastic gang may have shrunk to one)."""
+    now; neither for a job of one node (an elastic gang may have shrunk to one), nor for
+    one whose env does not ask for the tier (RESPAWN_MEMORY_TIER=on)."""
     job = agent.state.job
     assert job is not None
     env.pop(protocol.ENV_MEMORY_TIER_ADDR, None)
     env.pop(protocol.ENV_MEMORY_TIER_TOKEN, None)
-    if job.world_size < 2 or not job.rendezvous_addr:
+    if job.world_size < 2 or not job.rendezvous_addr or job.env.get(protocol.ENV_MEMORY_TIER) != "on":
         return
     store = agent.state.buddy_store
     if store is None:
