@@ -114,7 +114,7 @@ SCRIPTS = scripts()
 EVENTS = ("notice", "checkpoint-now", "kill-mid-save", "deadline-passes")
 # The suite's subset: each kind of process tree under a notice, each other event once.
 FAST = [("loop-workers", "notice"), ("loop-persistent-workers", "notice"), ("loop-torchrun-2-ranks-workers", "notice"),
-        ("hf-workers", "notice"), ("lightning-persistent-workers", "notice"), ("loop-workers", "checkpoint-now"),
+        ("hf-persistent-workers", "notice"), ("lightning-persistent-workers", "notice"), ("loop-workers", "checkpoint-now"),
         ("loop-workers", "kill-mid-save"), ("loop-workers", "deadline-passes")]
 CELLS = [(s, e) for s in SCRIPTS for e in EVENTS] if os.environ.get("RESPAWN_CONFORMANCE") == "all" else FAST
 

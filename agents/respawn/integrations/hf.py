@@ -16,7 +16,8 @@
   validated checkpoint: it is verified, written out as a Trainer checkpoint directory
   (model.safetensors, optimizer.pt, scheduler.pt, rng_state.pth, trainer_state.json) in
   a temporary folder, and handed to Trainer's own resume, which skips the batches
-  already trained and restores the RNG as it does for its own checkpoints. A torn
+  already trained and restores the RNG as it does for its own checkpoints (and, with
+  persistent loader workers, starts them without the draw an unbroken run did not make). A torn
   directory (a save killed midway) has no manifest and is never picked.
 - Each optimizer step's loss (what `training_step` returned, summed over its
   micro-batches) goes to the agent's status and metrics files, so a resumed run reports
@@ -134,6 +135,7 @@ class RespawnCallback(TrainerCallback):
         self.ckpt = Checkpointer(train_state, self.config, framework=FRAMEWORK)
         if self.resumed_step:
             self.ckpt.resumed_at(self.resumed_step)
+            _start_persistent_workers_as_before(kwargs.get("train_dataloader"))
 
     def on_step_end(self, args, state, control, **kwargs):
         # The step's own loss, not Trainer's logged one: that is averaged since the last
@@ -152,6 +154,24 @@ class RespawnCallback(TrainerCallback):
             self.ckpt.close()
         else:
             self.ckpt.finish(state.global_step)  # final save, validation, export when configured
+
+
+def _start_persistent_workers_as_before(loader) -> None:
+    """A DataLoader draws its workers' base seed from the global RNG when it makes its
+    iterator: every epoch without persistent workers, once with them. An unbroken run
+    drew that once, before the step its checkpoint restores the RNG of; a resumed run
+    would draw it again at its first whole epoch (Trainer's skipping loader is another
+    loader, whose draw Trainer's own RNG restore undoes), and from there on every random
+    number (dropout's) would differ. The persistent iterator is made here, its draw
+    undone, so each epoch's iter() resets it as in the unbroken run. Random numbers the
+    workers themselves draw are theirs and are not restored either way."""
+    # Accelerate's DataLoaderShard wraps the DataLoader that makes the iterator; its own
+    # __iter__ is a generator, which would make nothing until its first batch.
+    loader = getattr(loader, "base_dataloader", loader)
+    if not getattr(loader, "persistent_workers", False) or getattr(loader, "_iterator", None) is not None:
+        return
+    with torch.random.fork_rng(devices=[]):
+        iter(loader)
 
 
 @dataclass
