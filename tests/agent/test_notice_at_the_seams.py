@@ -49,7 +49,7 @@ from tests.integrations.trials import ROOT, differing, final_state, standalone_e
 pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 STEPS = 240
-LONG_STEP_S = 3.0  # the deadline-passes cell's steps: longer than its notice's whole window
+LONG_STEP_S = 6.0  # the deadline-passes cell's steps: longer than its notice's whole window
 LOOP = "respawn.examples.loader_workers"
 
 
@@ -206,7 +206,10 @@ class Trial:
         seen = status.stat().st_mtime_ns
         wait_until(lambda: status.stat().st_mtime_ns != seen, timeout=3 * LONG_STEP_S, what="a step boundary",
                    proc=self.agent, interval=0.005)
-        self.notice(deadline_in_s=1)
+        # AWS states whole seconds, so the window is 4-5 s: a loaded machine's agent may
+        # first see the notice seconds late, and one seen after its time is acted on
+        # with the default budget (the VM may well still live), which is not this cell
+        self.notice(deadline_in_s=5)
 
     def checkpoint_now(self) -> int:
         before = committed_checkpoints(self.instance).count()

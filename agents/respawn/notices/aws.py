@@ -114,10 +114,11 @@ class AwsWatcher(PollingWatcher):
         now = utcnow()
         r = self.get(INSTANCE_ACTION_PATH)
         if r.status_code == 200:
-            try:
-                found.append(("instance-action", parse_instance_action(r.text, now, self.source)))
-            except PayloadError as exc:
-                log_garbage(self.source, exc, r.text)
+            if "instance-action" not in self._seen:  # parsed again, a past time would be warned of each poll
+                try:
+                    found.append(("instance-action", parse_instance_action(r.text, now, self.source)))
+                except PayloadError as exc:
+                    log_garbage(self.source, exc, r.text)
         elif r.status_code != 404:
             log_garbage(self.source, PayloadError(f"HTTP {r.status_code} on {INSTANCE_ACTION_PATH}"), r.text)
         try:  # a failure here must not hide the instance-action notice found above
@@ -125,7 +126,7 @@ class AwsWatcher(PollingWatcher):
         except requests.RequestException as exc:
             log.info("%s: rebalance recommendation unreadable (%s)", self.source, exc)
             return found
-        if r.status_code == 200:
+        if r.status_code == 200 and "rebalance" not in self._seen:
             try:
                 found.append(("rebalance", parse_rebalance(r.text, now, self.source)))
             except PayloadError as exc:
