@@ -44,6 +44,9 @@ def refused(answer, field: str) -> str:
     ({"env": {"TO\x00KEN": "ab"}}, "env", "NUL"),
     ({"env": {"A=B": "1"}}, "env", "'='"),
     ({"env": {"": "1"}}, "env", "empty"),
+    # Respawn's own settings: a value the agent would ignore on the VM
+    ({"env": {"RESPAWN_MEMORY_TIER": "yes"}}, "env", "RESPAWN_MEMORY_TIER must be on or off, not 'yes'"),
+    ({"env": {"RESPAWN_REPLICA_EVERY_STEPS": "0"}}, "env", "RESPAWN_REPLICA_EVERY_STEPS must be a whole number"),
     ({"instance_types": ["g5.xlarge\x00"]}, "instance_types", "NUL"),
 ])
 def test_text_execve_cannot_carry_is_refused(team_setup, clouds, fields, field, says):
@@ -85,7 +88,8 @@ def test_more_accelerators_than_a_gpu_allowance_is_refused(team_setup, clouds):
 
 def test_a_spec_every_check_allows_is_accepted(team_setup, clouds):
     answer = submit(team_setup, allowed_clouds=["aws"], allowed_regions=["us-east-1"], instance_types=["g5.12xlarge"],
-                    nodes=2, accelerator_count=4, env={"HF_HOME": "/data/hf", "EMPTY": ""})
+                    nodes=2, accelerator_count=4, env={"HF_HOME": "/data/hf", "EMPTY": "", "RESPAWN_MEMORY_TIER": "on",
+                                                       "RESPAWN_REPLICA_EVERY_STEPS": "20"})
     assert answer.status_code == 201, answer.content
 
 
@@ -102,6 +106,7 @@ def test_the_dashboard_form_shows_the_same_refusal(team_setup, clouds):
 @pytest.mark.parametrize("line, says", [
     ('env: {"A=B": "1"}', "must not contain '='"),
     ('env: {"": "1"}', "must not be empty"),
+    ('env: {RESPAWN_MEMORY_TIER: "true"}', "must be on or off"),
     ('env: {TOKEN: "a\\0b"}', "NUL"),
     ('post_command: ["python", "a\\0b"]', "NUL"),
 ])

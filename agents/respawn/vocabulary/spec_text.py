@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from respawn import protocol
+
 # What each cloud takes as a boot image: an AMI id; a Compute image path or URL
 # (an image or an image family); a Marketplace image URN.
 MACHINE_IMAGE_SHAPES = {
@@ -38,6 +40,14 @@ def nul_problem(texts: Iterable[str]) -> str | None:
     return None
 
 
+# The variables by which a job chooses Respawn's own behaviour on its VMs: a value the agent
+# would not understand is refused at submit, where on the VM it would be silently ignored.
+JOB_SETTINGS = {
+    protocol.ENV_MEMORY_TIER: (re.compile(r"on|off"), "on or off"),
+    protocol.ENV_REPLICA_EVERY_STEPS: (re.compile(r"[1-9][0-9]{0,8}"), "a whole number of steps, 1 or more"),
+}
+
+
 def env_problem(env: Mapping[str, str]) -> str | None:
     for name, value in env.items():
         if not name:
@@ -46,6 +56,8 @@ def env_problem(env: Mapping[str, str]) -> str | None:
             return f"environment variable name {name!r} must not contain '='"
         if "\x00" in name or "\x00" in value:
             return f"environment variable {name!r} contains a NUL character"
+        if name in JOB_SETTINGS and not JOB_SETTINGS[name][0].fullmatch(value):
+            return f"{name} must be {JOB_SETTINGS[name][1]}, not {value!r}"
     return None
 
 
