@@ -45,7 +45,8 @@ def pytest_collection_modifyitems(config, items):
     whole-system run is how concurrent writers meet (row locks, SQLite's one writer): the
     preemption, gang, elastic, liveness and chaos runs show it on both stores. The other
     whole-system runs (the trainer's process tree, spares, drills, the loss curve, the
-    browser, the CLI, the VM's install) say `store_incidental` and run once, on the first."""
+    browser, the CLI, the VM's install, each cloud's SDK path, the memory tier) say
+    `store_incidental` and run once, on the first."""
     if os.environ.get("RESPAWN_TEST_SCOPE") != "store":
         return
     keep, drop = [], []

@@ -38,6 +38,10 @@ from tests.emulators.gcp_compute import GcpComputeEmulator
 from tests.factories import make_job, make_team_with_members
 from tests.providers.conftest import moto_url  # noqa: F401  (a fixture: the session's moto server)
 
+# What a store changes here (a relaunch's locking, the liveness sweep) the local preemption,
+# liveness and chaos runs show on both stores; this module's own part is each cloud's SDK path.
+pytestmark = pytest.mark.store_incidental
+
 STEPS, STEP_DELAY_S = 160, 0.02
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS)]
 NOTICE_DEADLINE_S = 10.0

@@ -30,6 +30,9 @@ STEPS, EVERY, K, GLOBAL_BATCH = 150, 30, 5, 24
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny_gang", "--steps", str(STEPS), "--every-steps", str(EVERY),
          "--global-batch", str(GLOBAL_BATCH)]
 RESUMED = re.compile(r"rank (\d) resumed at step (\d+) from the memory tier")
+# The elastic regroup's store behaviour is tests/e2e/test_elastic.py's, on both stores: this
+# module's own part, the replicas, lives in the trainers and the agents' buddy stores.
+pytestmark = pytest.mark.store_incidental
 
 
 def final_states(uri: str, world: int) -> list[dict]:
