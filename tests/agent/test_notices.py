@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -134,6 +135,24 @@ def test_an_implausible_aws_deadline_still_counts_as_a_notice(imds, time_value, 
     assert event.kind == PREEMPT and event.deadline is None
     # said once, not once a poll until the VM goes
     assert len([r for r in caplog.records if time_value in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("imds", ["azure"], indirect=True)
+def test_an_azure_preempt_past_its_not_before_is_a_notice_said_once(imds, caplog):
+    past = "Mon, 01 Jan 2001 00:00:00 GMT"
+    doc = {"DocumentIncarnation": 1, "Events": [{"EventId": "A-1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+                                                 "Resources": [imds.state.name], "EventStatus": "Scheduled",
+                                                 "NotBefore": past}]}
+    imds.add_canned(CannedAnswer(status=200, body=json.dumps(doc), content_type="application/json", times=1000))
+    events, stop, _ = watch(AzureWatcher(imds.url, poll_interval_s=POLL))
+    try:
+        event = next_event(events)
+        reads = imds.snapshot()["notice_reads"]
+        wait_until(lambda: imds.snapshot()["notice_reads"] >= reads + 5, timeout=10, what="five more polls")
+    finally:
+        stop.set()
+    assert event.kind == PREEMPT and event.deadline is None
+    assert len([r for r in caplog.records if "is implausible" in r.getMessage()]) == 1
 
 
 @pytest.mark.parametrize("imds", ["gcp"], indirect=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Container
 from datetime import datetime
 from email.utils import parsedate_to_datetime
 
@@ -39,8 +40,9 @@ def parse_not_before(value: object) -> datetime:
         raise PayloadError(f"NotBefore {value!r} is not an RFC 1123 time") from exc
 
 
-def parse_preempt_events(raw: str, now: datetime, vm_name: str) -> list[tuple[str, datetime | None]]:
-    """`(EventId, deadline)` of each Preempt event for `vm_name` in a scheduledevents document.
+def parse_preempt_events(raw: str, now: datetime, vm_name: str, known: Container[str] = ()) -> list[tuple[str, datetime | None]]:
+    """`(EventId, deadline)` of each Preempt event for `vm_name` in a scheduledevents document,
+    but those `known` (emitted already: read again, a past NotBefore would be warned of each poll).
 
     A malformed event is logged and skipped without hiding the others; a
     malformed document raises PayloadError.
@@ -65,6 +67,8 @@ def parse_preempt_events(raw: str, now: datetime, vm_name: str) -> list[tuple[st
             continue
         if not any(isinstance(r, str) and r.casefold() == vm_name.casefold() for r in resources):
             continue  # a neighbour's (VM names are case-insensitive in Azure)
+        if event_id in known:
+            continue
         if event.get("EventStatus") == "Started" and event.get("NotBefore") == "":
             found.append((event_id, now))  # acknowledged or due: Azure blanks NotBefore, the eviction is under way
             continue
@@ -96,7 +100,7 @@ class AzureWatcher(PollingWatcher):
             return []
         now = utcnow()
         try:
-            events = parse_preempt_events(r.text, now, vm_name)
+            events = parse_preempt_events(r.text, now, vm_name, known=self._seen)
         except PayloadError as exc:
             log_garbage(self.source, exc, r.text)
             return []
