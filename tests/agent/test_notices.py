@@ -121,17 +121,26 @@ def test_garbage_from_the_metadata_service_never_hides_the_real_notice(imds, cap
     assert events.empty()
 
 
-@pytest.mark.parametrize("imds", ["aws"], indirect=True)
-@pytest.mark.parametrize("time_value", ["2001-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "yesterday"])
-def test_an_implausible_aws_deadline_still_counts_as_a_notice(imds, time_value, caplog):
-    imds.add_canned(CannedAnswer(status=200, body=f'{{"action": "terminate", "time": "{time_value}"}}', content_type="application/json", times=1000))
-    events, stop, _ = watch(AwsWatcher(imds.url, poll_interval_s=POLL))
+def the_notice_while_it_stays(imds, body: str, watcher):
+    """The one notice a watcher emits from `body`, answered on the notice path from then on,
+    after five more polls have read it again."""
+    imds.add_canned(CannedAnswer(status=200, body=body, content_type="application/json", times=1000))
+    events, stop, _ = watch(watcher)
     try:
         event = next_event(events)
         reads = imds.snapshot()["notice_reads"]
         wait_until(lambda: imds.snapshot()["notice_reads"] >= reads + 5, timeout=10, what="five more polls")
     finally:
         stop.set()
+    assert events.empty()
+    return event
+
+
+@pytest.mark.parametrize("imds", ["aws"], indirect=True)
+@pytest.mark.parametrize("time_value", ["2001-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "yesterday"])
+def test_an_implausible_aws_deadline_still_counts_as_a_notice(imds, time_value, caplog):
+    event = the_notice_while_it_stays(imds, f'{{"action": "terminate", "time": "{time_value}"}}',
+                                      AwsWatcher(imds.url, poll_interval_s=POLL))
     assert event.kind == PREEMPT and event.deadline is None
     # said once, not once a poll until the VM goes
     assert len([r for r in caplog.records if time_value in r.getMessage()]) == 1
@@ -139,18 +148,10 @@ def test_an_implausible_aws_deadline_still_counts_as_a_notice(imds, time_value, 
 
 @pytest.mark.parametrize("imds", ["azure"], indirect=True)
 def test_an_azure_preempt_past_its_not_before_is_a_notice_said_once(imds, caplog):
-    past = "Mon, 01 Jan 2001 00:00:00 GMT"
     doc = {"DocumentIncarnation": 1, "Events": [{"EventId": "A-1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
                                                  "Resources": [imds.state.name], "EventStatus": "Scheduled",
-                                                 "NotBefore": past}]}
-    imds.add_canned(CannedAnswer(status=200, body=json.dumps(doc), content_type="application/json", times=1000))
-    events, stop, _ = watch(AzureWatcher(imds.url, poll_interval_s=POLL))
-    try:
-        event = next_event(events)
-        reads = imds.snapshot()["notice_reads"]
-        wait_until(lambda: imds.snapshot()["notice_reads"] >= reads + 5, timeout=10, what="five more polls")
-    finally:
-        stop.set()
+                                                 "NotBefore": "Mon, 01 Jan 2001 00:00:00 GMT"}]}
+    event = the_notice_while_it_stays(imds, json.dumps(doc), AzureWatcher(imds.url, poll_interval_s=POLL))
     assert event.kind == PREEMPT and event.deadline is None
     assert len([r for r in caplog.records if "is implausible" in r.getMessage()]) == 1
 
