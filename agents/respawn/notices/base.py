@@ -89,7 +89,9 @@ def plausible_deadline(deadline: datetime, now: datetime, raw: str, source: str)
         deadline = deadline.replace(tzinfo=timezone.utc)
     if now < deadline <= now + MAX_PLAUSIBLE_DEADLINE:
         return deadline
-    log.warning("%s: notice deadline %s is implausible (now %s); using the default budget. raw=%r", source, deadline.isoformat(), now.isoformat(), raw)
+    why = "has passed already (seen late, or the clocks differ)" if deadline <= now else "is too far ahead to believe"
+    log.warning("%s: notice deadline %s %s (now %s); saving within the default budget. raw=%r", source, deadline.isoformat(),
+                why, now.isoformat(), raw)
     return None
 
 
