@@ -114,7 +114,7 @@ class AwsWatcher(PollingWatcher):
         now = utcnow()
         r = self.get(INSTANCE_ACTION_PATH)
         if r.status_code == 200:
-            if "instance-action" not in self._seen:  # parsed again, a past time would be warned of each poll
+            if "instance-action" not in self.emitted:
                 try:
                     found.append(("instance-action", parse_instance_action(r.text, now, self.source)))
                 except PayloadError as exc:
@@ -126,7 +126,7 @@ class AwsWatcher(PollingWatcher):
         except requests.RequestException as exc:
             log.info("%s: rebalance recommendation unreadable (%s)", self.source, exc)
             return found
-        if r.status_code == 200 and "rebalance" not in self._seen:
+        if r.status_code == 200 and "rebalance" not in self.emitted:
             try:
                 found.append(("rebalance", parse_rebalance(r.text, now, self.source)))
             except PayloadError as exc:

@@ -100,7 +100,7 @@ class AzureWatcher(PollingWatcher):
             return []
         now = utcnow()
         try:
-            events = parse_preempt_events(r.text, now, vm_name, known=self._seen)
+            events = parse_preempt_events(r.text, now, vm_name, known=self.emitted)
         except PayloadError as exc:
             log_garbage(self.source, exc, r.text)
             return []

@@ -104,7 +104,8 @@ class PollingWatcher(ABC):
 
     `poll()` returns the notices seen in one poll (usually none); a notice is
     emitted once per `key` it carries, so a notice still visible on the next
-    poll is not reported twice.
+    poll is not reported twice. `poll()` skips reading a notice whose key is in
+    `emitted` again: it stays visible until the VM goes, and reading it may warn.
     """
 
     source: str
@@ -119,7 +120,7 @@ class PollingWatcher(ABC):
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
         self.session = requests.Session()
-        self._seen: set[str] = set()
+        self.emitted: set[str] = set()
 
     @abstractmethod
     def poll(self) -> list[tuple[str, NoticeEvent]]:
@@ -133,8 +134,8 @@ class PollingWatcher(ABC):
                 log.info("%s: metadata service unreachable (%s); retrying", self.source, exc)
                 found = []
             for key, event in found:
-                if key not in self._seen:
-                    self._seen.add(key)
+                if key not in self.emitted:
+                    self.emitted.add(key)
                     emit(event)
             stop.wait(self.wait_after_poll())
 

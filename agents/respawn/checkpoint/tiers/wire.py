@@ -12,6 +12,7 @@ The digests trail the bytes so that a sender can digest a file as it sends it.
 from __future__ import annotations
 
 import json
+import mmap
 import socket
 import struct
 
@@ -83,7 +84,7 @@ def send_body(sock: socket.socket, data, digest_it: bool, cancel=None) -> str | 
     return digest.hexdigest() if digest is not None else None
 
 
-def recv_body(sock: socket.socket, size: int, alloc=bytearray) -> tuple[bytearray, str]:
+def recv_body(sock: socket.socket, size: int, alloc=bytearray) -> tuple[bytearray | mmap.mmap, str]:
     """One file's bytes, straight into their final buffer (`alloc(size)`), and their digest."""
     data = alloc(size)
     view = memoryview(data)
