@@ -43,9 +43,10 @@ def pytest_collection_modifyitems(config, items):
     from the first run's PostgreSQL and Redis. A test that reads their configuration
     without a database fixture says so with the `store` marker. What a store changes in a
     whole-system run is how concurrent writers meet (row locks, SQLite's one writer): the
-    preemption, gang, elastic, liveness and chaos runs show it on both stores. The other
-    whole-system runs (the trainer's process tree, spares, drills, the loss curve, the
-    browser, the CLI, the VM's install, each cloud's SDK path, the memory tier) say
+    demo market's run of preemptions (liveness), the elastic gang's three nodes and the
+    chaos runs show it on both stores. The other whole-system runs (the trainer's process
+    tree, the fixed three preemptions, the two-node gang, spares, drills, the loss curve,
+    the browser, the CLI, the VM's install, each cloud's SDK path, the memory tier) say
     `store_incidental` and run once, on the first."""
     if os.environ.get("RESPAWN_TEST_SCOPE") != "store":
         return

@@ -19,17 +19,12 @@ def preflight(tmp_path, *command, steps=150):
     )
 
 
+# The README's library loop and docs/data-loading.md's loop with loader workers (whose
+# notice must reach the loop and not its workers) pass as printed in tests/docs/test_snippets.py.
 @pytest.mark.parametrize(
     "command",
-    [
-        [sys.executable, "-m", "respawn.examples.plain_pytorch", "--step-delay-s", "0.005"],
-        [sys.executable, "-m", "respawn.examples.tiny", "--step-delay", "0.005"],
-        # The notice reaches the loop and not its loader workers (a signal to the process
-        # group killed them, and preflight failed the script for it).
-        [sys.executable, "-m", "respawn.examples.loader_workers", "--workers", "2", "--steps", "80", "--step-delay", "0.02",
-         "--order", "/dev/null"],
-    ],
-    ids=["plain_pytorch", "library_tiny", "loader_workers"],
+    [[sys.executable, "-m", "respawn.examples.plain_pytorch", "--step-delay-s", "0.005"]],
+    ids=["plain_pytorch"],
 )
 def test_preflight_passes_on_the_examples(tmp_path, command):
     result = preflight(tmp_path, *command)

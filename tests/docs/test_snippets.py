@@ -65,3 +65,4 @@ def test_the_snippet_passes_preflight_as_printed(page, framework, code, tmp_path
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)  # cwd: what the script writes stays here
     assert proc.returncode == 0 and "PREFLIGHT PASSED" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert f"same loss at {STEPS} compared step(s)" in proc.stdout, proc.stdout[-4000:]
+    assert f"({framework} checkpoints)" in proc.stdout, proc.stdout[-4000:]  # the checkpoints say what wrote them

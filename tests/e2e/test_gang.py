@@ -41,6 +41,9 @@ NOTICE_DEADLINE_S, NOTICE_BUDGET_S, NOTICE_STEPS = 30, 5, 1000
 KILL_STEPS = 150  # a gang with a node killed outright is relaunched at once: no hold to outlast
 # Generous: a node's heartbeat late by seconds on a loaded 2-core machine is not a lost node.
 HEARTBEAT_TIMEOUT_S = 10
+# On the embedded store too, the elastic gang's three nodes (tests/e2e/test_elastic.py)
+# write at once: these two-node runs add nothing there that the store decides.
+pytestmark = pytest.mark.store_incidental
 
 
 def trainer(steps: int) -> list[str]:

@@ -104,16 +104,11 @@ def test_sigkill_mid_save_resumes_from_the_previous_commit(framework, tmp_path):
     assert differing(final_state(uri, 30)["model"], final_state(reference, 30)["model"]) == []
 
 
-@pytest.mark.e2e  # four real training runs, then one more
-def test_preflight_proves_the_example_resumes(framework, tmp_path):
-    """`respawn-agent preflight --framework <name>`: every step's loss of the interrupted
-    runs (notice, SIGKILL, finish) equals the uninterrupted run's; the same script checked
-    as another framework fails at its first checkpoint, naming what wrote it."""
+def test_preflight_as_another_framework_fails_at_the_first_checkpoint_naming_what_wrote_it(framework, tmp_path):
+    """`respawn-agent preflight --framework <other>` on this framework's example. That the
+    example's own framework passes preflight, as printed on its docs page, is
+    tests/docs/test_snippets.py's."""
     script = (sys.executable, "-m", framework.module, "--steps", str(STEPS))
-    proc = preflight(framework.name, tmp_path / "pf", *script, "--step-delay", "0.03", "--workers", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"same loss at {STEPS} compared step(s), up to step {STEPS}" in proc.stdout
-    assert f"({framework.name} checkpoints)" in proc.stdout
     proc = preflight(framework.other, tmp_path / "pf-other", *script, "--step-delay", "0.5")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "reference run: checkpoint" in proc.stdout
