@@ -121,6 +121,24 @@ def test_garbage_from_the_metadata_service_never_hides_the_real_notice(imds, cap
     assert events.empty()
 
 
+@pytest.mark.parametrize("imds", ["aws", "gcp", "azure"], indirect=True)
+def test_the_same_garbage_answer_again_and_again_is_warned_of_once(imds, caplog):
+    watcher = {"aws": AwsWatcher, "gcp": GcpWatcher, "azure": AzureWatcher}[imds.flavour](imds.url, poll_interval_s=POLL)
+    imds.add_canned(CannedAnswer(status=200, body="<html>Service Unavailable</html>", times=8))
+    imds.add_canned(CannedAnswer(status=200, body="<html>Bad Gateway</html>", times=8))
+    caplog.set_level("WARNING")
+    events, stop, _ = watch(watcher)
+    try:
+        wait_until(lambda: not imds.state.canned, timeout=10, what="sixteen garbage answers read")
+        imds.schedule_notice(deadline_in_s=60)
+        assert next_event(events).kind == PREEMPT  # still watching
+    finally:
+        stop.set()
+    said = [r.getMessage() for r in caplog.records if "unreadable metadata answer" in r.getMessage()]
+    assert [m for m in said if "Service Unavailable" in m] != [] and [m for m in said if "Bad Gateway" in m] != []
+    assert len(said) == 2, said  # each answer once, not once a poll
+
+
 def the_notice_while_it_stays(imds, body: str, watcher):
     """The one notice a watcher emits from `body`, answered on the notice path from then on,
     after five more polls have read it again."""

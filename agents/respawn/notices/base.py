@@ -2,8 +2,8 @@
 
 A watcher runs in its own thread, polls one metadata source and calls `emit`
 once per real notice. Garbage from the source (HTML, truncated JSON, wrong
-types, implausible times) is logged with the raw payload and never ends the
-loop, so a later real notice is still seen.
+types, implausible times) is logged with the raw payload, once for each distinct
+answer, and never ends the loop, so a later real notice is still seen.
 """
 
 from __future__ import annotations
@@ -95,8 +95,23 @@ def plausible_deadline(deadline: datetime, now: datetime, raw: str, source: str)
     return None
 
 
+# What the watcher polling in this thread has warned of already: a source stuck on one bad
+# answer is read every few seconds until the VM goes, and one warning says it all.
+_this_watcher = threading.local()
+MAX_REMEMBERED_GARBAGE = 64
+
+
 def log_garbage(source: str, error: Exception, raw: str | bytes) -> None:
-    log.warning("%s: ignoring an unreadable metadata answer (%s). raw=%r", source, error, truncate_raw(raw))
+    raw = truncate_raw(raw)
+    warned = getattr(_this_watcher, "warned", None)
+    if warned is not None:
+        if (source, str(error), raw) in warned:
+            log.debug("%s: the same unreadable metadata answer again (%s)", source, error)
+            return
+        if len(warned) >= MAX_REMEMBERED_GARBAGE:
+            warned.clear()
+        warned.add((source, str(error), raw))
+    log.warning("%s: ignoring an unreadable metadata answer (%s). raw=%r", source, error, raw)
 
 
 class PollingWatcher(ABC):
@@ -127,6 +142,7 @@ class PollingWatcher(ABC):
         """One look at the source: `(key, event)` for each notice visible now."""
 
     def run(self, emit: Emit, stop: threading.Event) -> None:
+        _this_watcher.warned = set()  # each distinct unreadable answer warned of once
         while not stop.is_set():
             try:
                 found = self.poll()
