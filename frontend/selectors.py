@@ -206,7 +206,9 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
         "checkpoints": listed,
         "events": [{"at": _iso(e["created_at"]), "from": e["from_status"], "to": e["to_status"],
                     "message": e["message"]} for e in reversed(events)],
-        "world_sizes": [{"at": _iso(w["at"]), "world_size": w["world_size"], "reason": w["reason"]} for w in sizes],
+        "world_sizes": [{"at": _iso(w["at"]), "world_size": w["world_size"], "reason": w["reason"],
+                         "resumed": story.where_resumed(w["resume_step"], "memory" if w["from_memory"] else "storage")}
+                        for w in sizes],
         "as_of": now.isoformat(),
     }
 

@@ -15,6 +15,14 @@ SOURCES = {
 }
 
 
+def where_resumed(step: int | None, tier: str) -> str:
+    """Where a node's work went on from after an interruption or regroup: "step 42 (memory
+    tier)" or "step 30 (storage)"; "" where nothing resumed (yet)."""
+    if step is None or not tier:
+        return ""
+    return f"step {step} ({'memory tier' if tier == 'memory' else 'storage'})"
+
+
 def duration_words(seconds: float | None) -> str:
     """`seconds` as a person says it: "3 s", "0.4 s", "4 min 10 s", "2.1 h", "3.5 days"."""
     if seconds is None:

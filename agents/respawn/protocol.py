@@ -232,6 +232,9 @@ class Heartbeat(Report):
     # the control plane to regroup the gang (a peer was lost) or to stop it (the code failed).
     trainer_exit_code: int | None = None
     gang_generation: int = 0
+    # The step this node's trainer resumed at from the gang's memory tier (docs/memory-tier.md),
+    # newer than the checkpoint the control plane named; with the gang_generation it trains in.
+    memory_resume_step: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -367,7 +370,8 @@ ENV_CHECKPOINT_URI = "RESPAWN_CHECKPOINT_URI"  # storage root for this job's che
 ENV_RESUME_FROM = "RESPAWN_RESUME_FROM"  # URI of the checkpoint to resume from (may be unset)
 ENV_CHECKPOINT_INTERVAL_S = "RESPAWN_CHECKPOINT_INTERVAL_S"
 ENV_STATUS_FILE = "RESPAWN_STATUS_FILE"  # trainer -> agent: JSON {step, loss, samples_per_s, ...}, replaced atomically;
-# "stopped": true once the trainer stopped on a stop request (in a gang, possibly another rank's)
+# "stopped": true once the trainer stopped on a stop request (in a gang, possibly another rank's);
+# "memory_resume_step": the step it resumed at from the memory tier, in every status it writes after
 ENV_METRICS_FILE = "RESPAWN_METRICS_FILE"  # trainer -> agent: JSONL, one {step, loss, samples_per_s, time} per step
 ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, one CheckpointReport-shaped record per commit
 # trainer -> agent: JSONL, one ValidationReport-shaped record (with its checkpoint_id) per verdict the trainer

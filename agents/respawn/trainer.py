@@ -27,6 +27,9 @@ class StatusReporter:
         self.min_interval_s = min_interval_s
         self._last_write = float("-inf")
         self._metrics = None  # the metrics file, opened on the first step with a figure
+        self.lasting: dict = {}
+        """Fields every status written from now on carries: what the agent must not miss
+        between two of its reads (the memory tier's resume step)."""
 
     def report(self, step: int, loss: float | None = None, samples_per_s: float | None = None, *, force: bool = False, **extra) -> bool:
         """Append the step's figures to the metrics file; write the status if the
@@ -39,7 +42,7 @@ class StatusReporter:
         if not force and now - self._last_write < self.min_interval_s:
             return False
         self._last_write = now
-        body = {"step": step, "loss": loss, "samples_per_s": samples_per_s, "time": time.time()} | extra
+        body = {"step": step, "loss": loss, "samples_per_s": samples_per_s, "time": time.time()} | self.lasting | extra
         write_json_atomic(self.path, body)
         return True
 
@@ -58,10 +61,23 @@ class StatusReporter:
 _default: StatusReporter | None = None
 
 
-def report(step: int, loss: float | None = None, samples_per_s: float | None = None, *, force: bool = False,
-           **extra) -> bool:
-    """Module-level convenience around one StatusReporter built from the environment."""
+def _reporter() -> StatusReporter:
     global _default
     if _default is None:
         _default = StatusReporter()
-    return _default.report(step, loss, samples_per_s, force=force, **extra)
+    return _default
+
+
+def resumed_from_memory(step: int) -> None:
+    """Tell the agent, in this status and every later one, that the run resumed at `step`
+    from the memory tier: the control plane named an older checkpoint, and counts the
+    work kept to the step the gang really went on from."""
+    reporter = _reporter()
+    reporter.lasting["memory_resume_step"] = step
+    reporter.report(step, force=True)
+
+
+def report(step: int, loss: float | None = None, samples_per_s: float | None = None, *, force: bool = False,
+           **extra) -> bool:
+    """Module-level convenience around one StatusReporter built from the environment."""
+    return _reporter().report(step, loss, samples_per_s, force=force, **extra)

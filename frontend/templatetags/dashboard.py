@@ -11,6 +11,7 @@ from django import template
 from django.template.defaultfilters import floatformat
 from django.utils.safestring import SafeString, mark_safe
 
+from respawn_server.frontend.story import where_resumed
 from respawn_server.jobs.money.downtime import PARTS
 
 register = template.Library()
@@ -50,7 +51,8 @@ def _downtime_row(d) -> str:
     parts = "".join(f'<td class="num">{floatformat(d.parts[name], 0)}</td>' for name in PARTS)
     return (f'<tr><td><time datetime="{interrupted.isoformat()}">{interrupted:%Y-%m-%d %H:%M:%S} UTC</time></td>'
             f'<td>#{int(d.instance_id)} {escape(d.kind)} → {replacement}</td>{parts}'
-            f'<td class="num">{floatformat(d.total_s, 0)}{" (ongoing)" if d.ongoing else ""}</td></tr>\n')
+            f'<td class="num">{floatformat(d.total_s, 0)}{" (ongoing)" if d.ongoing else ""}</td>'
+            f'<td data-field="resumed-from">{escape(where_resumed(d.resume_step, d.resume_tier)) or "–"}</td></tr>\n')
 
 
 @register.simple_tag

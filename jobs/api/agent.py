@@ -33,7 +33,7 @@ from respawn_server.jobs.fleet.placement import refresh_interval
 from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
 from respawn_server.jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
 from respawn_server.jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
-from respawn_server.jobs.recovery.elastic import trainer_exited
+from respawn_server.jobs.recovery.elastic import resumed_from_memory, trainer_exited
 from respawn_server.jobs.recovery.joiners import joiner_ready
 from respawn_server.jobs.recovery.spares import spare_ready
 from respawn_server.jobs.reports.checkpoints import record_checkpoint, record_validation
@@ -104,6 +104,7 @@ class HeartbeatSerializer(ReportSerializer):
     trainer_exit_code = serializers.IntegerField(required=False, allow_null=True, default=None,
                                                  min_value=-255, max_value=255)
     gang_generation = CountField(required=False, default=0)
+    memory_resume_step = CountField(required=False, allow_null=True, default=None)
 
 
 class NoticeSerializer(ReportSerializer):
@@ -295,6 +296,8 @@ class HeartbeatView(AgentView):
         if data["trainer_exit_code"] is not None:  # an elastic gang's node waiting for the gang's word
             trainer_exited(instance, exit_code=data["trainer_exit_code"],
                            generation=data["gang_generation"])
+        if data["memory_resume_step"] is not None and instance.state in InstanceState.LIVE:
+            resumed_from_memory(instance, step=data["memory_resume_step"], generation=data["gang_generation"])
         return instance
 
     @staticmethod

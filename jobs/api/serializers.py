@@ -354,6 +354,11 @@ class DowntimeSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["notice", "preempted", "lost"])
     interrupted = serializers.DateTimeField(help_text="The notice, or the last heartbeat of a VM gone without one.")
     resumed = serializers.DateTimeField(allow_null=True, help_text="null while the interruption is still open.")
+    resume_step = serializers.IntegerField(allow_null=True, help_text=(
+        "The step the node's work went on from (null until something resumed it): the interrupted VM's work past it "
+        "was lost."))
+    resume_tier = serializers.ChoiceField(choices=["storage", "memory", ""], help_text=(
+        "Where that step was held: a checkpoint in storage, or the gang's memory tier (docs/memory-tier.md)."))
     ongoing = serializers.BooleanField()
     downtime_s = serializers.FloatField(source="total_s", help_text="The sum of the parts; an open one up to now.")
     parts = DowntimePartsSerializer(help_text="Seconds on the path to the resumed training (docs/downtime.md).")
@@ -362,7 +367,11 @@ class DowntimeSerializer(serializers.Serializer):
 class WorldSizeSerializer(serializers.ModelSerializer):
     class Meta:
         model = WorldSize
-        fields = ["at", "world_size", "reason"]
+        fields = ["at", "world_size", "reason", "resume_step", "resume_tier"]
+
+    resume_step = serializers.IntegerField(read_only=True, help_text="The step the gang went on from (a regroup's).")
+    resume_tier = serializers.ChoiceField(choices=["storage", "memory"], read_only=True, help_text=(
+        "Where that step was held: a checkpoint in storage, or the gang's memory tier (docs/memory-tier.md)."))
 
 
 class JobDetailSerializer(JobSerializer):

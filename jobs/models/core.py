@@ -218,6 +218,23 @@ class WorldSize(models.Model):
     after_instance = models.ForeignKey("Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     resume_checkpoint = models.ForeignKey("Checkpoint", null=True, blank=True, on_delete=models.SET_NULL,
                                           related_name="+")
+    gang_generation = models.PositiveIntegerField(
+        default=0, help_text="A regroup's: the generation its nodes train in from then on (Instance.gang_generation).")
+    memory_resume_step = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="A regroup's: the step its nodes' trainers resumed at from the gang's memory "
+                                         "tier, newer than resume_checkpoint (docs/memory-tier.md); empty: from that "
+                                         "checkpoint.")
+
+    @property
+    def resume_step(self) -> int:
+        """The step the gang went on from, whichever tier held it."""
+        if self.memory_resume_step is not None:
+            return self.memory_resume_step
+        return self.resume_checkpoint.step if self.resume_checkpoint else 0
+
+    @property
+    def resume_tier(self) -> str:
+        return "memory" if self.memory_resume_step is not None else "storage"
 
     class Meta:
         ordering = ["at", "id"]
@@ -249,8 +266,8 @@ class Instance(models.Model):
                              "agent restarts its trainer when its heartbeat answer names another.")
     earlier_runs = models.JSONField(
         default=list, blank=True, help_text="An elastic gang's node: the runs its VM trained before each regroup, "
-        "oldest first, each {rank, resume_step, resume_from (the instance that wrote it), last_step, kept_until (the "
-        "step the regroup resumed from), until}; the "
+        "oldest first, each {rank, resume_step, resume_from (the instance that wrote it; null for a memory-tier "
+        "resume), last_step, kept_until (the step the regroup resumed from, whichever tier held it), until}; the "
         "money counts the work each kept (respawn_server.jobs.money.costs). rank, resume_checkpoint and last_step are the run now.")
     trainer_exited_at = models.DateTimeField(
         null=True, blank=True, help_text="An elastic gang's node whose trainer exited (a peer gone, or its code): its "
@@ -283,6 +300,9 @@ class Instance(models.Model):
     resume_checkpoint = models.ForeignKey(
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    memory_resume_step = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="The step its trainer resumed at from the gang's memory tier, newer than "
+                                         "resume_checkpoint (its run now; a regroup clears it).")
 
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_deadline = models.DateTimeField(null=True, blank=True)

@@ -303,11 +303,12 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
         slots[(run.job_id, run.rank)].append(run)
     # A run an elastic gang went on without (its node lost, or its slot gone in a regroup)
     # kept its work up to the step the gang resumed from (its kept_until), which it made:
-    # the gang's checkpoint proves it, however far its last heartbeat lagged behind. Where
-    # no later run of its slot went on from it (the slot's last run, or one a joiner's run
-    # resumed past), its steps past that step are lost or redone, not kept.
+    # the gang's checkpoint, or its replicas in the memory tier, prove it, however far its
+    # last heartbeat lagged behind. Where no later run of its slot went on from it (the
+    # slot's last run, or one a joiner's run resumed past), its steps past that step are
+    # lost or redone, not kept.
     dropped = dict(WorldSize.objects.filter(after_instance_id__in=ids).values_list(
-        "after_instance_id", Coalesce("resume_checkpoint__step", 0)))
+        "after_instance_id", Coalesce("memory_resume_step", "resume_checkpoint__step", 0)))
     by_run = {}
     for slot in slots.values():
         for n, run in enumerate(slot):
@@ -378,8 +379,11 @@ def price_index(instances, now: dt.datetime, disks=()) -> ledger.PriceIndex:
 
 
 def _instances_of_jobs(job_ids) -> list[Instance]:
+    # A run resumed from the memory tier went on from that step, which no checkpoint's writer
+    # holds: kept_and_recomputed finds its origin in its slot's earlier run that reached it.
     return list(Instance.objects.filter(job_id__in=job_ids)
-                .annotate(resume_step=F("resume_checkpoint__step"), resume_from=F("resume_checkpoint__instance_id"))
+                .annotate(resume_step=Coalesce("memory_resume_step", "resume_checkpoint__step"),
+                          resume_from=Case(When(memory_resume_step__isnull=True, then=F("resume_checkpoint__instance_id"))))
                 .only("id", "job_id", "rank", "provider", "region", "zone", "instance_type", "market",
                       "registered_at", "running_at", "ended_at", "last_step", "requested_at", "end_reason",
                       "stopped_disk_sku", "storage_released_at", "earlier_runs"))

@@ -55,6 +55,8 @@ class Timeline:
     validated: dt.datetime | None = None
     resumed: dt.datetime | None = None
     replacement_id: int | None = None
+    resume_step: int | None = None
+    resume_tier: str = ""  # "storage" or "memory" (docs/memory-tier.md); "" while nothing resumed the work
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,10 @@ class Downtime:
     interrupted: dt.datetime
     resumed: dt.datetime | None
     parts: dict[str, float]
+    resume_step: int | None = None
+    """The step the node slot's work went on from, and the tier that held it: the work
+    after it that the interrupted VM had done was lost."""
+    resume_tier: str = ""
 
     @property
     def total_s(self) -> float:
@@ -97,7 +103,8 @@ def split(timeline: Timeline, now: dt.datetime) -> Downtime:
         if previous == end:
             break
     return Downtime(instance_id=timeline.instance_id, replacement_id=timeline.replacement_id, kind=timeline.kind,
-                    interrupted=timeline.interrupted, resumed=timeline.resumed, parts=parts)
+                    interrupted=timeline.interrupted, resumed=timeline.resumed, parts=parts,
+                    resume_step=timeline.resume_step, resume_tier=timeline.resume_tier)
 
 
 def total_s(downtimes: list[Downtime], now: dt.datetime) -> float:
@@ -122,12 +129,12 @@ def reads(job_id: int) -> list[tuple[str, list]]:
     """The SELECTs (SQL, params) whose rows `from_rows` makes the job's timelines of: a
     fixed number however many times the job was interrupted (the job page sends them in
     its one round trip, respawn_server.frontend.reads.batch). Per training VM: its node
-    slot, its moments, its resume checkpoint's step and verdict, the time of its last
+    slot, its resume checkpoint's step, its moments and that checkpoint's verdict, the time of its last
     step (a VM that trained on through its notice, while its spare booted, was down only
     after it) and of its first heartbeat past its resume step."""
     train = [job_id, Purpose.TRAIN]
     return [
-        (f"SELECT i.id, i.rank, i.joining, i.standby_for_id, i.requested_at, i.registered_at, i.ended_at, "
+        (f"SELECT i.id, i.rank, i.joining, i.standby_for_id, c.step, i.requested_at, i.registered_at, i.ended_at, "
          f"c.validated_at, (SELECT m.time FROM {METRIC} m WHERE m.instance_id = i.id ORDER BY m.step DESC, m.time "
          f"LIMIT 1), (SELECT MIN(m.time) FROM {METRIC} m WHERE m.instance_id = i.id AND m.step > COALESCE(c.step, 0)) "
          f"FROM {INSTANCE} i LEFT JOIN {CHECKPOINT} c ON c.id = i.resume_checkpoint_id "
@@ -156,6 +163,7 @@ class _Vm:
     rank: int
     joining: bool
     standby_for: int | None
+    resume_step: int | None
     requested_at: dt.datetime | None
     registered_at: dt.datetime | None
     ended_at: dt.datetime | None
@@ -168,8 +176,8 @@ def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroup
     """Each interrupted training VM of the job, with the moments of its recovery: the
     first VM requested for its node slot after it, and the first of those that trained. A
     spare or joiner lost before it trained interrupted nothing. The rows are `reads`'s."""
-    vms = [_Vm(pk, rank, bool(joining), standby, *map(_moment, moments))
-           for pk, rank, joining, standby, *moments in vms]
+    vms = [_Vm(pk, rank, bool(joining), standby, resume_step, *map(_moment, moments))
+           for pk, rank, joining, standby, resume_step, *moments in vms]
     kinds: dict[int, list[tuple]] = {}
     for instance_id, kind, notice_time, received_at in events:
         kinds.setdefault(instance_id, []).append((kind, _moment(notice_time), _moment(received_at)))
@@ -203,7 +211,8 @@ def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroup
             requested=first.requested_at if first else None,
             registered=replacement.registered_at if replacement else None,
             validated=replacement.resume_validated_at if replacement else None,
-            resumed=trained.trained_at if trained else None, replacement_id=replacement.pk if replacement else None))
+            resumed=trained.trained_at if trained else None, replacement_id=replacement.pk if replacement else None,
+            resume_step=(replacement.resume_step or 0) if replacement else None, resume_tier="storage" if replacement else ""))
     return found
 
 
@@ -228,13 +237,13 @@ def _went_on_without(old: _Vm, kind: str, interrupted: dt.datetime, regroup: Wor
     are kept once, so that is its first step past where it was before: the steps redone
     from the checkpoint count as restore); a trainer that reports no steps, at the first
     heartbeat past the resume step."""
-    resume_step = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
+    resume_step = regroup.resume_step
     after = {"job_id": regroup.job_id, "time__gt": regroup.at}
     resumed = (StepPoint.objects.filter(**after).aggregate(at=Min("time"))["at"]
                or MetricPoint.objects.filter(**after, step__gt=resume_step).exclude(instance=old.pk).aggregate(
                    at=Min("time"))["at"])
     return Timeline(instance_id=old.pk, kind=kind, interrupted=interrupted, requested=regroup.at,
-                    registered=regroup.at, resumed=resumed)
+                    registered=regroup.at, resumed=resumed, resume_step=resume_step, resume_tier=regroup.resume_tier)
 
 
 def job_downtime(job_id: int, now: dt.datetime, rows: list[list[tuple]] | None = None) -> tuple[float, list[Downtime]]:

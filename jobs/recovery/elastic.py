@@ -3,7 +3,10 @@ regroup, and a node's word that its trainer exited."""
 
 from __future__ import annotations
 
-from django.db.models import F
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F, Max
 from django.utils import timezone
 
 from respawn.protocol import Action
@@ -11,7 +14,7 @@ from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.core.services import usable_checkpoint
 from respawn_server.jobs.core.transitions import log_job_event
-from respawn_server.jobs.models import Instance, Job, WorldSize
+from respawn_server.jobs.models import Instance, Job, StepPoint, WorldSize
 from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.gangs import (GANG_PORT, free_local_address, running_once_all_registered,
                                                 training_nodes)
@@ -56,21 +59,68 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
     else:  # rank 0's host, known once it registered (register_instance sets it then)
         addr = f"{first.hostname}:{GANG_PORT}" if first.hostname else ""
     for rank, node in enumerate(nodes):
-        ran = {"rank": node.rank, "resume_step": node.resume_checkpoint.step if node.resume_checkpoint else 0,
-               "resume_from": node.resume_checkpoint.instance_id if node.resume_checkpoint else None,
-               "last_step": node.last_step, "kept_until": resume.step if resume else 0, "until": now.isoformat()}
+        from_storage = node.resume_checkpoint if node.memory_resume_step is None else None
+        ran = {"rank": node.rank, "resume_step": resumed_step(node), "last_step": node.last_step,
+               "resume_from": from_storage.instance_id if from_storage else None,
+               "kept_until": resume.step if resume else 0, "until": now.isoformat()}
         Instance.objects.filter(pk=node.pk).update(
             rank=rank, world_size=len(nodes), rendezvous_addr=addr, gang_generation=generation,
-            trainer_exited_at=None, resume_checkpoint=resume, last_step=resume.step if resume else 0, joining=False,
+            trainer_exited_at=None, resume_checkpoint=resume, memory_resume_step=None,
+            last_step=resume.step if resume else 0, joining=False,
             earlier_runs=[*node.earlier_runs, ran] if node.registered_at and not node.joining else [])
     # A checkpoint asked of a trainer that now restarts is void (a joiner's readiness asks one).
     Instance.objects.filter(pk__in=[node.pk for node in nodes], requested_action=Action.CHECKPOINT).update(
         requested_action="")
     WorldSize.objects.create(job=job, at=now, world_size=len(nodes), reason=why, after_instance_id=after,
-                             resume_checkpoint=resume)
+                             resume_checkpoint=resume, gang_generation=generation)
     log_job_event(job.pk, f"{why}, from " + (f"step {resume.step}" if resume else "the start")
                   + f" (elastic gang, generation {generation})")
     running_once_all_registered(Job.objects.get(pk=job.pk))
+
+
+def resumed_step(node: Instance) -> int:
+    """The step the node's run now went on from: its memory-tier resume, else its checkpoint's."""
+    if node.memory_resume_step is not None:
+        return node.memory_resume_step
+    return node.resume_checkpoint.step if node.resume_checkpoint else 0
+
+
+def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> None:
+    """A node's trainer says (a heartbeat's memory_resume_step) that its gang, regrouped,
+    resumed at `step` from the memory tier, newer than the checkpoint the regroup named:
+    the regroup, its nodes' runs now and their runs before it are recorded as going on
+    from that step, so the money counts the work kept up to it. The first node of the
+    generation to tell is recorded (every node resumed at the one step, or none did); it
+    is believed only between that checkpoint and the furthest step the gang was seen to
+    reach before the regroup (its heartbeats and reported steps): nothing a VM says
+    counts for more than the control plane saw."""
+    regroup = WorldSize.objects.filter(job_id=instance.job_id, gang_generation=generation, after_instance__isnull=False,
+                                       memory_resume_step__isnull=True).select_related("resume_checkpoint").first()
+    if regroup is None or instance.gang_generation != generation:
+        return  # recorded already, no regroup's, or about a gang this node is no longer in
+    nodes = list(Instance.objects.filter(job_id=instance.job_id, gang_generation=generation, state__in=InstanceState.LIVE))
+    before = {node.pk: node.earlier_runs[-1] for node in nodes
+              if node.earlier_runs and datetime.fromisoformat(node.earlier_runs[-1]["until"]) == regroup.at}
+    reached = max([run["last_step"] for run in before.values()] + [StepPoint.objects.filter(
+        job_id=instance.job_id, time__lte=regroup.at).aggregate(top=Max("step"))["top"] or 0])
+    named = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
+    if not named < step <= reached:
+        log_job_event(instance.job_id, f"instance {instance.pk} says its gang resumed at step {step} from the memory "
+                                       f"tier, not between the checkpoint in storage (step {named}) and the furthest "
+                                       f"step the gang was seen to reach ({reached}): not believed; its work counts "
+                                       f"to step {named}")
+        return
+    with transaction.atomic():
+        if not WorldSize.objects.filter(pk=regroup.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
+            return  # another node told first
+        for node in nodes:
+            runs = node.earlier_runs
+            if node.pk in before:
+                runs = [*runs[:-1], {**before[node.pk], "kept_until": step}]
+            Instance.objects.filter(pk=node.pk, gang_generation=generation).update(memory_resume_step=step,
+                                                                                  earlier_runs=runs)
+    log_job_event(instance.job_id, f"the gang (generation {generation}) resumed at step {step} from the memory tier, "
+                                   f"{step - named} step(s) newer than the checkpoint in storage (step {named})")
 
 
 def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:

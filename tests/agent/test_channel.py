@@ -59,3 +59,27 @@ def test_heartbeat_checkpoint_stats_fall_back_to_the_last_commit(tmp_path):
     last = protocol.CheckpointReport(checkpoint_id="c", step=10, uri="/c", bytes=1, manifest_digest="x", save_s=1.5, stall_s=0.01)
     beat = StatusReader(str(path)).heartbeat(last)
     assert (beat.last_checkpoint_step, beat.checkpoint_save_s, beat.checkpoint_stall_s) == (10, 1.5, 0.01)
+
+
+def test_a_memory_resume_the_trainer_reports_stays_in_every_status_after_and_reaches_the_heartbeat(tmp_path):
+    from respawn.trainer import StatusReporter
+
+    path = tmp_path / "status.json"
+    reporter, reader = StatusReporter(str(path), min_interval_s=0), StatusReader(str(path))
+    reporter.report(3)
+    assert reader.heartbeat().memory_resume_step is None
+    reporter.lasting["memory_resume_step"] = 45  # what trainer.resumed_from_memory sets
+    for step in (45, 46, 47):  # the agent may read only the last of several writes
+        reporter.report(step, 0.5)
+    beat = reader.heartbeat()
+    assert (beat.step, beat.memory_resume_step) == (47, 45)
+
+
+def test_a_restarted_trainer_starts_with_nothing_the_stopped_one_said(tmp_path):
+    path = tmp_path / "status.json"
+    reader = StatusReader(str(path))
+    path.write_text('{"step": 47, "memory_resume_step": 45}')
+    assert reader.heartbeat().step == 47
+    reader.restart(40)  # a regroup: the new trainer resumes at 40 and has written nothing yet
+    beat = reader.heartbeat()
+    assert (beat.step, beat.memory_resume_step) == (40, None) and not path.exists()

@@ -114,6 +114,7 @@ def test_the_job_detail_answers_the_downtime(recorded):
                                                                                            False)
     assert first["parts"] == {"save": 12.0, "capacity": 8.0, "boot": 50.0, "validation": 5.0, "restore": 15.0}
     assert first["downtime_s"] == 90.0
+    assert (first["resume_step"], first["resume_tier"]) == (90, "storage")  # the notice's checkpoint
     assert body["interruptions"][1]["ongoing"] is True
     listed = client.get("/api/v1/jobs/").json()["results"][0]
     assert "interruptions" not in listed  # the list stays one query per page, not per job
@@ -133,6 +134,6 @@ def test_the_job_page_shows_the_total_and_each_interruptions_parts(recorded, cli
     assert f"#{old.pk} notice → #{new.pk}" in rows[0]
     interrupted = rows[0].split("</td>")[0]  # as people read a moment, the machine-readable one beside it
     assert f">{noticed_at(job):%Y-%m-%d %H:%M:%S} UTC</time>" in interrupted and "+00:00</time>" not in interrupted
-    assert [c.split(">")[-1] for c in rows[0].split("</td>")[2:8]] == ["12", "8", "50", "5", "15", "90"]
+    assert [c.split(">")[-1] for c in rows[0].split("</td>")[2:9]] == ["12", "8", "50", "5", "15", "90", "step 90 (storage)"]
     assert "(ongoing)" in rows[1]
     assert 'id="downtime"' in html

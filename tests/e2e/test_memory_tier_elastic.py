@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from django.db.models import Max
+from django.test import Client
 
 from respawn.checkpoint import layout
 from respawn.checkpoint.reader import CheckpointRef, load
@@ -22,6 +23,7 @@ from respawn.checkpoint.storage import open_storage
 from respawn.examples.dcp_loop import first_difference
 from respawn_server.jobs.core.choices import JobStatus
 from respawn_server.jobs.models import Job, LogChunk, StepPoint
+from respawn_server.jobs.money import costs
 from tests.conftest import wait_until
 from tests.e2e.stack import elastic_gang_stack, kill_a_gangs_node, run_ranks_by_hand
 from tests.history import job_story
@@ -85,6 +87,14 @@ def test_a_node_killed_outright_costs_at_most_k_steps_and_the_survivors_resume_b
         top=Max("step"))["top"]
     assert in_storage.step < step <= reached, story
     assert reached - step <= K < reached - in_storage.step, story  # storage alone would have lost more than K
+    # The control plane learnt it from the survivors' heartbeats: the regroup went on from R in
+    # the memory tier, the lost node's work counts to R, and the job page says so.
+    regroup = job.world_sizes.get(pk=sizes[1].pk)
+    assert (regroup.resume_step, regroup.resume_tier) == (step, "memory"), story
+    assert costs.job_cost(job).work[first[1].pk].steps_kept == step, story
+    page = Client()
+    page.force_login(job.owner)
+    assert f"step {step} (memory tier)" in page.get(f"/jobs/{job.pk}/").content.decode()
 
     # The same training by hand: 3 ranks to step R, then 2 from the checkpoint they left.
     reference = tmp_path / "reference"

@@ -240,6 +240,7 @@ def test_the_money_counts_the_work_each_run_kept_and_the_downtime_the_regroup(db
 
     _, (lost,) = downtime.job_downtime(job.pk, timezone.now())
     assert lost.instance_id == nodes[1].pk and lost.replacement_id is None and lost.resumed is not None
+    assert (lost.resume_step, lost.resume_tier) == (100, "storage")
     assert lost.parts["boot"] == 0 and 2.9 <= lost.parts["restore"] <= 3.1 and lost.parts["capacity"] >= 9
 
 
@@ -257,3 +258,83 @@ def test_the_job_page_plots_the_world_size_and_says_the_gang_is_elastic(elastic)
         (3, "3 node(s) placed"), (2, f"instance {nodes[1].instance.pk} preempted: the gang goes on with 2 of 3 nodes")]
     single = make_job(job.team, job.owner, status=JobStatus.RUNNING)
     assert 'id="world-size-chart"' not in browser.get(f"/jobs/{single.pk}/").content.decode()
+
+
+def memory_tier_regroup(settings, resumed_at: int | None):
+    """The money test's gang (3 nodes to step 130, a checkpoint at 100, rank 1 lost, the
+    others on to 300), its survivors saying they resumed at `resumed_at` from the memory
+    tier (None: they said nothing, as a gang without the tier)."""
+    from respawn_server.jobs.recovery.elastic import resumed_from_memory
+    from tests.costs.history import T, launched, seed_prices
+
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    seed_prices()
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, nodes_min=2, status=JobStatus.RUNNING)
+    nodes = [launched(job, at=T(3, 1, 2), last_step=130, rank=rank) for rank in range(NODES)]
+    with transaction.atomic():
+        record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
+                          manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
+    gone(nodes[1])
+    if resumed_at is not None:
+        for survivor in (nodes[0], nodes[2]):  # both say it; the first is recorded
+            resumed_from_memory(Instance.objects.get(pk=survivor.pk), step=resumed_at, generation=1)
+    Instance.objects.filter(pk__in=[nodes[0].pk, nodes[2].pk]).update(
+        last_step=300, state=InstanceState.ENDED, end_reason=EndReason.COMPLETED, ended_at=T(3, 1, 5))
+    return job, nodes
+
+
+def test_a_gang_resumed_from_the_memory_tier_is_counted_to_the_step_it_went_on_from(db, settings):
+    """As the money test above, but the survivors resumed at step 125 from the memory tier:
+    the lost node kept 125 steps (its replica held them), not the checkpoint's 100; each
+    survivor redid 5 (126..130), not 30; the interruption says where the work went on from."""
+    from respawn_server.jobs.money import costs, downtime
+    from tests.costs.history import T
+
+    job, nodes = memory_tier_regroup(settings, 125)
+    regrouped = job.world_sizes.get(world_size=2)
+    assert (regrouped.resume_step, regrouped.resume_tier, regrouped.resume_checkpoint.step) == (125, "memory", 100)
+    assert job.events.filter(message__contains="resumed at step 125 from the memory tier, 25 step(s) newer than "
+                                               "the checkpoint in storage (step 100)").count() == 1
+    work = costs.job_cost(job, T(3, 2)).work
+    assert {pk: (w.steps_kept, w.recomputed_steps) for pk, w in work.items()} == {
+        nodes[0].pk: (300, 5), nodes[1].pk: (125, 0), nodes[2].pk: (300, 5)}
+    _, (lost,) = downtime.job_downtime(job.pk, timezone.now())
+    assert (lost.instance_id, lost.resume_step, lost.resume_tier) == (nodes[1].pk, 125, "memory")
+
+
+@pytest.mark.parametrize("claimed", [100, 131, 10**9])
+def test_a_memory_resume_outside_what_the_gang_reached_is_not_believed(db, settings, claimed):
+    """Not newer than the checkpoint, or past the furthest step the gang's heartbeats had
+    reached: a VM's word moves no money."""
+    from respawn_server.jobs.money import costs
+    from tests.costs.history import T
+
+    job, nodes = memory_tier_regroup(settings, claimed)
+    assert job.world_sizes.get(world_size=2).memory_resume_step is None
+    assert job.events.filter(message__contains=f"resumed at step {claimed} from the memory tier, not between").exists()
+    assert costs.job_cost(job, T(3, 2)).work[nodes[1].pk].steps_kept == 100
+
+
+def test_the_heartbeat_carries_the_memory_resume_once_per_regroup_and_only_for_the_gang_the_node_is_in(elastic):
+    job, nodes = elastic
+    Instance.objects.filter(job=job).update(registered_at=timezone.now())  # trained: their runs are kept at the regroup
+    gone(nodes[1].instance)
+    client = APIClient()
+
+    def beat(node, **fields):
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {node.agent_token}")
+        return client.post("/api/agent/v1/heartbeat", {"event_id": str(uuid.uuid4()), "step": 52, **fields}, format="json")
+
+    assert beat(nodes[0], memory_resume_step=50, gang_generation=0).status_code == 200  # the gang before: no word
+    assert job.world_sizes.get(world_size=2).memory_resume_step is None
+    bad = beat(nodes[0], memory_resume_step=-1, gang_generation=1)
+    assert bad.status_code == 400 and list(bad.json()["errors"]) == ["memory_resume_step"]
+    for node, step in ((nodes[0], 50), (nodes[2], 50), (nodes[2], 51)):  # said by each, and resent
+        assert beat(node, memory_resume_step=step, gang_generation=1).status_code == 200
+    assert job.world_sizes.get(world_size=2).memory_resume_step == 50
+    assert set(Instance.objects.filter(job=job, gang_generation=1).values_list("memory_resume_step", flat=True)) == {50}
+    detail = APIClient()
+    detail.force_authenticate(job.owner)
+    sizes = detail.get(f"/api/v1/jobs/{job.pk}/").json()["world_sizes"]
+    assert [(s["world_size"], s["resume_step"], s["resume_tier"]) for s in sizes] == [(3, 0, "storage"), (2, 50, "memory")]

@@ -93,6 +93,12 @@ class StatusReader:
         """Where the run stands until its trainer reports a step: the step it resumes from.
         Reporting 0 there would tell the control plane the run went back to the start."""
 
+    def restart(self, start_step: int) -> None:
+        """A new trainer starts at `start_step`: nothing the stopped one said is its."""
+        if os.path.exists(self.path):
+            os.remove(self.path)
+        self.latest, self._mtime, self.start_step = {}, None, start_step
+
     def read(self) -> dict[str, Any]:
         try:
             mtime = os.stat(self.path).st_mtime_ns
@@ -125,6 +131,7 @@ class StatusReader:
             last_checkpoint_step=int_or_none(s.get("last_checkpoint_step")),
             checkpoint_save_s=finite_or_none(s.get("checkpoint_save_s")),
             checkpoint_stall_s=finite_or_none(s.get("checkpoint_stall_s")),
+            memory_resume_step=int_or_none(s.get("memory_resume_step")),
         )
         if last_checkpoint is not None:
             if beat.last_checkpoint_step is None:

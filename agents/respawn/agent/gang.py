@@ -4,7 +4,6 @@ spare or joiner waiting to be promoted, an elastic node waiting for its gang to 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import time
 from typing import TYPE_CHECKING
@@ -123,9 +122,7 @@ def join_the_regrouped_gang(agent: Agent) -> protocol.ExitReport | None:
     if ended is not None:
         return ended
     agent.state.trainer_exit_code, agent.state.regroup_wanted, agent.state.checkpoint_requested = None, False, False
-    agent.status.start_step = job.resume_step or 0
-    if os.path.exists(agent.paths.status):
-        os.remove(agent.paths.status)  # the stopped trainer's step is not where the new one starts
+    agent.status.restart(job.resume_step or 0)  # the stopped trainer's step is not where the new one starts
     registration.save_session(agent)
     agent.agent_line(f"the gang regrouped (generation {job.gang_generation}): rank {job.rank} of {job.world_size}, "
                      f"rendezvous {job.rendezvous_addr or '(rank 0 not registered yet)'}; restarting the trainer")

@@ -67,7 +67,9 @@ def on_answer(agent: Agent, answer: dict, heartbeat_sent_at: str) -> None:
 def heartbeat(agent: Agent) -> protocol.Heartbeat:
     beat = agent.status.heartbeat(agent.state.last_checkpoint)
     if agent.state.trainer_exit_code is not None:
-        beat.trainer_exit_code, beat.gang_generation = agent.state.trainer_exit_code, agent.state.job.gang_generation
+        beat.trainer_exit_code = agent.state.trainer_exit_code
+    if beat.trainer_exit_code is not None or beat.memory_resume_step is not None:
+        beat.gang_generation = agent.state.job.gang_generation  # what either is said about
     return beat
 
 

@@ -159,6 +159,7 @@ class Checkpointer(CheckpointManager):
         where = f"{store[0][0]}:{store[0][1]}"
         print(f"respawn checkpoint: rank {self.rank} resumed at step {step} from the memory tier (its state from the store "
               f"at {where}), newer than storage's newest checkpoint", file=sys.stderr, flush=True)
+        trainer.resumed_from_memory(step)  # the control plane learns the step the gang went on from
         return Resumed(step, None, tier="memory")
 
     @staticmethod

@@ -115,7 +115,7 @@
     charts.loss.update("none");
     if (charts.worldSize) {
       /* Each size from its moment on, drawn on to the end of the job's time range. */
-      const points = status.world_sizes.map((w) => ({x: ms(w.at), y: w.world_size, text: `${w.world_size}: ${w.reason}`}));
+      const points = status.world_sizes.map((w) => ({x: ms(w.at), y: w.world_size, text: `${w.world_size}: ${w.reason}${w.resumed ? `; resumed at ${w.resumed}` : ""}`}));
       if (points.length) points.push({...points[points.length - 1], x: range.max, text: `${points[points.length - 1].y} now`});
       charts.worldSize.data.datasets[0].data = points;
       Object.assign(charts.worldSize.options.scales.x, range, {ticks: ticks(range)});
