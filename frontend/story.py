@@ -17,9 +17,11 @@ SOURCES = {
 
 def where_resumed(step: int | None, tier: str) -> str:
     """Where a node's work went on from after an interruption or regroup: "step 42 (memory
-    tier)" or "step 30 (storage)"; "" where nothing resumed (yet)."""
-    if step is None or not tier:
+    tier)", "step 30 (storage)" or "the start" (no checkpoint); "" where nothing resumed (yet)."""
+    if step is None:
         return ""
+    if not tier:
+        return "the start"
     return f"step {step} ({'memory tier' if tier == 'memory' else 'storage'})"
 
 

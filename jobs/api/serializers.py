@@ -358,7 +358,8 @@ class DowntimeSerializer(serializers.Serializer):
         "The step the node's work went on from (null until something resumed it): the interrupted VM's work past it "
         "was lost."))
     resume_tier = serializers.ChoiceField(choices=["storage", "memory", ""], help_text=(
-        "Where that step was held: a checkpoint in storage, or the gang's memory tier (docs/memory-tier.md)."))
+        "Where that step was held: a checkpoint in storage, or the gang's memory tier (docs/memory-tier.md); \"\": "
+        "from the start (resume_step 0), or nothing resumed yet (resume_step null)."))
     ongoing = serializers.BooleanField()
     downtime_s = serializers.FloatField(source="total_s", help_text="The sum of the parts; an open one up to now.")
     parts = DowntimePartsSerializer(help_text="Seconds on the path to the resumed training (docs/downtime.md).")
@@ -369,8 +370,9 @@ class WorldSizeSerializer(serializers.ModelSerializer):
         model = WorldSize
         fields = ["at", "world_size", "reason", "resume_step", "resume_tier"]
 
-    resume_step = serializers.IntegerField(read_only=True, help_text="The step the gang went on from (a regroup's).")
-    resume_tier = serializers.ChoiceField(choices=["storage", "memory"], read_only=True, help_text=(
+    resume_step = serializers.IntegerField(read_only=True, allow_null=True, help_text=(
+        "The step the gang went on from; null: from the start."))
+    resume_tier = serializers.ChoiceField(choices=["storage", "memory", ""], read_only=True, help_text=(
         "Where that step was held: a checkpoint in storage, or the gang's memory tier (docs/memory-tier.md)."))
 
 

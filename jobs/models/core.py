@@ -226,15 +226,18 @@ class WorldSize(models.Model):
                                          "checkpoint.")
 
     @property
-    def resume_step(self) -> int:
-        """The step the gang went on from, whichever tier held it."""
+    def resume_step(self) -> int | None:
+        """The step the gang went on from, whichever tier held it; None: from the start."""
         if self.memory_resume_step is not None:
             return self.memory_resume_step
-        return self.resume_checkpoint.step if self.resume_checkpoint else 0
+        return self.resume_checkpoint.step if self.resume_checkpoint else None
 
     @property
     def resume_tier(self) -> str:
-        return "memory" if self.memory_resume_step is not None else "storage"
+        """"memory", "storage", or "" (from the start)."""
+        if self.memory_resume_step is not None:
+            return "memory"
+        return "storage" if self.resume_checkpoint else ""
 
     class Meta:
         ordering = ["at", "id"]

@@ -56,7 +56,7 @@ class Timeline:
     resumed: dt.datetime | None = None
     replacement_id: int | None = None
     resume_step: int | None = None
-    resume_tier: str = ""  # "storage" or "memory" (docs/memory-tier.md); "" while nothing resumed the work
+    resume_tier: str = ""  # "storage" or "memory" (docs/memory-tier.md); "": from the start, or nothing resumed yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +212,8 @@ def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroup
             registered=replacement.registered_at if replacement else None,
             validated=replacement.resume_validated_at if replacement else None,
             resumed=trained.trained_at if trained else None, replacement_id=replacement.pk if replacement else None,
-            resume_step=(replacement.resume_step or 0) if replacement else None, resume_tier="storage" if replacement else ""))
+            resume_step=(replacement.resume_step or 0) if replacement else None,
+            resume_tier="storage" if replacement and replacement.resume_step is not None else ""))
     return found
 
 
@@ -237,7 +238,7 @@ def _went_on_without(old: _Vm, kind: str, interrupted: dt.datetime, regroup: Wor
     are kept once, so that is its first step past where it was before: the steps redone
     from the checkpoint count as restore); a trainer that reports no steps, at the first
     heartbeat past the resume step."""
-    resume_step = regroup.resume_step
+    resume_step = regroup.resume_step or 0
     after = {"job_id": regroup.job_id, "time__gt": regroup.at}
     resumed = (StepPoint.objects.filter(**after).aggregate(at=Min("time"))["at"]
                or MetricPoint.objects.filter(**after, step__gt=resume_step).exclude(instance=old.pk).aggregate(

@@ -137,3 +137,10 @@ def test_the_job_page_shows_the_total_and_each_interruptions_parts(recorded, cli
     assert [c.split(">")[-1] for c in rows[0].split("</td>")[2:9]] == ["12", "8", "50", "5", "15", "90", "step 90 (storage)"]
     assert "(ongoing)" in rows[1]
     assert 'id="downtime"' in html
+
+
+def test_where_an_interruptions_work_went_on_from_in_words():
+    from respawn_server.frontend.story import where_resumed
+
+    assert [where_resumed(step, tier) for step, tier in ((90, "storage"), (42, "memory"), (0, ""), (None, ""))] == [
+        "step 90 (storage)", "step 42 (memory tier)", "the start", ""]

@@ -337,4 +337,4 @@ def test_the_heartbeat_carries_the_memory_resume_once_per_regroup_and_only_for_t
     detail = APIClient()
     detail.force_authenticate(job.owner)
     sizes = detail.get(f"/api/v1/jobs/{job.pk}/").json()["world_sizes"]
-    assert [(s["world_size"], s["resume_step"], s["resume_tier"]) for s in sizes] == [(3, 0, "storage"), (2, 50, "memory")]
+    assert [(s["world_size"], s["resume_step"], s["resume_tier"]) for s in sizes] == [(3, None, ""), (2, 50, "memory")]
