@@ -296,7 +296,8 @@ class HeartbeatView(AgentView):
         if data["trainer_exit_code"] is not None:  # an elastic gang's node waiting for the gang's word
             trainer_exited(instance, exit_code=data["trainer_exit_code"],
                            generation=data["gang_generation"])
-        if data["memory_resume_step"] is not None and instance.state in InstanceState.LIVE:
+        if data["memory_resume_step"] is not None and instance.memory_resume_step is None \
+                and instance.state in InstanceState.LIVE:  # said in every heartbeat after; recorded once
             resumed_from_memory(instance, step=data["memory_resume_step"], generation=data["gang_generation"])
         return instance
 

@@ -158,7 +158,7 @@ class HeartbeatLookup:
     `column` maps an instance field to its name there."""
 
     INSTANCE_FIELDS = frozenset({"id", "job_id", "state", "ended_at", "requested_action", "checkpoint_interval",
-                                 "gang_generation"})
+                                 "gang_generation", "memory_resume_step"})
     JOB_FIELDS = frozenset({"id", "status", "checkpoint_interval_s"})
 
     def __init__(self):
