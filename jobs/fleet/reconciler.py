@@ -116,8 +116,12 @@ def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_i
     interruption found meanwhile has already moved it), and a judgement that arrives
     after the gang was already replaced is dropped: it is about an older generation."""
     failed = Instance.objects.filter(pk=instance_id).first() if instance_id is not None else None
-    if failed and Instance.objects.filter(job_id=job_id, rank=failed.rank, pk__gt=failed.pk).exists():
-        return  # its slot already has a replacement
+
+    def replaced() -> bool:
+        return bool(failed) and Instance.objects.filter(job_id=job_id, rank=failed.rank, pk__gt=failed.pk).exists()
+
+    if replaced():
+        return
     for peer in Instance.objects.filter(job_id=job_id, state__in=InstanceState.LIVE).exclude(provider_instance_id=""):
         if provider_for(peer.provider, peer.region).describe(peer.provider_instance_id).state == CloudState.GONE:
             _end_gone(peer, "another rank of its gang failed; the cloud says this VM is gone")
@@ -125,7 +129,9 @@ def check_gang_failure(job_id: int, signature: str, output_tail: str, instance_i
             return
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING):
+        # Asked again under the job's lock: the peer's loss may have been found meanwhile,
+        # and the job recovered and placed again (provisioning, as if never interrupted).
+        if job.status in (JobStatus.RUNNING, JobStatus.PROVISIONING) and not replaced():
             judge_failure(job, signature, output_tail)
 
 

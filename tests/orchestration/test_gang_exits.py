@@ -166,3 +166,33 @@ def test_both_ranks_completing_at_once_succeed_the_job():
     in_overlapping_transactions(lambda: complete(ranks[0]), lambda: complete(ranks[1]), hold_s=2)
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_judgement_waiting_while_the_gang_is_placed_again_leaves_the_new_gang_alone():
+    """Seen in CI: rank 0 failed on its broken collective; before the queued check of
+    its peers ran, rank 1 was found gone and the job recovered. The check saw no
+    replacement yet, then waited on the job's lock while the scheduler placed the new
+    gang, and judged the failure the code's against a job `provisioning` again: a
+    failure restart counted and the new gang's job sent back to recovering."""
+    from respawn_server.jobs.core.transitions import end_instance, transition_job
+    from respawn_server.jobs.fleet.reconciler import check_gang_failure
+    from tests.factories import make_instance
+    from tests.overlap import in_overlapping_transactions
+
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, nodes=NODES, status=JobStatus.RECOVERING)
+    failed = make_instance(job, rank=0, state=InstanceState.RUNNING, provider_instance_id="local-909-0000aaaa").instance
+    end_instance(failed, EndReason.FAILED)
+    lost = make_instance(job, rank=1, state=InstanceState.RUNNING, provider_instance_id="local-910-0000bbbb").instance
+    end_instance(lost, EndReason.LOST)
+
+    def place_again():
+        transition_job(job.pk, JobStatus.RECOVERING, JobStatus.PROVISIONING, message="placing 2 node(s)")
+        for rank in range(NODES):
+            make_instance(job, rank=rank)
+
+    in_overlapping_transactions(place_again, lambda: check_gang_failure(job.pk, f"exit 1: {GLOO_ERROR}", GLOO_ERROR,
+                                                                        failed.pk), hold_s=2)
+    job.refresh_from_db()
+    assert (job.status, job.failure_restarts) == (JobStatus.PROVISIONING, 0)
