@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from respawn.checkpoint import Checkpointer, ResumableSampler, TrainState
+from respawn.checkpoint import Checkpointer, ResumableSampler, TrainState, layout, manifest
 from respawn.checkpoint.reader import committed
 from respawn.checkpoint.storage import open_storage
 from respawn.checkpoint.tiers import BuddyServer, held_for, restore
@@ -106,7 +106,7 @@ def stores():
         store.close()
 
 
-def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_from_memory(tmp_path, stores):
+def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_from_memory(tmp_path, stores, capfd):
     nodes = stores(3)
     train_until_lost(tmp_path, nodes)
     nodes[1].close()  # node 1 lost: its store, and rank 1's trainer, with it
@@ -115,8 +115,30 @@ def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_fro
     # Replicated every K steps, so at most K steps lost, fewer than storage's newest loses;
     # rank 1 of the new gang resumes the lost rank 1's state, from its buddy, node 2.
     steps = {r["step"] for r in resumed}
-    assert len(steps) == 1 and max(STEPS - K, newest_in_storage(tmp_path) + 1) <= steps.pop() <= STEPS, resumed
+    step = steps.pop()
+    assert not steps and max(STEPS - K, newest_in_storage(tmp_path) + 1) <= step <= STEPS, resumed
     assert all(r["tier"] == "memory" and r["difference"] is None for r in resumed), resumed
+    # Validated before training went on, as a checkpoint from storage is.
+    assert f"step {step} from the memory tier: valid (loss " in capfd.readouterr().err
+
+
+def test_a_replica_whose_weights_miss_their_reference_loss_sends_every_rank_to_storage(tmp_path, stores, capfd):
+    """Intact bytes of the wrong weights (a snapshot torn by a racing optimizer step would
+    be digested as it was sent): the digests pass, the reference loss does not."""
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes)
+    nodes[1].close()
+    own = nodes[0].replicas[0][-1]  # rank 0's newest shard on its own node: the one a resume reads first
+    name = layout.rank_state_file(0)
+    meta = json.loads(bytes(own.files[name]))
+    meta["reference_loss"] += 1.0
+    own.files[name] = json.dumps(meta).encode()
+    own.digests[name] = manifest.digest_bytes(own.files[name])
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    assert resumed == [{"step": newest_in_storage(tmp_path), "tier": "storage", "difference": None}] * 2
+    err = capfd.readouterr().err
+    assert f"step {own.step} from the memory tier: invalid (" in err and "resuming from storage" in err
 
 
 def test_two_neighbours_lost_together_fall_back_to_storage(tmp_path, stores):

@@ -26,7 +26,7 @@ from .storage import Storage, open_storage
 from .tiers import restore
 from .tiers.client import ReplicaUnavailable, fetch, status
 from .tiers.replicator import gang_stores, replicator
-from .validation import Verdict, judge, mark
+from .validation import Verdict, judge, judge_weights, mark
 
 FRAMEWORK = "torch"
 
@@ -143,15 +143,15 @@ class Checkpointer(CheckpointManager):
             shard = fetch(*store, self.rank, step=step)
             if (shard.step, shard.gang) != (step, gang):
                 raise ReplicaUnavailable(f"its store now holds step {shard.step} of another run, not {step}")
-            state, _ = restore.state_of(shard)
+            state, meta = restore.state_of(shard)
             self.state.load_state_dict(state)
-            ok = True
+            ok = self.rank != 0 or self._replica_holds_up(step, state, meta)
         except (ReplicaUnavailable, CheckpointError, RuntimeError, KeyError, ValueError) as exc:
             print(f"respawn checkpoint: rank {self.rank} cannot resume step {step} from the memory tier: {exc}",
                   file=sys.stderr, flush=True)
             ok = False
         if not all(row[0] for row in self.coord.exchange([int(ok)])):
-            print(f"respawn checkpoint: step {step} is not whole in the memory tier: resuming from storage", file=sys.stderr)
+            print(f"respawn checkpoint: step {step} is not whole and valid in the memory tier: resuming from storage", file=sys.stderr)
             return None
         # Not `resumed_at`: this step is not in storage, so a notice here must save it.
         CheckpointManager.resumed_at(self, step)
@@ -161,6 +161,18 @@ class Checkpointer(CheckpointManager):
               f"at {where}), newer than storage's newest checkpoint", file=sys.stderr, flush=True)
         trainer.resumed_from_memory(step)  # the control plane learns the step the gang went on from
         return Resumed(step, None, tier="memory")
+
+    def _replica_holds_up(self, step: int, state: dict, meta: dict) -> bool:
+        """Rank 0's replica, intact by its digests, checked as a checkpoint is on resume: its
+        weights must give the reference loss computed from them at the snapshot. A check
+        that could not run condemns nothing, as on storage."""
+        validation = self.config.validation if self.config.validate_on_resume else None
+        if validation is None:
+            return True
+        verdict = judge_weights(f"the memory tier's step {step}", state["model"], meta, validation)
+        said = f"loss {verdict.loss!r}, reference {verdict.reference_loss!r}" if verdict.loss is not None else verdict.message
+        print(f"respawn checkpoint: step {step} from the memory tier: {verdict.result} ({said})", file=sys.stderr, flush=True)
+        return verdict.valid or verdict.error
 
     @staticmethod
     def _holdings(store) -> list[list[int]]:

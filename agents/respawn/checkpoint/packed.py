@@ -36,7 +36,9 @@ Save choices, each a deliberate one:
   background. Nothing is written live then (the buffers hold the whole state, which the
   replica reads after the step). A save that comes while the buffers are being sent
   cuts the send (within a chunk) and takes them: storage first; the save's snapshot is
-  replicated in its stead.
+  replicated in its stead. With validation, rank 0's replica carries the reference loss
+  of the weights it holds, computed as a save's is: a resume from memory is checked
+  against it (checkpointer.Checkpointer._load_from_memory).
 """
 
 from __future__ import annotations
@@ -338,10 +340,14 @@ class PackedWriter:
             self.buffers.copy_some(job.tensors, job.deferred)
             if job.device is not None:
                 job.device.wait()
-            if self.replicas is not None and job.kind == protocol.CheckpointKind.PERIODIC:
-                shard = self._shard(job.step, job.meta)  # before the reference loss adds to the meta
-                self.replicas.start(job.step, lambda: shard, None)
             reference = self._start_reference_loss(job)  # it reads the weights as saved
+            if self.replicas is not None and job.kind == protocol.CheckpointKind.PERIODIC:
+                def shard() -> Shard:  # with the reference loss: a resume from memory is validated too
+                    if reference is not None:
+                        reference.join()
+                    return self._shard(job.step, job.meta)
+
+                self.replicas.start(job.step, shard, None)
 
         def release_live():
             job.tensors = None
@@ -461,9 +467,13 @@ class PackedWriter:
                 self.buffers.copy_some(job.tensors, job.deferred)
                 if job.device is not None:
                     job.device.wait()
+                tensors = job.tensors
             finally:
                 job.tensors = None
                 job.snapshotted.set()
+            if self._reference is not None:  # from the copies, as a storage save's (a resume from memory checks it)
+                persist.lower_priority()
+                self._reference.record(meta, lambda: self._saved_weights(meta, tensors))
             return self._shard(step, meta)
 
         self.replicas.start(step, prepare, lambda: job.outcome.stall_s)

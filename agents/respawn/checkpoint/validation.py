@@ -272,10 +272,7 @@ def validate(ref: CheckpointRef, settings: ValidationSettings | None = None, rec
 def judge(loaded: LoadedCheckpoint, settings: ValidationSettings | None = None,
           device: str | torch.device | None = None) -> Verdict:
     """validate_loaded, with a check that could not run as an `error` verdict naming why."""
-    try:
-        return validate_loaded(loaded, settings, device)
-    except (FactoryError, EvalError) as exc:
-        return Verdict.failed_check(exc, loaded.meta.get("reference_loss"))
+    return judge_weights(loaded.ref.uri, loaded.state["model"], loaded.meta, settings, device)
 
 
 def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | None = None,
@@ -283,10 +280,26 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
     """The verdict on `loaded` with `settings` (default: the ones stored at save; an
     eval_fn stored there is used when `settings` names none), the model and batch on
     `device` (default CPU). FactoryError/EvalError when the check cannot run."""
-    uri = loaded.ref.uri
-    settings = settings_for(loaded, settings)
+    return validate_weights(loaded.ref.uri, loaded.state["model"], loaded.meta, settings, device)
+
+
+def judge_weights(where: str, weights: dict, meta: dict, settings: ValidationSettings | None = None,
+                  device: str | torch.device | None = None) -> Verdict:
+    """validate_weights, with a check that could not run as an `error` verdict naming why."""
+    try:
+        return validate_weights(where, weights, meta, settings, device)
+    except (FactoryError, EvalError) as exc:
+        return Verdict.failed_check(exc, meta.get("reference_loss"))
+
+
+def validate_weights(where: str, weights: dict, meta: dict, settings: ValidationSettings | None = None,
+                     device: str | torch.device | None = None) -> Verdict:
+    """The verdict on a model's `weights` saved with `meta` (a checkpoint's state.json body,
+    or a memory-tier replica's rank 0 state): reloaded into a fresh model, its loss against
+    the reference loss computed from the same bytes at save."""
+    settings = settings_for(where, meta, settings)
     model = model_skeleton(settings.model_factory)
-    load_model_weights(model, loaded.state["model"], uri, assign=True)
+    load_model_weights(model, weights, where, assign=True)
     if has_meta_state(model):  # as at save time (ReferenceLoss): the checkpoint cannot hold all of it
         raise FactoryError(f"model factory {settings.model_factory!r}: the model has state outside its state_dict")
     model.eval()
@@ -298,28 +311,27 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
             # TF32 convolutions (cuDNN's default) alone differ from it by more than the tolerance.
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         model, batch = model.to(device), to_device(batch, device)
-    reference = reference_loss(loaded)
-    return compare(uri, evaluate(settings, model, batch), reference, settings.tolerance)
+    return compare(where, evaluate(settings, model, batch), reference_loss(where, meta), settings.tolerance)
 
 
-def settings_for(loaded: LoadedCheckpoint, settings: ValidationSettings | None) -> ValidationSettings:
-    """`settings`, or the ones stored at save when None; an eval_fn stored at save is kept
-    when `settings` names none (the script's own loss)."""
-    stored = loaded.meta.get("validation")
+def settings_for(where: str, meta: dict, settings: ValidationSettings | None) -> ValidationSettings:
+    """`settings`, or the ones stored at save (in `meta`) when None; an eval_fn stored at
+    save is kept when `settings` names none (the script's own loss)."""
+    stored = meta.get("validation")
     if settings is None:
         if not stored:
-            raise FactoryError(f"checkpoint {loaded.ref.uri} names no validation factories; pass them explicitly")
+            raise FactoryError(f"checkpoint {where} names no validation factories; pass them explicitly")
         return ValidationSettings(**stored)
     if not settings.eval_fn and stored and stored.get("eval_fn"):
         return replace(settings, eval_fn=stored["eval_fn"])
     return settings
 
 
-def reference_loss(loaded: LoadedCheckpoint) -> float | None:
+def reference_loss(where: str, meta: dict) -> float | None:
     """The loss recorded at save; EvalError when computing it failed then (nothing to compare with)."""
-    reference = loaded.meta.get("reference_loss")
-    if reference is None and loaded.meta.get("reference_error"):
-        raise EvalError(f"checkpoint {loaded.ref.uri} has no reference loss: at save, {loaded.meta['reference_error']}")
+    reference = meta.get("reference_loss")
+    if reference is None and meta.get("reference_error"):
+        raise EvalError(f"checkpoint {where} has no reference loss: at save, {meta['reference_error']}")
     return reference
 
 

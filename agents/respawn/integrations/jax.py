@@ -487,9 +487,9 @@ def validate_loaded(loaded: LoadedCheckpoint, settings: ValidationSettings | Non
     """respawn.checkpoint.validation's verdict for a JAX checkpoint: the model factory gives
     the template pytree, `eval_fn(state, batch)` the loss compared with the reference
     (settings default to the ones stored at save)."""
-    settings = settings_for(loaded, settings)
+    settings = settings_for(loaded.ref.uri, loaded.meta, settings)
     if not settings.eval_fn:
         raise FactoryError("a JAX checkpoint is validated with an eval_fn(state, batch) -> float; none is named")
-    reference = reference_loss(loaded)
+    reference = reference_loss(loaded.ref.uri, loaded.meta)
     state = restore_state(loaded, _call(settings.model_factory))
     return compare(loaded.ref.uri, evaluate(settings, state, _call(settings.batch_factory)), reference, settings.tolerance)
