@@ -308,9 +308,10 @@ def downtime(job_id: int) -> list[Read]:
 
 def world_sizes(job_id: int) -> Read:
     """The job's world size over time (respawn_server.jobs.models.WorldSize), oldest first."""
-    return Read(f"SELECT w.at, w.world_size, w.reason, COALESCE(w.memory_resume_step, c.step), w.memory_resume_step IS NOT NULL "
-                f"FROM {WORLD_SIZE} w LEFT JOIN {CHECKPOINT} c ON c.id = w.resume_checkpoint_id WHERE w.job_id = %s "
-                "ORDER BY w.at, w.id", [job_id], _named("at", "world_size", "reason", "resume_step", "from_memory"))
+    return Read(f"SELECT w.at, w.world_size, w.reason, COALESCE(w.memory_resume_step, c.step), w.memory_resume_step IS NOT NULL, "
+                f"w.after_instance_id IS NOT NULL FROM {WORLD_SIZE} w LEFT JOIN {CHECKPOINT} c ON c.id = w.resume_checkpoint_id "
+                "WHERE w.job_id = %s ORDER BY w.at, w.id", [job_id],
+                _named("at", "world_size", "reason", "resume_step", "from_memory", "regroup"))
 
 
 # ---- a team -----------------------------------------------------------------------------------

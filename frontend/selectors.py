@@ -107,6 +107,14 @@ def _instances(found: list[dict], money) -> list[dict]:
     } for instance in found]
 
 
+def _where_the_gang_resumed(size: dict) -> str:
+    """A world size's "resumed at" words: a regroup always resumed from somewhere (the start,
+    when the gang had no checkpoint yet); a placement or a growth only from a checkpoint."""
+    if size["resume_step"] is None:
+        return story.where_resumed(0, "") if size["regroup"] else ""
+    return story.where_resumed(size["resume_step"], "memory" if size["from_memory"] else "storage")
+
+
 def _markers(interruptions: list[dict], instances: list[dict], checkpoints: list[dict]) -> list[dict]:
     markers = []
     for event in interruptions:
@@ -207,8 +215,7 @@ def job_status(job: dict, *, may_cancel: bool, now: dt.datetime | None = None) -
         "events": [{"at": _iso(e["created_at"]), "from": e["from_status"], "to": e["to_status"],
                     "message": e["message"]} for e in reversed(events)],
         "world_sizes": [{"at": _iso(w["at"]), "world_size": w["world_size"], "reason": w["reason"],
-                         "resumed": story.where_resumed(w["resume_step"], "memory" if w["from_memory"] else "storage")}
-                        for w in sizes],
+                         "resumed": _where_the_gang_resumed(w)} for w in sizes],
         "as_of": now.isoformat(),
     }
 

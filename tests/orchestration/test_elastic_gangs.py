@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from respawn.protocol import Action
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.fleet.reconciler import _end_gone, check_elastic_gang, retry_stuck_provisioning
-from respawn_server.jobs.models import Instance, Job, WorldSize
+from respawn_server.jobs.models import Checkpoint, Instance, Job, WorldSize
 from respawn_server.jobs.recovery.elastic import trainer_exited
 from respawn_server.jobs.reports.checkpoints import record_checkpoint
 from respawn_server.jobs.reports.exits import record_exit
@@ -256,8 +256,21 @@ def test_the_job_page_plots_the_world_size_and_says_the_gang_is_elastic(elastic)
     sizes = browser.get(f"/jobs/{job.pk}/status.json").json()["world_sizes"]
     assert [(s["world_size"], s["reason"]) for s in sizes] == [
         (3, "3 node(s) placed"), (2, f"instance {nodes[1].instance.pk} preempted: the gang goes on with 2 of 3 nodes")]
+    assert [s["resumed"] for s in sizes] == ["", "step 40 (storage)"]
     single = make_job(job.team, job.owner, status=JobStatus.RUNNING)
     assert 'id="world-size-chart"' not in browser.get(f"/jobs/{single.pk}/").content.decode()
+
+
+def test_a_regroup_before_any_checkpoint_says_the_gang_resumed_from_the_start(elastic):
+    from django.test import Client
+
+    job, nodes = elastic
+    Checkpoint.objects.filter(job=job).delete()  # lost before the gang's first commit
+    gone(nodes[1].instance)
+    browser = Client()
+    browser.force_login(job.owner)
+    sizes = browser.get(f"/jobs/{job.pk}/status.json").json()["world_sizes"]
+    assert [(s["world_size"], s["resumed"]) for s in sizes] == [(3, ""), (2, "the start")]
 
 
 def memory_tier_regroup(settings, resumed_at: int | None):
