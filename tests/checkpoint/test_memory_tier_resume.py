@@ -8,6 +8,7 @@ than storage's newest checkpoint, bitwise what the old ranks held; otherwise sto
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -50,9 +51,10 @@ def gang_config(root: str, store: BuddyServer):
                   replica_every_steps=K)
 
 
-def train_until_lost(tmp_path: Path, stores: list[BuddyServer]) -> None:
+def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool = False) -> None:
     """The first gang trains STEPS steps, each rank keeping what it held at each step,
-    then its trainers are gone (the replications in flight landed)."""
+    then (`notice`) saves the last one on a notice, then its trainers are gone (the
+    replications in flight landed)."""
     world, root = len(stores), str(tmp_path / "ckpt")
 
     def body(rank: int) -> None:
@@ -63,6 +65,8 @@ def train_until_lost(tmp_path: Path, stores: list[BuddyServer]) -> None:
             ckpt.save(step + 1)
             torch.save(progress_of(state.state_dict()), tmp_path / f"held-r{rank}-s{step + 1}.pt")
             time.sleep(0.02)  # a step leaves a core idle (a GPU's would): replicas run at idle priority
+        if notice:
+            assert ckpt.save(STEPS, kind="notice").committed
         ckpt.backend.replicas.wait()
 
     assert run_gang(world, body) == [0] * world
@@ -139,6 +143,22 @@ def test_a_replica_whose_weights_miss_their_reference_loss_sends_every_rank_to_s
     assert resumed == [{"step": newest_in_storage(tmp_path), "tier": "storage", "difference": None}] * 2
     err = capfd.readouterr().err
     assert f"step {own.step} from the memory tier: invalid (" in err and "resuming from storage" in err
+
+
+def test_a_notice_save_lands_in_the_buddys_memory_and_the_survivors_resume_from_it_when_storage_missed_it(
+        tmp_path, stores, capfd):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes, notice=True)
+    err = capfd.readouterr().err
+    # Every rank's, before save() returned.
+    assert err.count(f"notice save of step {STEPS}: in the memory tier") == 3, err[-3000:]
+    # The window closed before the storage write committed (a bucket slower than the buddy's network).
+    shutil.rmtree(tmp_path / "ckpt" / layout.step_dir(STEPS))
+    assert newest_in_storage(tmp_path) < STEPS
+    nodes[1].close()  # the noticed node goes
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    assert resumed == [{"step": STEPS, "tier": "memory", "difference": None}] * 2
 
 
 def test_two_neighbours_lost_together_fall_back_to_storage(tmp_path, stores):

@@ -36,14 +36,18 @@ Save choices, each a deliberate one:
   background. Nothing is written live then (the buffers hold the whole state, which the
   replica reads after the step). A save that comes while the buffers are being sent
   cuts the send (within a chunk) and takes them: storage first; the save's snapshot is
-  replicated in its stead. With validation, rank 0's replica carries the reference loss
-  of the weights it holds, computed as a save's is: a resume from memory is checked
-  against it (checkpointer.Checkpointer._load_from_memory).
+  replicated in its stead. A notice save's snapshot goes to the buddy too, beside its
+  storage write and at full priority (copied into the buffers first, not written in
+  place), and lands before save() returns: should the storage write miss the window,
+  the regrouped survivors resume from it. With validation, rank 0's replica carries
+  the reference loss of the weights it holds, computed as a save's is: a resume from
+  memory is checked against it (checkpointer.Checkpointer._load_from_memory).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -234,6 +238,8 @@ class PackedWriter:
         skeleton = flatten(self.state.state_dict(), tensors)
         if kind == protocol.CheckpointKind.PERIODIC:
             owned, live = self._overlap_plan(tensors)
+        elif self._replicates(kind):  # the buddy is sent the buffers: they must hold all of it
+            owned, live = frozenset(), frozenset()
         else:  # a notice or final save, written before save() returns
             owned, live = frozenset(), self._written_in_place(tensors)
         later, device = self.buffers.copy_in(tensors, owned if overlap else frozenset(), live)
@@ -341,13 +347,13 @@ class PackedWriter:
             if job.device is not None:
                 job.device.wait()
             reference = self._start_reference_loss(job)  # it reads the weights as saved
-            if self.replicas is not None and job.kind == protocol.CheckpointKind.PERIODIC:
+            if self._replicates(job.kind):
                 def shard() -> Shard:  # with the reference loss: a resume from memory is validated too
                     if reference is not None:
                         reference.join()
                     return self._shard(job.step, job.meta)
 
-                self.replicas.start(job.step, shard, None)
+                self.replicas.start(job.step, shard, None, idle=job.kind == protocol.CheckpointKind.PERIODIC)
 
         def release_live():
             job.tensors = None
@@ -361,6 +367,12 @@ class PackedWriter:
         if self.rank > 0:
             body = job.meta | {"files": {n: e.to_json() for n, e in job.entries.items()}}
             self.storage.write_atomic(f"{ckpt}/{layout.rank_state_file(self.rank)}", json.dumps(body).encode())
+
+    def _replicates(self, kind: str) -> bool:
+        """Whether a save's snapshot goes to the buddy as it goes to storage: a periodic
+        save's, and a notice save's, beside its storage write: the survivors of a regroup
+        resume from it should that write miss the window (tiers/restore.py)."""
+        return self.replicas is not None and kind in (protocol.CheckpointKind.PERIODIC, protocol.CheckpointKind.NOTICE)
 
     def _start_reference_loss(self, job: _Persist) -> threading.Thread | None:
         """Rank 0 with validation: the reference loss, computed beside the writes."""
@@ -416,6 +428,8 @@ class PackedWriter:
             self.settle(self._exchange())
         if self._agreed(step == self.last_committed_step):
             uri = self.storage.url_for(layout.step_dir(step))
+            if self._replicates(kind):
+                self._await_replica(step, deadline)  # the periodic save's, of this very step
             return commit.announce(SaveOutcome(step, kind, True, uri, "already committed"))
         job = self._new_job(step, kind, persist.Pace(deadline=deadline))
         try:
@@ -431,7 +445,17 @@ class PackedWriter:
             if self.rank == 0:
                 self.storage.delete_prefix(layout.step_dir(step))
             commit.not_committed(self.storage, job.outcome, job.outcome.message or "another rank did not write its shard in time")
+        if self._replicates(kind):
+            self._await_replica(step, deadline)
         return commit.announce(job.outcome)
+
+    def _await_replica(self, step: int, deadline: float | None) -> None:
+        """A notice save's replica, sent beside its storage write: lands before the trainer
+        exits (its thread dies with it), or the window closes first."""
+        self.replicas.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self.replicas.replicated_step == step:
+            print(f"respawn checkpoint: notice save of step {step}: in the memory tier (this node's store and its "
+                  f"buddy's)", file=sys.stderr, flush=True)
 
     def _agreed(self, rank0_value: bool) -> bool:
         """Rank 0's answer, on every rank (so all ranks take the same branch)."""

@@ -82,9 +82,9 @@ class Replicator:
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def wait(self) -> None:
+    def wait(self, timeout_s: float | None = None) -> None:
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout_s)
 
     def settle(self, step: int) -> None:
         """Tell both stores, in the background, that this rank's `step` is whole on the
@@ -115,25 +115,30 @@ class Replicator:
         return replica_every_steps(replica_cost_s=self.cost_s, replica_wall_s=self.wall_s, step_s=step_s,
                                    save_cost_s=save_cost_s, interval_s=interval_s)
 
-    def start(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None) -> bool:
+    def start(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None, *,
+              idle: bool = True) -> bool:
         """Replicate the shard `prepare()` returns (run first thing in the thread), unless one
         is in flight (skipped: False). `cost_s()`, read once the buddy answered, is what it
-        cost training; None where the snapshot was a storage save's, whose cost it is."""
+        cost training; None where the snapshot was a storage save's, whose cost it is.
+        `idle`: sent at the lowest CPU priority, as training goes on beside it; a notice
+        save's is not (training waits for it, and the window closes)."""
         if self.busy:
             self.skipped += 1
             return False
         self.started_step = step
         self._cancel = threading.Event()
-        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s), name=f"ckpt-replica-{step}", daemon=True)
+        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle), name=f"ckpt-replica-{step}",
+                                  daemon=True)
         thread.start()
         self._thread = thread  # started first: `wait` may be called from the training thread meanwhile
         return True
 
-    def _run(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None) -> None:
+    def _run(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None, idle: bool) -> None:
         began = time.monotonic()
         try:
             shard = prepare()
-            lower_priority()
+            if idle:
+                lower_priority()
             # Its own node's first: over loopback it lands at once, so a buddy lost mid-put leaves
             # this rank's shard of the step on a node that is left.
             cancel = self._cancel
