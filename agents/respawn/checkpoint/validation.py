@@ -311,7 +311,8 @@ def validate_weights(where: str, weights: dict, meta: dict, settings: Validation
             # TF32 convolutions (cuDNN's default) alone differ from it by more than the tolerance.
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         model, batch = model.to(device), to_device(batch, device)
-    return compare(where, evaluate(settings, model, batch), reference_loss(where, meta), settings.tolerance)
+    reference = reference_loss(where, meta)  # first: a loss that failed at save is the verdict's reason
+    return compare(where, evaluate(settings, model, batch), reference, settings.tolerance)
 
 
 def settings_for(where: str, meta: dict, settings: ValidationSettings | None) -> ValidationSettings:
