@@ -126,23 +126,41 @@ def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_fro
     assert f"step {step} from the memory tier: valid (loss " in capfd.readouterr().err
 
 
+def rewrite_rank_0s_reference_loss(nodes: list[BuddyServer], change) -> int:
+    """Rank 0's newest shard on its own node (the one a resume reads first) with its
+    reference loss changed and its digest made to match: intact bytes, wrong content.
+    Returns its step."""
+    own = nodes[0].replicas[0][-1]
+    name = layout.rank_state_file(0)
+    meta = json.loads(bytes(own.files[name]))
+    meta["reference_loss"] = change(meta["reference_loss"])
+    own.files[name] = json.dumps(meta).encode()
+    own.digests[name] = manifest.digest_bytes(own.files[name])
+    return own.step
+
+
 def test_a_replica_whose_weights_miss_their_reference_loss_sends_every_rank_to_storage(tmp_path, stores, capfd):
     """Intact bytes of the wrong weights (a snapshot torn by a racing optimizer step would
     be digested as it was sent): the digests pass, the reference loss does not."""
     nodes = stores(3)
     train_until_lost(tmp_path, nodes)
     nodes[1].close()
-    own = nodes[0].replicas[0][-1]  # rank 0's newest shard on its own node: the one a resume reads first
-    name = layout.rank_state_file(0)
-    meta = json.loads(bytes(own.files[name]))
-    meta["reference_loss"] += 1.0
-    own.files[name] = json.dumps(meta).encode()
-    own.digests[name] = manifest.digest_bytes(own.files[name])
+    step = rewrite_rank_0s_reference_loss(nodes, lambda loss: loss + 1.0)
 
     resumed = regroup(tmp_path, [nodes[0], nodes[2]])
     assert resumed == [{"step": newest_in_storage(tmp_path), "tier": "storage", "difference": None}] * 2
     err = capfd.readouterr().err
-    assert f"step {own.step} from the memory tier: invalid (" in err and "resuming from storage" in err
+    assert f"step {step} from the memory tier: invalid (" in err and "resuming from storage" in err
+
+
+def test_a_replica_whose_reference_loss_is_not_a_number_sends_every_rank_to_storage(tmp_path, stores):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes)
+    nodes[1].close()
+    rewrite_rank_0s_reference_loss(nodes, str)
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    assert resumed == [{"step": newest_in_storage(tmp_path), "tier": "storage", "difference": None}] * 2
 
 
 def test_a_notice_save_lands_in_the_buddys_memory_and_the_survivors_resume_from_it_when_storage_missed_it(
