@@ -45,8 +45,9 @@ def pytest_collection_modifyitems(config, items):
     whole-system run is how concurrent writers meet (row locks, SQLite's one writer): the
     demo market's run of preemptions (liveness), the elastic gang's three nodes and the
     chaos runs show it on both stores. The other whole-system runs (the trainer's process
-    tree, the fixed three preemptions, the two-node gang, spares, drills, the loss curve,
-    the browser, the CLI, the VM's install, each cloud's SDK path, the memory tier) say
+    tree, a live agent's answers, reports and outages, the fixed three preemptions, the
+    two-node gang, spares, drills, job steps, the loss curve, the browser, the CLI, the
+    VM's install, a whole job's secrets, each cloud's SDK path, the memory tier) say
     `store_incidental` and run once, on the first."""
     if os.environ.get("RESPAWN_TEST_SCOPE") != "store":
         return

@@ -16,7 +16,7 @@ from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 
 def start_agent(child_env, tmp_path, web_server, imds, setup):

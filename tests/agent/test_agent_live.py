@@ -17,7 +17,7 @@ from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.agent.live import AgentProcess, alive, children, make_running_job
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 
 @pytest.mark.parametrize("provider,flavour", [("aws", "aws"), ("gcp", "gcp"), ("azure", "azure"), ("local", "aws")])

@@ -13,7 +13,7 @@ from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, 
 from tests.agent.live import AgentProcess, alive, make_running_job
 from tests.conftest import WebServer, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 
 def journaled(work_dir):

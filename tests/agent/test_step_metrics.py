@@ -22,6 +22,8 @@ from tests.agent_api.helpers import checkpoint_uri
 from tests.conftest import wait_until
 from tests.factories import make_instance, make_job
 
+pytestmark = pytest.mark.store_incidental
+
 STEPS = 300
 # A trainer that reports every step through the helper library and ends well.
 TRAINER = ("import time\nfrom respawn import trainer\nprint('training', flush=True)\n"

@@ -15,6 +15,8 @@ from tests.cli.test_cli_live import RESPAWN, cli  # noqa: F401  (cli: a fixture)
 from tests.conftest import share_secrets_key
 from tests.notify.receiver import Receiver
 
+pytestmark = pytest.mark.store_incidental
+
 
 @pytest.fixture
 def child_env(child_env, settings):

@@ -13,6 +13,8 @@ from respawn_server.jobs.models import Job, SourceArchive
 from tests.agent.archives import user_workdir
 from tests.cli.test_cli_live import RESPAWN, cli, job_file  # noqa: F401  (cli: a fixture)
 
+pytestmark = pytest.mark.store_incidental
+
 JOB = "team: vision\nname: from-workdir\ncommand: [python, train.py]\n"
 SERVER_MAX_BYTES = 4 * 1024 * 1024
 

@@ -23,7 +23,7 @@ from tests.factories import make_instance, make_job, make_team_with_members
 from tests.history import job_story
 from tests.local_provider.helpers import FAST_AGENT_ENV
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 PROGRAMS = [sys.executable, "-m", "tests.steps.programs"]
 STEPS = ("prepare", "train", "post")  # each counts its runs in a file

@@ -17,7 +17,7 @@ from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failur
 from tests.factories import make_job, make_team_with_members
 from tests.notify.receiver import Receiver
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 LIVE_S = 20_000
 
 

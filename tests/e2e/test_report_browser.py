@@ -12,7 +12,7 @@ from tests.costs.history import make_history
 from tests.e2e.browser import browser_page, chromium_missing, evidence_on_failure, log_in, with_password
 from tests.factories import make_team_with_members
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from tests.conftest import ROOT, wait_until
 from tests.factories import make_instance, make_job
 from tests.local_provider.helpers import FAST_AGENT_ENV, alive, launch_request
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.store_incidental]
 
 TRAINER = ["sleep", "600"]  # the agent's side is under test here, not training
 

@@ -21,6 +21,8 @@ from respawn_server.jobs.models import Job, LogChunk
 from tests.conftest import WebServer, start_worker_and_beat, wait_until
 from tests.factories import make_team_with_members
 
+pytestmark = pytest.mark.store_incidental
+
 SECRET = "hf_whole-job-s3cr3t-0123456789"
 PROBE = Path(__file__).with_name("secret_probe.py")
 
