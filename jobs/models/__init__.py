@@ -19,6 +19,8 @@ first), and anything may import them (tests/test_layout.py).
 
 from respawn_server.jobs.models.core import (
     FAILURE_MESSAGE_CHARS,
+    RESUME_STEP,
+    RESUMED_FROM_WRITER,
     AuditEvent,
     Checkpoint,
     Instance,
@@ -31,6 +33,7 @@ from respawn_server.jobs.models.core import (
     WorldSize,
     failure_headline,
     failure_message,
+    resume_step_of,
 )
 from respawn_server.jobs.models.drills import Drill
 from respawn_server.jobs.models.money import DiskPriceQuote, PriceQuote
@@ -39,8 +42,9 @@ from respawn_server.jobs.models.people import ApiToken, Invitation, Membership, 
 from respawn_server.jobs.models.reports import LogChunk, MetricPoint, ProcessedEvent, ServiceBeat, StepPoint
 
 __all__ = [
-    "FAILURE_MESSAGE_CHARS", "ApiToken", "AuditEvent", "Checkpoint", "Delivery", "DeliveryAttempt", "DiskPriceQuote",
+    "FAILURE_MESSAGE_CHARS", "RESUME_STEP", "RESUMED_FROM_WRITER", "ApiToken", "AuditEvent", "Checkpoint", "Delivery", "DeliveryAttempt", "DiskPriceQuote",
     "Drill", "Instance", "InstanceEvent", "InterruptionEvent", "Invitation", "Job", "JobEvent", "LogChunk",
     "Membership", "MetricPoint", "Notification", "PriceQuote", "ProcessedEvent", "RateLimitBucket", "ServiceBeat",
     "SourceArchive", "StepPoint", "Subscription", "Team", "WorldSize", "failure_headline", "failure_message",
+    "resume_step_of",
 ]

@@ -8,7 +8,8 @@ import uuid
 from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import Case, F, Q, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from respawn_server.jobs.core.choices import (
@@ -206,6 +207,21 @@ def failure_headline(message: str) -> str:
     return message.partition("\n")[0]
 
 
+def resume_step_of(row) -> int | None:
+    """The step an instance's run or a regroup (a row with `resume_checkpoint` and
+    `memory_resume_step`) went on from: the memory tier's step where it resumed from there
+    (newer than the checkpoint named), else the checkpoint's; None: from the start.
+    RESUME_STEP and RESUMED_FROM_WRITER are the same rule for a query."""
+    if row.memory_resume_step is not None:
+        return row.memory_resume_step
+    return row.resume_checkpoint.step if row.resume_checkpoint else None
+
+
+RESUME_STEP = Coalesce("memory_resume_step", "resume_checkpoint__step")
+# The instance whose checkpoint the run went on from; none for a memory-tier resume (no writer holds that step).
+RESUMED_FROM_WRITER = Case(When(memory_resume_step__isnull=True, then=F("resume_checkpoint__instance_id")))
+
+
 class WorldSize(models.Model):
     """A job's world size from a moment on (DESIGN §11): each gang placed, each regroup of
     an elastic gang. The job page plots them."""
@@ -228,9 +244,7 @@ class WorldSize(models.Model):
     @property
     def resume_step(self) -> int | None:
         """The step the gang went on from, whichever tier held it; None: from the start."""
-        if self.memory_resume_step is not None:
-            return self.memory_resume_step
-        return self.resume_checkpoint.step if self.resume_checkpoint else None
+        return resume_step_of(self)
 
     @property
     def resume_tier(self) -> str:

@@ -55,8 +55,8 @@ from django.utils import timezone
 
 from respawn_server.jobs.core.choices import DrillStatus, EndReason, InstanceState, InterruptionKind
 from respawn_server.jobs.core.drilled import not_drilled
-from respawn_server.jobs.models import (Checkpoint, DiskPriceQuote, Drill, Instance, InstanceEvent, InterruptionEvent, Job,
-                                        MetricPoint, PriceQuote, WorldSize)
+from respawn_server.jobs.models import (RESUME_STEP, RESUMED_FROM_WRITER, Checkpoint, DiskPriceQuote, Drill, Instance,
+                                        InstanceEvent, InterruptionEvent, Job, MetricPoint, PriceQuote, WorldSize)
 from respawn_server.jobs.money import ledger
 from respawn_server.jobs.money.prices import DiskQuote, Quote
 
@@ -308,7 +308,7 @@ def _work(instances, now: dt.datetime) -> dict[int, InstanceWork]:
     # slot's last run, or one a joiner's run resumed past), its steps past that step are
     # lost or redone, not kept.
     dropped = dict(WorldSize.objects.filter(after_instance_id__in=ids).values_list(
-        "after_instance_id", Coalesce("memory_resume_step", "resume_checkpoint__step", 0)))
+        "after_instance_id", Coalesce(RESUME_STEP, 0)))
     by_run = {}
     for slot in slots.values():
         for n, run in enumerate(slot):
@@ -382,8 +382,7 @@ def _instances_of_jobs(job_ids) -> list[Instance]:
     # A run resumed from the memory tier went on from that step, which no checkpoint's writer
     # holds: kept_and_recomputed finds its origin in its slot's earlier run that reached it.
     return list(Instance.objects.filter(job_id__in=job_ids)
-                .annotate(resume_step=Coalesce("memory_resume_step", "resume_checkpoint__step"),
-                          resume_from=Case(When(memory_resume_step__isnull=True, then=F("resume_checkpoint__instance_id"))))
+                .annotate(resume_step=RESUME_STEP, resume_from=RESUMED_FROM_WRITER)
                 .only("id", "job_id", "rank", "provider", "region", "zone", "instance_type", "market",
                       "registered_at", "running_at", "ended_at", "last_step", "requested_at", "end_reason",
                       "stopped_disk_sku", "storage_released_at", "earlier_runs"))

@@ -14,7 +14,7 @@ from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.core.services import usable_checkpoint
 from respawn_server.jobs.core.transitions import log_job_event
-from respawn_server.jobs.models import Instance, Job, StepPoint, WorldSize
+from respawn_server.jobs.models import Instance, Job, StepPoint, WorldSize, resume_step_of
 from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.gangs import (GANG_PORT, free_local_address, running_once_all_registered,
                                                 training_nodes)
@@ -60,7 +60,7 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
         addr = f"{first.hostname}:{GANG_PORT}" if first.hostname else ""
     for rank, node in enumerate(nodes):
         from_storage = node.resume_checkpoint if node.memory_resume_step is None else None
-        ran = {"rank": node.rank, "resume_step": resumed_step(node), "last_step": node.last_step,
+        ran = {"rank": node.rank, "resume_step": resume_step_of(node) or 0, "last_step": node.last_step,
                "resume_from": from_storage.instance_id if from_storage else None,
                "kept_until": resume.step if resume else 0, "until": now.isoformat()}
         Instance.objects.filter(pk=node.pk).update(
@@ -76,13 +76,6 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
     log_job_event(job.pk, f"{why}, from " + (f"step {resume.step}" if resume else "the start")
                   + f" (elastic gang, generation {generation})")
     running_once_all_registered(Job.objects.get(pk=job.pk))
-
-
-def resumed_step(node: Instance) -> int:
-    """The step the node's run now went on from: its memory-tier resume, else its checkpoint's."""
-    if node.memory_resume_step is not None:
-        return node.memory_resume_step
-    return node.resume_checkpoint.step if node.resume_checkpoint else 0
 
 
 def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> None:
