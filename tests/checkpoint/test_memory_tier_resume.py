@@ -72,9 +72,10 @@ def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool 
     assert run_gang(world, body) == [0] * world
 
 
-def regroup(tmp_path: Path, survivors: list[BuddyServer]) -> list[dict]:
+def regroup(tmp_path: Path, survivors: list[BuddyServer], *, train_on: int = 0) -> list[dict]:
     """The gang of the nodes left, re-ranked in their order, each store told its new ring
-    (what the agent does at the trainer's start): what each rank resumed."""
+    (what the agent does at the trainer's start), then `train_on` steps, each saved as the
+    loop would save it: what each rank resumed."""
     world, root = len(survivors), str(tmp_path / "ckpt")
     for rank, store in enumerate(survivors):
         store.hold_for(held_for(rank, world), own=rank)
@@ -87,6 +88,10 @@ def regroup(tmp_path: Path, survivors: list[BuddyServer]) -> list[dict]:
         (tmp_path / f"resumed-r{rank}.json").write_text(json.dumps({
             "step": resumed.step, "tier": resumed.tier,
             "difference": first_difference(progress_of(state.state_dict()), held)}))
+        x, y = tiny.dataset()
+        for step in range(resumed.step, resumed.step + train_on):
+            tiny.train_step(state, x, y)
+            ckpt.save(step + 1)
         ckpt.close()
 
     assert run_gang(world, body) == [0] * world
@@ -124,6 +129,22 @@ def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_fro
     assert all(r["tier"] == "memory" and r["difference"] is None for r in resumed), resumed
     # Validated before training went on, as a checkpoint from storage is.
     assert f"step {step} from the memory tier: valid (loss " in capfd.readouterr().err
+
+
+def test_the_survivors_first_save_after_a_memory_resume_puts_the_gangs_state_in_storage(tmp_path, stores, capfd):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes)
+    nodes[1].close()
+    before = newest_in_storage(tmp_path)
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]], train_on=3)
+    # Periodic saves are EVERY steps apart, but the steps kept only in memory are not left
+    # there until the next one: the gang's first save call that reads the ranks' agreement
+    # (the second after the resume) persists its step.
+    step = resumed[0]["step"]
+    assert resumed[0]["tier"] == "memory" and step > before, resumed
+    assert step < newest_in_storage(tmp_path) <= step + 2 < step + EVERY
+    assert f"resumed at step {step} from the memory tier" in capfd.readouterr().err
 
 
 def rewrite_rank_0s_reference_loss(nodes: list[BuddyServer], change) -> int:

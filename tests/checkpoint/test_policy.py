@@ -81,3 +81,12 @@ def test_the_clock_counts_from_the_last_save_begun():
     assert clock.last_step == 5 and not clock.due(6, now=119.0) and clock.due(6, now=120.0)
     clock.interval_s = 2.0  # the agent's control file shortened it
     assert clock.due(6, now=112.0)
+
+
+@pytest.mark.parametrize("every_steps, interval_s", [(None, 10.0), (10, 10.0)])
+def test_a_step_in_no_storage_makes_the_next_save_call_due_by_steps_or_by_time(every_steps, interval_s):
+    clock = SaveClock(every_steps=every_steps, interval_s=interval_s, now=100.0)
+    clock.overdue(26)  # resumed from the memory tier at 26, newer than storage's newest
+    assert clock.due(27, now=100.0)
+    clock.saved(27, now=100.0)
+    assert not clock.due(28, now=101.0)

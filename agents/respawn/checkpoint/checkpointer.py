@@ -153,12 +153,15 @@ class Checkpointer(CheckpointManager):
         if not all(row[0] for row in self.coord.exchange([int(ok)])):
             print(f"respawn checkpoint: step {step} is not whole and valid in the memory tier: resuming from storage", file=sys.stderr)
             return None
-        # Not `resumed_at`: this step is not in storage, so a notice here must save it.
-        CheckpointManager.resumed_at(self, step)
+        # Not `resumed_at`: this step is in no storage, so a notice here must save it, and the
+        # first periodic save the gang can agree on from here persists its state (in the
+        # background), not one an interval away: until then, two more nodes lost lose them.
+        self.clock.overdue(step)
         self.backend.replicas.started_step = step
         where = f"{store[0][0]}:{store[0][1]}"
         print(f"respawn checkpoint: rank {self.rank} resumed at step {step} from the memory tier (its state from the store "
-              f"at {where}), newer than storage's newest checkpoint", file=sys.stderr, flush=True)
+              f"at {where}), newer than storage's newest checkpoint: its next save goes to storage",
+              file=sys.stderr, flush=True)
         trainer.resumed_from_memory(step)  # the control plane learns the step the gang went on from
         return Resumed(step, None, tier="memory")
 

@@ -95,5 +95,9 @@ class SaveClock:
     def saved(self, step: int, now: float) -> None:
         self.last_step, self.last_at = step, now
 
+    def overdue(self, step: int) -> None:
+        """The state at `step` is in no storage: the first save call after it saves."""
+        self.last_step, self.last_at = step - (self.every_steps or 0), -math.inf
+
     def due(self, step: int, now: float) -> bool:
         return due(step, self.last_step, now - self.last_at, every_steps=self.every_steps, interval_s=self.interval_s)
