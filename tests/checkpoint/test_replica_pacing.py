@@ -40,9 +40,13 @@ def test_k_is_never_longer_than_the_storage_interval():
     assert k(cost_s=50.0, save_cost_s=5.0) == 6000  # 600 s of 0.1 s steps: a replica older than a checkpoint is no use
 
 
-def test_without_a_measured_save_only_the_replications_own_time_bounds_k():
-    assert k(save_cost_s=None, wall_s=0.45) == 5
-    assert k(save_cost_s=0.0, wall_s=0.45) == 5  # a save that cost nothing says nothing of M either
+def test_without_a_measured_save_k_keeps_the_replications_stall_to_a_hundredth_of_training():
+    # M unknown: no optimum. A stall of 0.05 s every 5 s of steps is 1 % of training time.
+    assert k(save_cost_s=None, cost_s=0.05, wall_s=0.45) == 50
+    assert k(save_cost_s=0.0, cost_s=0.05, wall_s=0.45) == 50  # a save that cost nothing says nothing of M either
+    # A stall of nothing: the replication's own time, as ever, bounds it.
+    assert k(save_cost_s=None, cost_s=0.0001, wall_s=0.45) == 5
+    assert k(save_cost_s=None, cost_s=50.0, interval_s=600.0) == 6000  # and the storage interval
 
 
 def test_k_needs_a_step_time():

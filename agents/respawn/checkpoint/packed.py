@@ -211,11 +211,14 @@ class PackedWriter:
 
     def _track_step_time(self) -> None:
         """The step that just ended, from the loop's side (save() excluded): its time goes to
-        the step time, or, while a periodic persist runs beside it, its excess over that
-        time to the persist's after-effect, part of the stall it reports."""
+        the step time, or, while a periodic persist or a replication runs beside it (they
+        take CPU and memory bandwidth from it), its excess over that time to the after-effect
+        of the one in flight, part of the stall it reports (the replication's sets K)."""
         if self._step_ended_at is not None:
             dt = time.monotonic() - self._step_ended_at
             job = self.inflight
+            if job is None and self.replicas is not None and self.replicas.busy:
+                job = self._replica_snapshot
             if job is not None and job.kind == protocol.CheckpointKind.PERIODIC and self._step_time_s is not None:
                 job.after_s += dt - self._waited_in_step - self._step_time_s
             else:
@@ -500,7 +503,7 @@ class PackedWriter:
                 self._reference.record(meta, lambda: self._saved_weights(meta, tensors))
             return self._shard(step, meta)
 
-        self.replicas.start(step, prepare, lambda: job.outcome.stall_s)
+        self.replicas.start(step, prepare, lambda: job.outcome.stall_s + max(0.0, job.after_s))
 
     def settle_replicas(self, step: int) -> None:
         if step > self.replicas.settled_step:

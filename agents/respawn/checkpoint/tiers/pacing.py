@@ -15,6 +15,10 @@ override makes that M approximate; K stays within its bounds either way:
 - at most the storage interval in steps: a replica older than the newest checkpoint is
   no use.
 
+Until a storage save is measured M is unknown, and no optimum can be taken: K then spends
+at most UNKNOWN_M_STALL_SHARE of training time on the replication's stall (a replication
+that stalls training 20 ms, at 0.2 s a step, is made every 10 steps, not every step).
+
 Pure: the caller measures.
 """
 
@@ -23,6 +27,8 @@ from __future__ import annotations
 import math
 
 from ..policy import daly_interval
+
+UNKNOWN_M_STALL_SHARE = 0.01
 
 
 def implied_mtbi_s(interval_s: float, save_cost_s: float) -> float:
@@ -35,9 +41,12 @@ def replica_every_steps(*, replica_cost_s: float, replica_wall_s: float, step_s:
     """K for a replication that costs training `replica_cost_s` (its stall) and takes
     `replica_wall_s` to land, at `step_s` a step, beside storage saves every `interval_s`
     that cost `save_cost_s` each (None: none measured yet, or 0: it cost nothing; either
-    way M is unknown and only the replication's own time bounds K)."""
+    way M is unknown, and the stall's share of training time bounds K)."""
     if step_s <= 0:
         raise ValueError(f"step_s must be > 0 (got {step_s})")
     most = max(1, math.floor(interval_s / step_s))
-    optimum = 0.0 if not save_cost_s or save_cost_s <= 0 else daly_interval(replica_cost_s, implied_mtbi_s(interval_s, save_cost_s))
-    return min(most, max(1, math.ceil(max(optimum, replica_wall_s) / step_s)))
+    if not save_cost_s or save_cost_s <= 0:
+        every_s = replica_cost_s / UNKNOWN_M_STALL_SHARE
+    else:
+        every_s = daly_interval(replica_cost_s, implied_mtbi_s(interval_s, save_cost_s))
+    return min(most, max(1, math.ceil(max(every_s, replica_wall_s) / step_s)))
