@@ -53,6 +53,7 @@ def test_a_job_on_the_demos_market_finishes_however_often_its_vms_are_reclaimed(
 
 
 @pytest.mark.e2e
+@pytest.mark.store_incidental  # placement's fallback; the demo market's run above shows the stores' locking
 @pytest.mark.timeout(900)
 def test_where_spot_capacity_never_comes_back_the_on_demand_fallback_finishes_the_job(child_env, web_server,
                                                                                       tmp_path):
