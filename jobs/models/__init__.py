@@ -42,9 +42,9 @@ from respawn_server.jobs.models.people import ApiToken, Invitation, Membership, 
 from respawn_server.jobs.models.reports import LogChunk, MetricPoint, ProcessedEvent, ServiceBeat, StepPoint
 
 __all__ = [
-    "FAILURE_MESSAGE_CHARS", "RESUME_STEP", "RESUMED_FROM_WRITER", "ApiToken", "AuditEvent", "Checkpoint", "Delivery", "DeliveryAttempt", "DiskPriceQuote",
-    "Drill", "Instance", "InstanceEvent", "InterruptionEvent", "Invitation", "Job", "JobEvent", "LogChunk",
-    "Membership", "MetricPoint", "Notification", "PriceQuote", "ProcessedEvent", "RateLimitBucket", "ServiceBeat",
-    "SourceArchive", "StepPoint", "Subscription", "Team", "WorldSize", "failure_headline", "failure_message",
-    "resume_step_of",
+    "FAILURE_MESSAGE_CHARS", "RESUME_STEP", "RESUMED_FROM_WRITER", "ApiToken", "AuditEvent", "Checkpoint", "Delivery",
+    "DeliveryAttempt", "DiskPriceQuote", "Drill", "Instance", "InstanceEvent", "InterruptionEvent", "Invitation", "Job",
+    "JobEvent", "LogChunk", "Membership", "MetricPoint", "Notification", "PriceQuote", "ProcessedEvent",
+    "RateLimitBucket", "ServiceBeat", "SourceArchive", "StepPoint", "Subscription", "Team", "WorldSize",
+    "failure_headline", "failure_message", "resume_step_of",
 ]
