@@ -199,6 +199,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--raw-sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device_ms < 0:
+        parser.error("--device-ms must be >= 0")
     if args.raw_sink:
         raw_sink()
         return 0
