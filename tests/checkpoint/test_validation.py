@@ -67,9 +67,14 @@ def tamper_and_reseal(root: str, step: int) -> None:
     raw = bytearray(path.read_bytes())
     weights = torch.frombuffer(raw, dtype=torch.uint8)[slot["offset"]: slot["offset"] + slot["nbytes"]].view(torch.float32)
     weights.mul_(3.0)
-    path.write_bytes(bytes(raw))
+    reseal(storage, ckpt, path, bytes(raw))
+
+
+def reseal(storage: LocalStorage, ckpt: str, path: Path, raw: bytes) -> None:
+    """`raw` written to `path` with the manifest's digest of it made to match."""
+    path.write_bytes(raw)
     body = json.loads(storage.read(f"{ckpt}/{layout.MANIFEST}"))
-    body["files"][path.name] = {"size": len(raw), "digest": manifest.digest_bytes(bytes(raw))}
+    body["files"][path.name] = {"size": len(raw), "digest": manifest.digest_bytes(raw)}
     storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", json.dumps(body).encode())
 
 
@@ -99,6 +104,25 @@ def test_resume_validates_the_newest_and_falls_back_when_it_is_invalid(root, sta
     again.close()
     assert ref.validation() is None
     assert validate(ref.uri).valid
+
+
+def test_a_checkpoint_whose_reference_loss_is_not_a_number_is_skipped_as_corrupt(root, state, data):
+    """Intact digests over a malformed meta (a buggy writer): the resume falls back to the
+    previous checkpoint and marks this one, instead of failing inside the comparison."""
+    ckpt = Checkpointer(state, config(root))
+    train(state, data, ckpt, 0, 5)
+    ckpt.wait()
+    train(state, data, ckpt, 5, 10)
+    ckpt.close()
+    path = Path(root, layout.step_dir(10), layout.STATE)
+    meta = json.loads(path.read_text())
+    meta["reference_loss"] = str(meta["reference_loss"])
+    reseal(LocalStorage(root), layout.step_dir(10), path, json.dumps(meta).encode())
+
+    resumed = Checkpointer(tiny.build(), config(root)).load_latest()
+    assert resumed.step == 5
+    assert "reference loss" in resumed.skipped[0].reason and "is not a number" in resumed.skipped[0].reason
+    assert CheckpointRef(LocalStorage(root), layout.step_dir(10)).validation()["result"] == "invalid"
 
 
 def test_export_is_refused_for_an_unvalidated_checkpoint(root, state, data):

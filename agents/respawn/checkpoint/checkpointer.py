@@ -146,7 +146,7 @@ class Checkpointer(CheckpointManager):
             state, meta = restore.state_of(shard)
             self.state.load_state_dict(state)
             ok = self.rank != 0 or self._replica_holds_up(step, state, meta)
-        except (ReplicaUnavailable, CheckpointError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+        except (ReplicaUnavailable, CheckpointError, RuntimeError, KeyError, ValueError) as exc:
             print(f"respawn checkpoint: rank {self.rank} cannot resume step {step} from the memory tier: {exc}",
                   file=sys.stderr, flush=True)
             ok = False

@@ -74,18 +74,19 @@ def _load_usable(ref: CheckpointRef, validation: ValidationSettings | None,
     verdict = ref.validation()
     if verdict and verdict.get("result") == "invalid":
         return None, f"recorded invalid: {verdict.get('message') or 'no reason given'}"
-    try:
-        loaded = loader(ref)
-    except CorruptCheckpointError as exc:
-        mark(ref, Verdict(False, None, None, str(exc)))
-        return None, f"corrupt: {exc}"
-    if loaded.meta.get("framework", "torch") != framework:  # checkpoints before DESIGN §11 are the torch loop's
-        raise other_framework(ref.uri, loaded.meta.get("framework", "torch"), framework)
     # A recorded `error` is checked again: the eval_fn may be fixed, and a check that cannot
     # run says nothing about the checkpoint, so it stops the resume (naming why) rather than
     # falling back to older ones it would fail on alike.
-    if validation is not None and (not verdict or verdict.get("result") == "error"):
-        verdict_now = judge(loaded, validation)
+    check = validation is not None and (not verdict or verdict.get("result") == "error")
+    try:
+        loaded = loader(ref)
+        if loaded.meta.get("framework", "torch") != framework:  # checkpoints before DESIGN §11 are the torch loop's
+            raise other_framework(ref.uri, loaded.meta.get("framework", "torch"), framework)
+        verdict_now = judge(loaded, validation) if check else None  # its saved meta may prove malformed here
+    except CorruptCheckpointError as exc:
+        mark(ref, Verdict(False, None, None, str(exc)))
+        return None, f"corrupt: {exc}"
+    if verdict_now is not None:
         record(loaded, verdict_now)
         if verdict_now.error:
             raise EvalError(f"cannot validate {ref.uri} to resume from it: {verdict_now.message}")

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import layout
-from .errors import CheckpointError, EvalError, FactoryError, IncompatibleCheckpointError
+from .errors import CheckpointError, CorruptCheckpointError, EvalError, FactoryError, IncompatibleCheckpointError
 from .reader import CheckpointRef, LoadedCheckpoint, load
 from .storage import rewrite_beside
 
@@ -333,6 +333,9 @@ def reference_loss(where: str, meta: dict) -> float | None:
     reference = meta.get("reference_loss")
     if reference is None and meta.get("reference_error"):
         raise EvalError(f"checkpoint {where} has no reference loss: at save, {meta['reference_error']}")
+    # Only our writer puts it there, under the digests: anything but a number is a bad write.
+    if reference is not None and (isinstance(reference, bool) or not isinstance(reference, (int, float))):
+        raise CorruptCheckpointError(f"checkpoint {where}: its reference loss {reference!r} is not a number")
     return reference
 
 
