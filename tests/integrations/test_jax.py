@@ -122,7 +122,7 @@ def test_preflight_proves_the_jax_example_resumes(tmp_path):
     """`respawn-agent preflight --framework jax`: the four runs, the reference loss of every
     checkpoint compared, the checkpoints' framework checked."""
     proc = subprocess.run(
-        [sys.executable, "-m", "respawn.agent", "preflight", "--steps", "120", "--checkpoint-interval-s", "0.3",
+        [sys.executable, "-m", "respawn.agent", "preflight", "--steps", "60", "--checkpoint-interval-s", "0.2",
          "--notice-budget-s", "20", "--run-timeout-s", "200", "--framework", "jax", "--work-dir", str(tmp_path / "pf"),
          "--", sys.executable, "-m", MODULE, "--validate", "--step-delay", "0.02"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
