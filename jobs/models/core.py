@@ -284,7 +284,8 @@ class Instance(models.Model):
     earlier_runs = models.JSONField(
         default=list, blank=True, help_text="An elastic gang's node: the runs its VM trained before each regroup, "
         "oldest first, each {rank, resume_step, resume_from (the instance that wrote it; null for a memory-tier "
-        "resume), last_step, kept_until (the step the regroup resumed from, whichever tier held it), until}; the "
+        "resume), last_step, kept_until (the step the regroup resumed from, whichever tier held it), until, regroup "
+        "(the gang generation the regroup that ended it began)}; the "
         "money counts the work each kept (respawn_server.jobs.money.costs). rank, resume_checkpoint and last_step are the run now.")
     trainer_exited_at = models.DateTimeField(
         null=True, blank=True, help_text="An elastic gang's node whose trainer exited (a peer gone, or its code): its "

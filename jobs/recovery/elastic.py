@@ -3,8 +3,6 @@ regroup, and a node's word that its trainer exited."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
@@ -62,7 +60,7 @@ def regroup(job: Job, nodes: list[Instance], why: str, *, after: int | None = No
         from_storage = node.resume_checkpoint if node.memory_resume_step is None else None
         ran = {"rank": node.rank, "resume_step": resume_step_of(node) or 0, "last_step": node.last_step,
                "resume_from": from_storage.instance_id if from_storage else None,
-               "kept_until": resume.step if resume else 0, "until": now.isoformat()}
+               "kept_until": resume.step if resume else 0, "until": now.isoformat(), "regroup": generation}
         Instance.objects.filter(pk=node.pk).update(
             rank=rank, world_size=len(nodes), rendezvous_addr=addr, gang_generation=generation,
             trainer_exited_at=None, resume_checkpoint=resume, memory_resume_step=None,
@@ -93,7 +91,7 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
         return  # recorded already, no regroup's, or about a gang this node is no longer in
     nodes = list(Instance.objects.filter(job_id=instance.job_id, gang_generation=generation, state__in=InstanceState.LIVE))
     before = {node.pk: node.earlier_runs[-1] for node in nodes
-              if node.earlier_runs and datetime.fromisoformat(node.earlier_runs[-1]["until"]) == regroup.at}
+              if node.earlier_runs and node.earlier_runs[-1].get("regroup") == generation}
     reached = max([run["last_step"] for run in before.values()] + [StepPoint.objects.filter(
         job_id=instance.job_id, time__lte=regroup.at).aggregate(top=Max("step"))["top"] or 0])
     named = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
