@@ -1,16 +1,28 @@
 """K, how often a rank replicates to its buddy (agents/respawn/checkpoint/tiers/pacing.py):
 the storage interval's rule (Young/Daly) applied to the memory tier's measured cost,
-within the replication's own time and the storage interval."""
+within the replication's own time and the storage interval; and that cost as measured, the
+steps slowed beside a replication in flight included."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
+import threading
+import time
 
 import pytest
 
+from respawn.checkpoint import Checkpointer
 from respawn.checkpoint.policy import daly_interval
+from respawn.checkpoint.tiers import BuddyServer, held_for
 from respawn.checkpoint.tiers.pacing import implied_mtbi_s, replica_every_steps
 from respawn.checkpoint.tiers.replicator import Replicator
+from respawn.examples import tiny
+
+from .conftest import TOKEN, config
+from .ranks import run_gang
 
 
 def k(cost_s=0.05, wall_s=0.5, step_s=0.1, save_cost_s=5.0, interval_s=600.0) -> int:
@@ -62,3 +74,81 @@ def test_a_jobs_own_k_wins_and_until_a_replication_is_measured_the_next_step_rep
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 1
     chosen.cost_s, chosen.wall_s = 0.05, 0.5
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == k()
+
+
+class HeldAnswers:
+    """A store's address whose answers wait until `release()`: every byte a rank sends
+    reaches the real store at once, its verdict comes back only then, so the replication
+    stays in flight (a slow buddy link) for as many steps as the test likes."""
+
+    def __init__(self, store: BuddyServer):
+        self.store, self.released = store, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return "127.0.0.1:%d" % self.listener.getsockname()[1]
+
+    def release(self) -> None:
+        self.released.set()
+
+    def _serve(self) -> None:
+        while True:
+            client, _ = self.listener.accept()
+            upstream = socket.create_connection(self.store.address)
+            threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self.released), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, gate: threading.Event | None) -> None:
+        while data := src.recv(1 << 16):
+            if gate is not None:
+                gate.wait()
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+
+
+def test_what_the_steps_beside_a_replication_lose_is_counted_in_its_cost(tmp_path):
+    """The replication's stall, from which K is chosen, is its snapshot's blocking part and
+    what the steps it ran beside lost against the step time without one (they share the
+    host's cores and memory bandwidth with its send). Here each step beside it is made
+    EXTRA_S longer: its cost must hold those seconds, not just its snapshot's."""
+    extra_s, slowed_steps = 0.3, 3
+    stores = [BuddyServer(held_for(rank, 2), TOKEN, own=rank).start() for rank in range(2)]
+    held = HeldAnswers(stores[1])  # rank 1's node: both ranks' replications pass through it
+    # A forked rank tells the test process to release through a pipe; the gate opens here.
+    release_r, release_w = os.pipe()
+    threading.Thread(target=lambda: os.read(release_r, 1) and held.release(), daemon=True).start()
+    addresses = ["%s:%d" % stores[0].address, held.address]
+
+    def body(rank: int) -> None:
+        state, (x, y) = tiny.build(), tiny.dataset()
+        ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=1000, memory_tier_addr=addresses[rank],
+                                          memory_tier_token=TOKEN, replica_every_steps=4))
+        replicas, slowed = ckpt.backend.replicas, 0
+        for step in range(12):
+            tiny.train_step(state, x, y)
+            time.sleep(0.02)
+            if replicas.busy:
+                time.sleep(extra_s)
+                slowed += 1
+            ckpt.save(step + 1)
+            if slowed == slowed_steps:
+                break
+        if rank == 0:
+            os.write(release_w, b"x")
+        replicas.wait()  # the first replication lands: its cost is measured now
+        (tmp_path / f"r{rank}.json").write_text(json.dumps({"slowed": slowed, "cost_s": replicas.cost_s}))
+        ckpt.close()
+
+    try:
+        assert run_gang(2, body) == [0, 0]
+    finally:
+        for store in stores:
+            store.close()
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"r{rank}.json").read_text())
+        assert seen["slowed"] == slowed_steps, seen
+        # Without the after-effect its cost is the snapshot's few milliseconds.
+        assert seen["cost_s"] >= 0.8 * slowed_steps * extra_s, seen
