@@ -45,12 +45,12 @@ def launching_instance(env) -> int | None:
     return None
 
 
-@pytest.mark.e2e
 def message_ids(client, key: str) -> set[str]:
     """The ids of the Celery messages waiting in a Redis list."""
     return {json.loads(raw)["headers"]["id"] for raw in client.lrange(key, 0, -1)}
 
 
+@pytest.mark.e2e
 def test_worker_killed_mid_launch_makes_no_duplicate_and_no_orphan_vm(env, tmp_path, uninterrupted_digest):
     job = stack.create_job(tmp_path / "ckpt")
     worker, beat = start_worker_and_beat(env, tmp_path)
