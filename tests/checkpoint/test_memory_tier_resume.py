@@ -65,6 +65,10 @@ def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool 
             ckpt.save(step + 1)
             torch.save(progress_of(state.state_dict()), tmp_path / f"held-r{rank}-s{step + 1}.pt")
             time.sleep(0.02)  # a step leaves a core idle (a GPU's would): replicas run at idle priority
+            # ...and each lands before the next step, however busy the machine is (on a loaded
+            # one a send at idle priority starved, a save took its buffers, and no step newer
+            # than storage was whole in memory): these tests are of the resume, not the pacing.
+            ckpt.backend.replicas.wait()
         if notice:
             assert ckpt.save(STEPS, kind="notice").committed
         ckpt.backend.replicas.wait()
