@@ -9,11 +9,10 @@ PYTEST_ARGS ?=
 # its module-scoped fixtures (a demo run, built wheels, a cloud emulator, an uninterrupted
 # reference training) are made once, where `--dist load` spread a module's neighbouring
 # tests over the workers and each made them again. Modules go out slowest first, in the
-# order tests/slowest_first.py collects them, not xdist's most-tests-first. One worker more
-# than the CPUs: the whole-system tests spend much of their time waiting (VMs booting,
-# heartbeats, training steps that sleep), and on 2 cores 2 workers left 22 % of the CPU
-# idle; 3 left 6 % and the PostgreSQL run took 21:41 instead of 24:28.
-TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1)')
+# order tests/slowest_first.py collects them, not xdist's most-tests-first. One worker a
+# CPU: a third on 2 cores kept the cores busier (idle 22 % -> 6 %, .ci/run 27:01) but
+# starved the memory tier's idle-priority replications, and its e2e lost more than K steps.
+TEST_WORKERS ?= auto
 XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: install agent-wheel demo test test-embedded clean
