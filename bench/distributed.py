@@ -82,13 +82,14 @@ def coordination_rank(rank: int, world: int, port: int, args, out: Path) -> None
         dist.barrier()
         with_s, in_save = loop(args.steps, step_s, ckpt.save)
         dist.barrier()
-        row = torch.zeros(6, dtype=torch.int64)
-        table = [torch.empty_like(row) for _ in range(world)]
         blocking = []
         for _ in range(args.steps):
             time.sleep(step_s / 10)  # ranks arrive a little apart, as they do after a step
             t = time.perf_counter()
-            dist.all_gather(table, row, group=ckpt.coord.group)
+            # The coordinator's own blocking gather: a bare all_gather on its group raced
+            # the last save()'s gather still in flight on its thread, and where the ranks'
+            # threads ran in different orders gloo aborted on the mismatched sizes.
+            ckpt.coord.exchange([0] * 6)
             blocking.append(time.perf_counter() - t)
         ckpt.close()
     out.write_text(json.dumps({"bare_s": bare_s, "with_s": with_s, "in_save_s": statistics.fmean(in_save),

@@ -169,9 +169,11 @@ class Coordinator:
 
 
 def gather_objects(coord: Coordinator, obj) -> list:
-    """Every rank's `obj`, indexed by rank, on the coordinator's group."""
+    """Every rank's `obj`, indexed by rank, on the coordinator's group (after the share
+    in flight, as every collective on that group: one at a time, in the same order)."""
     if coord.world_size == 1:
         return [obj]
+    coord._collect()
     out = [None] * coord.world_size
     dist.all_gather_object(out, obj, group=coord.group)
     return out
