@@ -19,6 +19,7 @@ from respawn.checkpoint.policy import daly_interval
 from respawn.checkpoint.tiers import BuddyServer, held_for
 from respawn.checkpoint.tiers.pacing import implied_mtbi_s, replica_every_steps
 from respawn.checkpoint.tiers.replicator import Replicator
+from respawn.checkpoint.tiers.shard import Shard
 from respawn.examples import tiny
 
 from .conftest import TOKEN, config
@@ -93,9 +94,16 @@ class HeldAnswers:
     def release(self) -> None:
         self.released.set()
 
+    def close(self) -> None:
+        self.release()
+        self.listener.close()
+
     def _serve(self) -> None:
         while True:
-            client, _ = self.listener.accept()
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
             upstream = socket.create_connection(self.store.address)
             threading.Thread(target=self._pump, args=(client, upstream, None), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, self.released), daemon=True).start()
@@ -145,6 +153,7 @@ def test_what_the_steps_beside_a_replication_lose_is_counted_in_its_cost(tmp_pat
     try:
         assert run_gang(2, body) == [0, 0]
     finally:
+        held.close()
         for store in stores:
             store.close()
     for rank in range(2):
@@ -152,3 +161,32 @@ def test_what_the_steps_beside_a_replication_lose_is_counted_in_its_cost(tmp_pat
         assert seen["slowed"] == slowed_steps, seen
         # Without the after-effect its cost is the snapshot's few milliseconds.
         assert seen["cost_s"] >= 0.8 * slowed_steps * extra_s, seen
+
+
+@pytest.mark.parametrize("own_k, policy", [(None, os.SCHED_IDLE), (5, os.SCHED_OTHER)], ids=["chosen-k", "jobs-own-k"])
+def test_a_jobs_own_k_is_sent_at_normal_priority_and_a_chosen_one_at_idle_priority(own_k, policy):
+    """A job that fixes K asks for at most K steps lost: its send shares the cores with
+    training rather than wait for an idle one (a starved send skips every replication due
+    behind it, and the bound silently breaks). A K chosen from the cost sends at idle
+    priority: what it costs training is what K is chosen from."""
+    stores = [BuddyServer(held_for(rank, 2), TOKEN, own=rank).start() for rank in range(2)]
+    held = HeldAnswers(stores[0])  # rank 0's own node, sent to first: the send waits there
+    sender = {}
+
+    def prepare() -> Shard:
+        sender["tid"] = threading.get_native_id()
+        return Shard(0, 1, {"data-r0-0.bin": os.urandom(4096)}, {})
+
+    try:
+        replicas = Replicator(0, (stores[1].address, TOKEN), (held.listener.getsockname(), TOKEN), every_steps=own_k)
+        assert replicas.start(1, prepare, None)
+        time.sleep(0.5)  # the shard sent, its verdict held: the send's thread waits with its priority set
+        assert replicas.busy
+        assert os.sched_getscheduler(sender["tid"]) == policy
+        held.release()
+        replicas.wait(30)
+        assert replicas.replicated_step == 1
+    finally:
+        held.close()
+        for store in stores:
+            store.close()

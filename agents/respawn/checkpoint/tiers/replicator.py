@@ -6,7 +6,10 @@ into K).
 The packed writer (agents/respawn/checkpoint/packed.py) hands it a shard-building
 callable once its snapshot is taken: the thread completes the snapshot (the optimizer's
 next step waits for that part), then sends at the lowest CPU priority, as a paced persist
-writes: a loop that leaves no core idle starves it, and K, measured, grows. A replication
+writes: a loop that leaves no core idle starves it, and K, measured, grows. A job that
+fixes K (RESPAWN_REPLICA_EVERY_STEPS) asks for at most K steps lost instead: its sends
+run at normal priority, sharing the cores with training (a starved send would skip every
+replication after it, and the bound would silently not hold). A replication
 due while one is in flight is skipped, never queued: the next one carries a newer step
 anyway. A save (storage first) that wants the buffers cancels one in flight (`give_up`):
 its own snapshot is replicated next. A failed one is said on stderr and leaves the buddy's
@@ -120,14 +123,14 @@ class Replicator:
         """Replicate the shard `prepare()` returns (run first thing in the thread), unless one
         is in flight (skipped: False). `cost_s()`, read once the buddy answered, is what it
         cost training; None where the snapshot was a storage save's, whose cost it is.
-        `idle`: sent at the lowest CPU priority, as training goes on beside it; a notice
-        save's is not (training waits for it, and the window closes)."""
+        `idle`: sent at the lowest CPU priority, as training goes on beside it, unless the
+        job fixed K; a notice save's is not (training waits for it, and the window closes)."""
         if self.busy:
             self.skipped += 1
             return False
         self.started_step = step
         self._cancel = threading.Event()
-        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle), name=f"ckpt-replica-{step}",
+        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle and not self._fixed_every), name=f"ckpt-replica-{step}",
                                   daemon=True)
         thread.start()
         self._thread = thread  # started first: `wait` may be called from the training thread meanwhile
