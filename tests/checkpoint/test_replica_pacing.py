@@ -190,3 +190,47 @@ def test_a_jobs_own_k_is_sent_at_normal_priority_and_a_chosen_one_at_idle_priori
         held.close()
         for store in stores:
             store.close()
+
+
+def test_while_one_ranks_replication_is_still_sending_no_rank_starts_the_next(tmp_path):
+    """A gang of three whose node 2 answers late: ranks 1 (its buddy is node 2) and 2 (its
+    own store) are still sending when the next replication is due. Rank 0 must not go on
+    alone: its stores would move on to steps the others never sent and drop the one they
+    are sending, and no step would be whole on the gang's stores. So every rank starts
+    the same replications, at the same steps, and once node 2 answers they go on together."""
+    world, k, steps, release_at = 3, 2, 16, 8
+    stores = [BuddyServer(held_for(rank, world), TOKEN, own=rank).start() for rank in range(world)]
+    held = HeldAnswers(stores[2])
+    release_r, release_w = os.pipe()
+    threading.Thread(target=lambda: os.read(release_r, 1) and held.release(), daemon=True).start()
+    addresses = ["%s:%d" % stores[0].address, "%s:%d" % stores[1].address, held.address]
+
+    def body(rank: int) -> None:
+        state, (x, y) = tiny.build(), tiny.dataset()
+        ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=1000, memory_tier_addr=addresses[rank],
+                                          memory_tier_token=TOKEN, replica_every_steps=k))
+        replicas, started = ckpt.backend.replicas, []
+        for step in range(steps):
+            tiny.train_step(state, x, y)
+            time.sleep(0.05)
+            ckpt.save(step + 1)
+            if replicas.started_step not in started[-1:]:
+                started.append(replicas.started_step)
+            if rank == 0 and step + 1 == release_at:
+                os.write(release_w, b"x")
+        replicas.wait()
+        (tmp_path / f"r{rank}.json").write_text(json.dumps({"started": started, "landed": replicas.replicated_step}))
+        ckpt.close()
+
+    try:
+        assert run_gang(world, body) == [0] * world
+    finally:
+        held.close()
+        for store in stores:
+            store.close()
+    seen = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(world)]
+    started = seen[0]["started"]
+    assert all(s["started"] == started for s in seen), seen
+    # The first replication was held until step 8; the ones after it were made by every rank.
+    assert started[0] < release_at < started[-1], seen
+    assert len({s["landed"] for s in seen}) == 1, seen

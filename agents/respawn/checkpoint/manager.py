@@ -141,8 +141,12 @@ class CheckpointManager:
         if self.backend.replicas is not None and table is not None:
             # Every rank's newest replication landed at or past this step: it is whole on the stores.
             self.backend.settle_replicas(min(row[policy.REPLICATED] for row in table))
-            if decision.kind is None and table[0][policy.REPLICA]:
-                self.backend.replicate(step)  # every rank at the same call: the replicas are of one step
+            # Every rank at the same call, so the replicas are of one step; and only once every
+            # rank's last send has landed: a rank still sending would skip the step alone, the
+            # others' stores would move on to it and drop the step it is sending, and no step
+            # would be whole on the gang's stores.
+            if decision.kind is None and table[0][policy.REPLICA] and not any(row[policy.SENDING] for row in table):
+                self.backend.replicate(step)
         self.coord.share(self._row(step))
         self.backend.after_call()
         return outcome
@@ -152,7 +156,9 @@ class CheckpointManager:
         replicas = self.backend.replicas
         replica = replicas is not None and self.backend.replica_due(step)
         replicated = replicas.replicated_step if replicas is not None and replicas.replicated_step is not None else -1
-        return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress(), int(replica), replicated]
+        sending = replicas is not None and replicas.busy
+        return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress(), int(replica), replicated,
+                int(sending)]
 
     def _act(self, step: int, asked: str | None, decision: policy.Decision, deadline) -> SaveOutcome | None:
         if decision.kind is None:

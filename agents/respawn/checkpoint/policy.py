@@ -18,9 +18,10 @@ from respawn.protocol import CheckpointKind
 # periodic save due by its clock), whether a save of its is in flight, the step of that
 # save once this rank's part of it is written (or has failed), else -1; with the memory
 # tier, a replication to its buddy due by its count (rank 0's decides for the gang, as for
-# saves) and the step of its newest replication landed on both its stores (else -1): the
-# manager acts on those two, not `decide`.
-STOP, NOW, DUE, BUSY, WRITTEN_STEP, FAILED_STEP, REPLICA, REPLICATED = range(8)
+# saves), the step of its newest replication landed on both its stores (else -1) and
+# whether a replication of its is still being sent: the manager acts on those three, not
+# `decide`.
+STOP, NOW, DUE, BUSY, WRITTEN_STEP, FAILED_STEP, REPLICA, REPLICATED, SENDING = range(9)
 NOT_YET = -1
 
 
