@@ -31,22 +31,25 @@ $(STAMP): pyproject.toml setup.py agents/pyproject.toml tests/emulators/package-
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The CPU build on local disk; an unpinned torch would download a multi-GB CUDA build.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# --no-compile: pip byte-compiles every module it installs, one file after another
+	# (62 CPU-s of a fresh install, 25,000 files); the demo's and the tests' processes
+	# cache the few thousand they import instead (below).
+	$(BIN)/pip install --quiet --no-compile torch==2.13.0
 	# A .venv from before the split holds the single distribution `respawn` (top-level
 	# agents, jobs, respawncli...): it goes, so nothing imports the old names from it.
 	$(BIN)/pip uninstall --quiet --yes respawn
-	$(BIN)/pip install --quiet -e ./agents -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile -e ./agents -e '.[dev]'
 	npm ci --prefix tests/emulators --no-audit --no-fund --loglevel=error
 	touch $(STAMP)
 
+# Bytecode is cached whatever PYTHONDONTWRITEBYTECODE says (some shells set it): the
+# demo's and the tests' servers, agents and trainers would otherwise compile every module
+# they import at each start (torch alone: 1.3 -> 3.0 CPU-s an import).
 demo: install
-	$(BIN)/python manage.py demo
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python manage.py demo
 
 # .ci/system-setup installs the system packages the tests drive where it can (as root)
-# and, where it cannot, names in one line what this run leaves out. Bytecode is cached
-# for the run whatever PYTHONDONTWRITEBYTECODE says: the test processes and the hundreds
-# of servers, agents and trainers they start each compiled the project's own modules
-# afresh (~7 % of the CPU of the agent and CLI modules measured, run alone).
+# and, where it cannot, names in one line what this run leaves out.
 test: install
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(XDIST) $$(.ci/system-setup $(BIN)/python) $(PYTEST_ARGS)
 

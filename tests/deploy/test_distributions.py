@@ -197,7 +197,10 @@ def test_the_library_installs_into_a_fresh_venv_lean_and_alone(wheels, tmp_path)
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     bin_dir = venv / "bin"
-    pip = [bin_dir / "python", "-m", "pip", "install", "--quiet", *sources, "--find-links", wheels[LIBRARY].parent]
+    # --no-compile: byte-compiling torch and transformers took most of this test's time,
+    # and what it checks is what gets installed and imported.
+    pip = [bin_dir / "python", "-m", "pip", "install", "--quiet", "--no-compile", *sources, "--find-links",
+           wheels[LIBRARY].parent]
 
     # The base install: the documented imports, every module but the extras', both commands.
     run(*pip, LIBRARY)
@@ -257,7 +260,7 @@ def test_the_server_installs_under_its_own_name_and_serves_from_the_wheel(wheels
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", wheels[LIBRARY], wheels[SERVER])
+    run(python, "-m", "pip", "install", "--quiet", "--no-compile", "--no-deps", "--no-index", wheels[LIBRARY], wheels[SERVER])
     # The third-party dependencies this test's environment has, as a plain path: its own
     # .pth files (the editable installs of this checkout) are not read from there.
     site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").stdout.strip())
