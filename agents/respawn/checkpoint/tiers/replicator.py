@@ -130,7 +130,8 @@ class Replicator:
             return False
         self.started_step = step
         self._cancel = threading.Event()
-        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle and not self._fixed_every), name=f"ckpt-replica-{step}",
+        idle = idle and not self._fixed_every
+        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle), name=f"ckpt-replica-{step}",
                                   daemon=True)
         thread.start()
         self._thread = thread  # started first: `wait` may be called from the training thread meanwhile
