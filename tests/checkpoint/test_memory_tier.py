@@ -134,7 +134,7 @@ def test_a_sender_that_falls_silent_mid_put_is_dropped_and_the_next_put_is_taken
         silent.sendall(b"x" * (MIB // 2))  # and nothing more, and no close
 
         newer = random_shard(0, 11)
-        replicate(server.address, TOKEN, newer, timeout_s=10)  # waits for the slot the silent put held
+        replicate(server.address, TOKEN, newer, silent_s=10)  # waits for the slot the silent put held
         assert same_bytes(fetch(server.address, TOKEN, rank=0), newer)
     finally:
         silent.close()

@@ -1,8 +1,9 @@
 """The memory tier wired into the packed Checkpointer (agents/respawn/checkpoint/packed.py,
 tiers/replicator.py): a gang of three forked ranks, each node's buddy store a process of
 its own on loopback, addresses and tokens exchanged on the ranks' own group. What a
-user would count on: every K steps each rank's whole state lands in the next node's
-memory, and what comes back is bitwise what the rank held at that step."""
+user would count on: with the job's K, a step at most K behind is always whole in the next
+node's memory (a storage save's persist and a send's landing time included), and what
+comes back is bitwise what the rank held at that step."""
 
 from __future__ import annotations
 
@@ -50,18 +51,19 @@ def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(t
         host, port = nodes[rank].address
         ckpt = Checkpointer(state, config(root, every_steps=10, memory_tier_addr=f"{host}:{port}",
                                           memory_tier_token=TOKEN, replica_every_steps=K))
-        held = {}
+        held, behind = {}, 0
+        replicas = ckpt.backend.replicas
         for step in range(STEPS):
             tiny.train_step(state, x, y)
             ckpt.save(step + 1)
+            behind = max(behind, step + 1 - (replicas.replicated_step or 0))
             held[step + 1] = copy.deepcopy(tensors_of(state.state_dict()))
             time.sleep(0.02)
         ckpt.close()
-        replicas = ckpt.backend.replicas
         shard = fetch(nodes[buddy_of(rank, WORLD)].address, TOKEN, rank)
         got, meta = state_of(shard)
         (tmp_path / f"rank{rank}.json").write_text(json.dumps({
-            "step": shard.step, "meta_step": meta["step"], "replicated": replicas.replicated_step,
+            "step": shard.step, "meta_step": meta["step"], "replicated": replicas.replicated_step, "behind": behind,
             "difference": first_difference(tensors_of(got), held[shard.step]),
         }))
 
@@ -70,12 +72,9 @@ def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(t
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["difference"] is None, (rank, result)
         assert result["step"] == result["meta_step"] == result["replicated"], (rank, result)
-        # The newest replica is at least the storage checkpoint one interval (10 steps) before
-        # the end. Usually it is at most 2K old (a replication skipped while one was in flight),
-        # but the sender runs at idle priority and a storage save cuts it: on a machine with no
-        # idle core (CI's two, three ranks and their stores) it can fall further behind, so K
-        # itself is bench/tiers.py's and the e2e's to measure, not this test's to time.
-        assert STEPS - 10 <= result["step"] <= STEPS, (rank, result)
+        # After every call the newest landed replica was at most K - 1 steps old (the step in
+        # progress is the K-th), however busy the machine (tiers/pacing.py strict_cadence).
+        assert result["behind"] <= K - 1 and STEPS - (K - 1) <= result["step"] <= STEPS, (rank, result)
 
 
 def test_ranks_that_share_a_node_have_no_memory_tier(tmp_path, buddies):
@@ -103,3 +102,16 @@ def test_a_replication_due_while_one_is_in_flight_is_skipped_not_queued():
         assert replicas.busy
         assert not replicas.start(2, lambda: shard, None)
         assert replicas.skipped == 1 and replicas.started_step == 1 and replicas.replicated_step is None
+
+
+def test_a_send_to_a_store_that_never_answers_ends_once_it_has_been_silent_long_enough():
+    """A buddy node gone without a FIN or RST (a reclaimed VM), or a hung store: the send
+    fails after `silent_s` (a minute by default), not the kernel's quarter of an hour; a
+    job's own K waits for its sends, so training would wait that long too."""
+    with socket.create_server(("127.0.0.1", 0)) as mute:  # connects (the backlog), never answers
+        store = (mute.getsockname()[:2], TOKEN)
+        replicas = Replicator(0, store, store, every_steps=2, silent_s=0.5)
+        shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
+        assert replicas.start(1, lambda: shard, None)
+        replicas.wait(30)
+        assert not replicas.busy and replicas.replicated_step is None

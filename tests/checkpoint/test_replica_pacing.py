@@ -11,13 +11,15 @@ import os
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
+import torch
 
-from respawn.checkpoint import Checkpointer
+from respawn.checkpoint import Checkpointer, TrainState
 from respawn.checkpoint.policy import daly_interval
 from respawn.checkpoint.tiers import BuddyServer, held_for
-from respawn.checkpoint.tiers.pacing import implied_mtbi_s, replica_every_steps
+from respawn.checkpoint.tiers.pacing import implied_mtbi_s, replica_every_steps, strict_cadence
 from respawn.checkpoint.tiers.replicator import Replicator
 from respawn.checkpoint.tiers.shard import Shard
 from respawn.examples import tiny
@@ -67,10 +69,18 @@ def test_k_needs_a_step_time():
         k(step_s=0.0)
 
 
+def test_a_jobs_own_k_is_held_by_replicating_a_step_sooner_and_waiting_one_step_for_the_landing():
+    # Every K - 1 steps, the call after each waits: lost at most (K - 1) + 1. K = 1: every
+    # step, landed before its call returns.
+    assert [strict_cadence(k) for k in (1, 2, 5, 30)] == [(1, 0), (1, 1), (4, 1), (29, 1)]
+    with pytest.raises(ValueError):
+        strict_cadence(0)
+
+
 def test_a_jobs_own_k_wins_and_until_a_replication_is_measured_the_next_step_replicates():
     nowhere = (("127.0.0.1", 1), "t")
     mine = Replicator(0, nowhere, nowhere, every_steps=7)
-    assert mine.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 7
+    assert mine.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 6 and mine.strict and mine.lag == 1
     chosen = Replicator(0, nowhere, nowhere)
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 1
     chosen.cost_s, chosen.wall_s = 0.05, 0.5
@@ -117,23 +127,40 @@ class HeldAnswers:
         dst.shutdown(socket.SHUT_WR)
 
 
+@contextmanager
+def stores_with_one_late(world: int, late: int, *, after_s: float = 0.0):
+    """Each rank's node's store, node `late`'s answers held: yields the stores' addresses by
+    rank and a pipe's write end, through which a forked rank has the test process release
+    them `after_s` later."""
+    stores = [BuddyServer(held_for(rank, world), TOKEN, own=rank).start() for rank in range(world)]
+    held = HeldAnswers(stores[late])
+    release_r, release_w = os.pipe()
+
+    def release() -> None:
+        os.read(release_r, 1)
+        time.sleep(after_s)
+        held.release()
+
+    threading.Thread(target=release, daemon=True).start()
+    try:
+        yield [held.address if rank == late else "%s:%d" % store.address for rank, store in enumerate(stores)], release_w
+    finally:
+        held.close()
+        for store in stores:
+            store.close()
+
+
 def test_what_the_steps_beside_a_replication_lose_is_counted_in_its_cost(tmp_path):
     """The replication's stall, from which K is chosen, is its snapshot's blocking part and
     what the steps it ran beside lost against the step time without one (they share the
     host's cores and memory bandwidth with its send). Here each step beside it is made
     EXTRA_S longer: its cost must hold those seconds, not just its snapshot's."""
     extra_s, slowed_steps = 0.3, 3
-    stores = [BuddyServer(held_for(rank, 2), TOKEN, own=rank).start() for rank in range(2)]
-    held = HeldAnswers(stores[1])  # rank 1's node: both ranks' replications pass through it
-    # A forked rank tells the test process to release through a pipe; the gate opens here.
-    release_r, release_w = os.pipe()
-    threading.Thread(target=lambda: os.read(release_r, 1) and held.release(), daemon=True).start()
-    addresses = ["%s:%d" % stores[0].address, held.address]
 
     def body(rank: int) -> None:
         state, (x, y) = tiny.build(), tiny.dataset()
         ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=1000, memory_tier_addr=addresses[rank],
-                                          memory_tier_token=TOKEN, replica_every_steps=4))
+                                          memory_tier_token=TOKEN))  # K chosen: a job's own K would wait for the landing
         replicas, slowed = ckpt.backend.replicas, 0
         for step in range(12):
             tiny.train_step(state, x, y)
@@ -150,12 +177,8 @@ def test_what_the_steps_beside_a_replication_lose_is_counted_in_its_cost(tmp_pat
         (tmp_path / f"r{rank}.json").write_text(json.dumps({"slowed": slowed, "cost_s": replicas.cost_s}))
         ckpt.close()
 
-    try:
+    with stores_with_one_late(2, 1) as (addresses, release_w):  # node 1: both ranks' replications pass through it
         assert run_gang(2, body) == [0, 0]
-    finally:
-        held.close()
-        for store in stores:
-            store.close()
     for rank in range(2):
         seen = json.loads((tmp_path / f"r{rank}.json").read_text())
         assert seen["slowed"] == slowed_steps, seen
@@ -193,22 +216,18 @@ def test_a_jobs_own_k_is_sent_at_normal_priority_and_a_chosen_one_at_idle_priori
 
 
 def test_while_one_ranks_replication_is_still_sending_no_rank_starts_the_next(tmp_path):
-    """A gang of three whose node 2 answers late: ranks 1 (its buddy is node 2) and 2 (its
-    own store) are still sending when the next replication is due. Rank 0 must not go on
-    alone: its stores would move on to steps the others never sent and drop the one they
-    are sending, and no step would be whole on the gang's stores. So every rank starts
-    the same replications, at the same steps, and once node 2 answers they go on together."""
-    world, k, steps, release_at = 3, 2, 16, 8
-    stores = [BuddyServer(held_for(rank, world), TOKEN, own=rank).start() for rank in range(world)]
-    held = HeldAnswers(stores[2])
-    release_r, release_w = os.pipe()
-    threading.Thread(target=lambda: os.read(release_r, 1) and held.release(), daemon=True).start()
-    addresses = ["%s:%d" % stores[0].address, "%s:%d" % stores[1].address, held.address]
+    """A gang of three, K chosen from the cost, whose node 2 answers late: ranks 1 (its
+    buddy is node 2) and 2 (its own store) are still sending when the next replication is
+    due. Rank 0 must not go on alone: its stores would move on to steps the others never
+    sent and drop the one they are sending, and no step would be whole on the gang's
+    stores. So every rank starts the same replications, at the same steps, and once node
+    2 answers they go on together."""
+    world, steps, release_at = 3, 30, 8
 
     def body(rank: int) -> None:
         state, (x, y) = tiny.build(), tiny.dataset()
         ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=1000, memory_tier_addr=addresses[rank],
-                                          memory_tier_token=TOKEN, replica_every_steps=k))
+                                          memory_tier_token=TOKEN))
         replicas, started = ckpt.backend.replicas, []
         for step in range(steps):
             tiny.train_step(state, x, y)
@@ -222,15 +241,75 @@ def test_while_one_ranks_replication_is_still_sending_no_rank_starts_the_next(tm
         (tmp_path / f"r{rank}.json").write_text(json.dumps({"started": started, "landed": replicas.replicated_step}))
         ckpt.close()
 
-    try:
+    with stores_with_one_late(world, 2) as (addresses, release_w):
         assert run_gang(world, body) == [0] * world
-    finally:
-        held.close()
-        for store in stores:
-            store.close()
     seen = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(world)]
     started = seen[0]["started"]
     assert all(s["started"] == started for s in seen), seen
     # The first replication was held until step 8; the ones after it were made by every rank.
     assert started[0] < release_at < started[-1], seen
     assert len({s["landed"] for s in seen}) == 1, seen
+
+
+def test_a_jobs_own_k_holds_when_a_replication_takes_many_steps_to_land(tmp_path):
+    """A gang of three whose node 2 answers a second late, at 0.05 s a step: twenty steps
+    of sends. With the job's K = 3, a node lost at any step must leave a step at most 3
+    behind whole on the stores: so after every save() call each rank's newest landed
+    replication is at most K - 1 steps old (the step in progress is the K-th). Without the
+    wait the ranks trained on and their newest landed replication fell ~20 steps behind."""
+    world, k, steps = 3, 3, 24
+
+    def body(rank: int) -> None:
+        state, (x, y) = tiny.build(), tiny.dataset()
+        ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=1000, memory_tier_addr=addresses[rank],
+                                          memory_tier_token=TOKEN, replica_every_steps=k))
+        replicas, behind, told = ckpt.backend.replicas, {}, False
+        for step in range(1, steps + 1):
+            tiny.train_step(state, x, y)
+            time.sleep(0.05)
+            ckpt.save(step)
+            if rank == 0 and replicas.started_step and not told:  # the first has begun: answered a second later
+                told = os.write(release_w, b"x")
+            behind[step] = step - (replicas.replicated_step or 0)
+        (tmp_path / f"r{rank}.json").write_text(json.dumps(behind))
+        ckpt.close()
+
+    with stores_with_one_late(world, 2, after_s=1.0) as (addresses, release_w):
+        assert run_gang(world, body) == [0] * world
+    for rank in range(world):
+        behind = json.loads((tmp_path / f"r{rank}.json").read_text())
+        assert max(behind.values()) <= k - 1, (rank, behind)
+
+
+def test_a_jobs_own_k_holds_while_a_paced_storage_save_is_writing(tmp_path, buddies):
+    """A periodic save's persist is paced over the interval and holds the snapshot buffers
+    meanwhile; a replication due then used to be dropped, for as long as the persist ran
+    (half an interval by default: here about as long as the interval, 12 steps). With
+    the job's K = 3 the persist is finished at full speed instead and the replication made:
+    after every save() call each rank's newest landed replication is at most K - 1 old."""
+    world, k, steps = 2, 3, 40
+    nodes = [buddies(held_for(rank, world), own=rank) for rank in range(world)]
+
+    def body(rank: int) -> None:
+        torch.manual_seed(rank)
+        model = torch.nn.Linear(1024, 4096)  # 48 MiB with Adam's moments: 3 paced chunks a file
+        state = TrainState(model, torch.optim.Adam(model.parameters(), lr=1e-4))
+        host, port = nodes[rank].address
+        ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=12, pace_fraction=1.0, validation=None,
+                                          memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN,
+                                          replica_every_steps=k))
+        replicas, behind, x = ckpt.backend.replicas, {}, torch.randn(8, 1024)
+        for step in range(1, steps + 1):
+            state.optimizer.zero_grad()
+            model(x).square().mean().backward()
+            state.optimizer.step()
+            time.sleep(0.03)
+            ckpt.save(step)
+            behind[step] = step - (replicas.replicated_step or 0)
+        (tmp_path / f"r{rank}.json").write_text(json.dumps(behind))
+        ckpt.close()
+
+    assert run_gang(world, body) == [0] * world
+    for rank in range(world):
+        behind = json.loads((tmp_path / f"r{rank}.json").read_text())
+        assert max(behind.values()) <= k - 1, (rank, behind)

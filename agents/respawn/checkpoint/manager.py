@@ -45,6 +45,10 @@ class Backend(Protocol):
     def settle_replicas(self, step: int) -> None:
         """Every rank's replica of `step` has landed: the stores may drop the older ones."""
 
+    def hold_replica(self, step: int, stop) -> None:
+        """With a job's own K, wait here for a replication begun `lag` calls ago to land
+        (or fail), unless `stop()`: the bound on the steps a lost node costs."""
+
     def progress(self) -> tuple[int, int, int]:
         """This rank's save in flight for its row: (busy, written step, failed step)."""
 
@@ -131,6 +135,7 @@ class CheckpointManager:
         if new_interval:
             self.clock.interval_s = new_interval
         self.backend.before_decision()
+        self._hold_replica(step)
         table = self.coord.agreed(self._row(step))
         if table is not None:
             self.backend.settle(table)
@@ -147,16 +152,22 @@ class CheckpointManager:
             # would be whole on the gang's stores.
             if decision.kind is None and table[0][policy.REPLICA] and not any(row[policy.SENDING] for row in table):
                 self.backend.replicate(step)
+        self._hold_replica(step)  # a K of 1: before this call returns
         self.coord.share(self._row(step))
         self.backend.after_call()
         return outcome
+
+    def _hold_replica(self, step: int) -> None:
+        if self.backend.replicas is not None:
+            self.backend.hold_replica(step, lambda: self._stop_seen)
 
     def _row(self, step: int) -> list[int]:
         due = self.clock.due(step, time.monotonic())
         replicas = self.backend.replicas
         replica = replicas is not None and self.backend.replica_due(step)
         replicated = replicas.replicated_step if replicas is not None and replicas.replicated_step is not None else -1
-        sending = replicas is not None and replicas.busy
+        # A strict K's send is waited for before this rank's next decision: it never holds the gang's.
+        sending = replicas is not None and replicas.busy and not replicas.strict
         return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress(), int(replica), replicated,
                 int(sending)]
 

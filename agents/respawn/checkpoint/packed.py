@@ -41,7 +41,11 @@ Save choices, each a deliberate one:
   place), and lands before save() returns: should the storage write miss the window,
   the regrouped survivors resume from it. With validation, rank 0's replica carries
   the reference loss of the weights it holds, computed as a save's is: a resume from
-  memory is checked against it (checkpointer.Checkpointer._load_from_memory).
+  memory is checked against it (checkpointer.Checkpointer._load_from_memory). A job's
+  own K is a bound (tiers/pacing.py strict_cadence): a replication due while a persist
+  still holds the buffers finishes that persist at full speed first (paced, it would
+  hold them for half an interval, and no replication would be made meanwhile), and the
+  call after a replication waits for it to land (`hold_replica`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -72,6 +77,7 @@ from .tiers.shard import Shard
 from .validation import ReferenceLoss
 
 LOCAL_LIVE_FRACTION = 0.5
+HOLD_POLL_S = 0.05  # how soon a strict K's wait for a landing sees a notice
 
 
 @dataclass
@@ -96,6 +102,9 @@ class _Persist:
     deferred: list[int] = field(default_factory=list)
     device: DeviceCopy | None = None
     snapshotted: threading.Event = field(default_factory=threading.Event)
+    # Set once the snapshot is handed to the memory tier's Replicator (or never will be):
+    # until then a replication of this step is owed, which a strict K waits for.
+    handed: threading.Event = field(default_factory=threading.Event)
     entries: dict | None = None
     error: BaseException | None = None
     # What the persist's threads cost the loop's steps beside it (taking cores from it):
@@ -329,6 +338,7 @@ class PackedWriter:
             self._record_failure(job, exc)
         finally:
             job.snapshotted.set()  # whatever happened, the optimizer must not wait forever
+            job.handed.set()
             job.finished.set()
 
     @staticmethod
@@ -357,6 +367,7 @@ class PackedWriter:
                     return self._shard(job.step, job.meta)
 
                 self.replicas.start(job.step, shard, None, idle=job.kind == protocol.CheckpointKind.PERIODIC)
+            job.handed.set()
 
         def release_live():
             job.tensors = None
@@ -476,10 +487,19 @@ class PackedWriter:
 
     def replicate(self, step: int) -> None:
         """Snapshot into the buffers and send to the buddy in the background, unless the
-        buffers are taken (a persist, whose snapshot went to the buddy at its start; a send
-        still in flight: skipped)."""
-        if self.replicas is None or self.inflight is not None:
+        buffers are taken (a persist still writing, whose snapshot went to the buddy at its
+        start; a send still in flight: skipped). With a strict K the persist is finished
+        first, at full speed: the bound must hold while storage is written too."""
+        if self.replicas is None:
             return
+        job = self.inflight
+        if job is not None and not job.finished.is_set():
+            if not self.replicas.strict:
+                return
+            started = time.monotonic()
+            job.pace.finish_by = None
+            job.finished.wait()
+            job.outcome.stall_s += time.monotonic() - started
         if self.replicas.busy:
             self.replicas.skipped += 1
             return
@@ -508,6 +528,32 @@ class PackedWriter:
     def settle_replicas(self, step: int) -> None:
         if step > self.replicas.settled_step:
             self.replicas.settle(step)
+
+    def hold_replica(self, step: int, stop: Callable[[], bool]) -> None:
+        """A strict K: the call `lag` calls after a replication began (a periodic save's
+        included, which its persist hands over a moment later) waits until it has landed
+        or failed, or until `stop()` (a notice: its save takes the buffers). Training
+        waits only as long as a send takes beyond the step it overlapped; the wait counts
+        to the stall of the save whose snapshot is being sent."""
+        replicas = self.replicas
+        if not replicas.strict:
+            return
+        job = self.inflight
+        owed = job if job is not None and self._replicates(job.kind) and not job.handed.is_set() else None
+        pending = owed.step if owed is not None else replicas.started_step if replicas.busy else None
+        if pending is None or step < pending + replicas.lag:
+            return
+        started = time.monotonic()
+        while not stop():
+            if owed is not None and not owed.handed.is_set():
+                owed.handed.wait(HOLD_POLL_S)
+            elif replicas.busy:
+                replicas.wait(HOLD_POLL_S)
+            else:
+                break
+        sent = owed or (job if job is not None and job.step == replicas.started_step else self._replica_snapshot)
+        if sent is not None:
+            sent.outcome.stall_s += time.monotonic() - started
 
     def _shard(self, step: int, meta: dict) -> Shard:
         """This rank's files of `step` as a checkpoint would hold them: the buffers (nothing

@@ -56,9 +56,9 @@ class Replica:
         return sum(len(data) for data in self.files.values())
 
 
-# A peer silent this long is gone (a node lost without a FIN): its put is dropped, so it
-# cannot hold the one-put slot, and the replica it would have replaced, forever.
-IDLE_TIMEOUT_S = 60.0
+# A silent peer's put is dropped, so it cannot hold the one-put slot, and the replica it
+# would have replaced, forever.
+IDLE_TIMEOUT_S = wire.PEER_SILENT_S
 
 
 class BuddyServer:

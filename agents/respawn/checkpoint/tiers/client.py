@@ -19,12 +19,16 @@ class ReplicaUnavailable(CheckpointError):
     """The buddy holds no replica that can be trusted, or cannot be reached."""
 
 
-def _connect(address: tuple[str, int], timeout_s: float | None) -> socket.socket:
+def _connect(address: tuple[str, int], silent_s: float | None) -> socket.socket:
+    """A stream to the store on which the store silent for `silent_s` (default
+    wire.PEER_SILENT_S) fails the call: a send to a node gone without a word, or to a hung
+    store, ends, and so does a strict K's wait for it (tiers/pacing.py)."""
     try:
         sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
     except OSError as exc:
         raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]} unreachable ({exc})") from None
-    sock.settimeout(timeout_s)
+    sock.settimeout(None)
+    wire.set_idle_timeout(sock, silent_s or wire.PEER_SILENT_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -39,13 +43,13 @@ def _answer(sock: socket.socket, address, what: str) -> dict:
     return reply
 
 
-def replicate(address: tuple[str, int], token: str, shard: Shard, timeout_s: float | None = None,
+def replicate(address: tuple[str, int], token: str, shard: Shard, silent_s: float | None = None,
               cancel=None) -> dict:
     """Put `shard` into the buddy's memory; returns once the buddy has verified it and
     serves it (the previous replica is served until then), with the files' digests (those
     computed on the way where the shard had none). `token`: the buddy store's. `cancel`
     (a threading.Event) set: the put is cut between chunks, the buddy drops it."""
-    with _connect(address, timeout_s) as sock:
+    with _connect(address, silent_s) as sock:
         try:
             wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step, "gang": shard.gang,
                                    "files": [[name, len(memoryview(data).cast("B"))] for name, data in shard.files.items()]})
@@ -62,11 +66,11 @@ def replicate(address: tuple[str, int], token: str, shard: Shard, timeout_s: flo
         return dict(zip(shard.files, digests))
 
 
-def fetch(address: tuple[str, int], token: str, rank: int, timeout_s: float | None = None,
+def fetch(address: tuple[str, int], token: str, rank: int, silent_s: float | None = None,
           step: int | None = None) -> Shard:
     """Rank `rank`'s newest verified replica from its buddy (or its replica of `step`),
     checked again on arrival."""
-    with _connect(address, timeout_s) as sock:
+    with _connect(address, silent_s) as sock:
         try:
             wire.send_frame(sock, {"op": "get", "token": token, "rank": rank, "step": step})
         except OSError as exc:

@@ -19,6 +19,8 @@ Until a storage save is measured M is unknown, and no optimum can be taken: K th
 at most UNKNOWN_M_STALL_SHARE of training time on the replication's stall (a replication
 that stalls training 20 ms, at 0.2 s a step, is made every 10 steps, not every step).
 
+A job's own K (RESPAWN_REPLICA_EVERY_STEPS) is a bound instead, held by `strict_cadence`.
+
 Pure: the caller measures.
 """
 
@@ -50,3 +52,16 @@ def replica_every_steps(*, replica_cost_s: float, replica_wall_s: float, step_s:
     else:
         every_s = daly_interval(replica_cost_s, implied_mtbi_s(interval_s, save_cost_s))
     return min(most, max(1, math.ceil(max(every_s, replica_wall_s) / step_s)))
+
+
+def strict_cadence(k: int) -> tuple[int, int]:
+    """(period, lag) that hold a job's own K as a bound: replicate every `period` steps, and
+    the call `lag` calls after each replication began waits until it has landed. A node
+    lost at any step then leaves a whole step at most period + lag = K behind. Every K
+    steps with no wait would leave K plus however long a send takes to land (on a loaded
+    machine, more than a step); a lag of one lets the send overlap the step after it, so
+    a send that lands within a step costs no wait. K = 1 leaves no step to overlap: each
+    replication lands before its call returns."""
+    if k < 1:
+        raise ValueError(f"K must be >= 1 (got {k})")
+    return (k - 1, 1) if k > 1 else (1, 0)

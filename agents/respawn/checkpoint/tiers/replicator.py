@@ -9,9 +9,10 @@ next step waits for that part), then sends at the lowest CPU priority, as a pace
 writes: a loop that leaves no core idle starves it, and K, measured, grows. A job that
 fixes K (RESPAWN_REPLICA_EVERY_STEPS) asks for at most K steps lost instead: its sends
 run at normal priority, sharing the cores with training (a starved send would skip every
-replication after it, and the bound would silently not hold). A replication
-due while one is in flight is skipped, never queued: the next one carries a newer step
-anyway. A save (storage first) that wants the buffers cancels one in flight (`give_up`):
+replication after it), every K - 1 steps, and the step after each waits for it to land
+(`strict`, pacing.strict_cadence), so the bound holds however long a send takes. A
+replication due while one is in flight is skipped, never queued: the next one carries a
+newer step anyway. A save (storage first) that wants the buffers cancels one in flight (`give_up`):
 its own snapshot is replicated next. A failed one is said on stderr and leaves the buddy's
 previous replica served; training goes on, the storage tier still holds its checkpoints.
 """
@@ -28,7 +29,7 @@ from ..config import CheckpointConfig
 from ..distributed import Coordinator, gather_objects
 from ..persist import lower_priority
 from .client import ReplicaUnavailable, replicate, settle
-from .pacing import replica_every_steps
+from .pacing import replica_every_steps, strict_cadence
 from .shard import Shard, buddy_of
 
 
@@ -66,8 +67,10 @@ def replicator(coord: Coordinator, config: CheckpointConfig, stores: list[Store]
 
 
 class Replicator:
-    def __init__(self, rank: int, buddy: Store, own: Store, every_steps: int | None = None, gang: str = ""):
+    def __init__(self, rank: int, buddy: Store, own: Store, every_steps: int | None = None, gang: str = "",
+                 silent_s: float | None = None):
         self.rank = rank
+        self.silent_s = silent_s  # a store silent this long fails the send (None: wire.PEER_SILENT_S)
         self.gang = gang
         self.buddy = buddy
         self.own = own
@@ -84,6 +87,16 @@ class Replicator:
     @property
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def strict(self) -> bool:
+        """The job fixed K: a bound on the steps a lost node costs, held by waiting."""
+        return self._fixed_every is not None
+
+    @property
+    def lag(self) -> int:
+        """With a strict K, the call that waits for a replication, counted from the one that began it."""
+        return strict_cadence(self._fixed_every)[1] if self.strict else 0
 
     def wait(self, timeout_s: float | None = None) -> None:
         if self._thread is not None:
@@ -109,10 +122,11 @@ class Replicator:
         self.wait()
 
     def every_steps(self, *, step_s: float | None, save_cost_s: float | None, interval_s: float) -> int:
-        """K: the job's own (RESPAWN_REPLICA_EVERY_STEPS), else chosen from the last measured
-        replication; 1 until one is measured (the first replication is its measurement)."""
-        if self._fixed_every:
-            return self._fixed_every
+        """Steps between replications: the period that holds the job's own K
+        (RESPAWN_REPLICA_EVERY_STEPS), else K chosen from the last measured replication;
+        1 until one is measured (the first replication is its measurement)."""
+        if self.strict:
+            return strict_cadence(self._fixed_every)[0]
         if self.wall_s is None or self.cost_s is None or not step_s:
             return 1
         return replica_every_steps(replica_cost_s=self.cost_s, replica_wall_s=self.wall_s, step_s=step_s,
@@ -147,8 +161,8 @@ class Replicator:
             # this rank's shard of the step on a node that is left.
             cancel = self._cancel
             digests = replicate(*self.own, Shard(shard.rank, shard.step, shard.files, shard.digests, self.gang),
-                                cancel=cancel)
-            replicate(*self.buddy, Shard(shard.rank, shard.step, shard.files, digests, self.gang), cancel=cancel)
+                                self.silent_s, cancel)
+            replicate(*self.buddy, Shard(shard.rank, shard.step, shard.files, digests, self.gang), self.silent_s, cancel)
         except ReplicaUnavailable as exc:
             print(f"respawn checkpoint: step {step} not replicated to the buddy: {exc}", file=sys.stderr, flush=True)
             return

@@ -20,6 +20,10 @@ from .. import manifest
 
 CHUNK = 8 << 20
 MAX_FRAME = 16 << 20
+# A peer silent this long is gone (a node lost without a FIN or RST, a store hung): on
+# either end the stream fails, so nothing waits on it for the kernel's retransmission
+# timeout (about a quarter of an hour). No chunk takes a healthy peer this long.
+PEER_SILENT_S = 60.0
 _LENGTH = struct.Struct(">I")
 
 
@@ -37,10 +41,13 @@ def send_frame(sock: socket.socket, body: dict) -> None:
 
 
 def set_idle_timeout(sock: socket.socket, seconds: float) -> None:
-    """A receive that waits this long fails, but in the kernel (SO_RCVTIMEO): Python's own
-    timeout would poll before every recv, and a receive could not wait for a whole chunk."""
+    """A receive or a send that waits this long fails, but in the kernel (SO_RCVTIMEO,
+    SO_SNDTIMEO): Python's own timeout would poll before every recv, a receive could not
+    wait for a whole chunk, and it bounds a whole sendall, not a stall within it."""
     whole = int(seconds)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
