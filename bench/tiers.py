@@ -19,10 +19,16 @@
   the CPU cores this machine has, nothing is left for the replication's idle-priority
   send, which never lands and is never measured (`--device-ms 0` shows that case). K is
   the default before any storage save is measured (the replication's stall held to 1 %
-  of training time, its own time at least).
+  of training time, its own time at least). Printed beside it, for scale: the same with
+  the job's own K (`--own-k`), whose waits for each landing are the price of its bound;
+- steps lost by a node SIGKILLed at a random step (with its store: the node is gone) in
+  a gang of three under the job's own K (`--own-k`), each step waiting `--device-ms`,
+  each rank's state `--step-state-mib`: the step the survivors reached less the newest
+  step every old rank's shard is whole for on the two stores left (tiers/restore.py's
+  plan, as a regroup would resume), worst of `--trials`, in K: target <= 1.
 
     .venv/bin/python bench/tiers.py [--size-gib 1] [--rounds 3] [--step-state-mib 64] [--steps 40] [--device-ms 40]
-                                    [--smoke] [--check]
+                                    [--own-k 5] [--trials 5] [--smoke] [--check]
 
 Each round interleaves the methods; the ratios are medians of per-round ratios.
 """
@@ -32,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import signal
 import socket
 import statistics
 import struct
@@ -47,8 +55,9 @@ from respawn import protocol  # noqa: E402
 from respawn.checkpoint import layout, manifest  # noqa: E402
 from respawn.checkpoint.storage import open_storage  # noqa: E402
 from respawn.checkpoint.tiers import Shard, fetch, held_for, replicate, settle, shard_from_storage, status  # noqa: E402
+from respawn.checkpoint.tiers.restore import plan  # noqa: E402
 from s3_upload import BUCKET, start_moto  # noqa: E402
-from tests.checkpoint.ranks import run_gang  # noqa: E402
+from tests.checkpoint.ranks import fork_ranks, run_gang  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -56,7 +65,9 @@ SAVE_TARGET = 1.3
 RESTORE_TARGET = 0.3
 MEMORY_TARGET = 1.05
 STEADY_TARGET = 1.03
+LOST_TARGET = 1.0  # in K
 RANKS = 2
+GANG = 3  # the lost-node row's: a node's shard survives on its buddy
 TOKEN = "bench-token"
 RANDOM_BLOCK = 64 * MIB  # repeated to fill a shard: urandom of a whole GiB costs seconds of CPU
 _SIZE = struct.Struct(">Q")
@@ -132,30 +143,45 @@ def rss(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def steady_rank(rank: int, stores: list, state_mib: int, steps: int, rounds: int, device_s: float, out: Path) -> None:
-    """One rank: `rounds` pairs of phases (without the tier, with it), `steps` timed steps each."""
+def training(rank: int, state_mib: int):
+    """(a TrainState of `state_mib` MiB, its step): 4 square layers under AdamW, weights and
+    two moments in fp32, the forward and backward on the CPU."""
     import torch
 
-    from respawn.checkpoint import CheckpointConfig, Checkpointer, TrainState
+    from respawn.checkpoint import TrainState
 
-    width = int((state_mib * MIB / 4 / 3 / 4) ** 0.5)  # 4 square layers, weights + two AdamW moments, fp32
+    width = int((state_mib * MIB / 4 / 3 / 4) ** 0.5)
     torch.manual_seed(rank)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(4)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    state, x = TrainState(model, optimizer), torch.randn(32, width)
+    x = torch.randn(32, width)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    return TrainState(model, optimizer), step
+
+
+def steady_rank(rank: int, stores: list, state_mib: int, steps: int, rounds: int, device_s: float, own_k: int | None,
+                out: Path) -> None:
+    """One rank: `rounds` pairs of phases (without the tier, with it), `steps` timed steps each."""
+    from respawn.checkpoint import CheckpointConfig, Checkpointer
+
+    state, train_step = training(rank, state_mib)
     host, port = stores[rank]
     medians, every, step = {"off": [], "on": []}, None, 0
     with tempfile.TemporaryDirectory(prefix=f"bench-steady-{rank}-") as tmp:
         for _ in range(rounds):
             for phase in ("off", "on"):
-                tier = {"memory_tier_addr": f"{host}:{port}", "memory_tier_token": TOKEN} if phase == "on" else {}
+                tier = {"memory_tier_addr": f"{host}:{port}", "memory_tier_token": TOKEN,
+                        "replica_every_steps": own_k} if phase == "on" else {}
                 ckpt = Checkpointer(state, CheckpointConfig(uri=tmp, interval_s=3600, handle_signals=False, **tier))
                 times = []
                 for _ in range(steps):
                     started = time.perf_counter()
-                    model(x).square().mean().backward()
-                    optimizer.step()
-                    optimizer.zero_grad()
+                    train_step()
                     time.sleep(device_s)
                     step += 1  # on through the phases: a buddy takes only newer steps
                     ckpt.save(step)
@@ -168,14 +194,19 @@ def steady_rank(rank: int, stores: list, state_mib: int, steps: int, rounds: int
     out.write_text(json.dumps({"medians": medians, "every": every}))
 
 
-def steady_ratio(state_mib: int, steps: int, rounds: int, device_s: float) -> tuple[float, list]:
+def node_stores(world: int) -> list[tuple[subprocess.Popen, tuple[str, int]]]:
+    """Each node's store, a process of its own, in its place on the ring."""
+    return [spawn(["-m", "respawn.checkpoint.tiers", "--holds-for", str(held_for(rank, world)), "--own", str(rank)])
+            for rank in range(world)]
+
+
+def steady_ratio(state_mib: int, steps: int, rounds: int, device_s: float, own_k: int | None = None) -> tuple[float, list]:
     """Step time with the memory tier / without, worst rank; and each rank's K."""
-    stores = [spawn(["-m", "respawn.checkpoint.tiers", "--holds-for", str(held_for(rank, RANKS)), "--own", str(rank)])
-              for rank in range(RANKS)]
+    stores = node_stores(RANKS)
     try:
         with tempfile.TemporaryDirectory(prefix="bench-steady-") as work:
             codes = run_gang(RANKS, lambda rank: steady_rank(rank, [at for _, at in stores], state_mib, steps, rounds,
-                                                             device_s, Path(work, f"{rank}.json")), timeout_s=120)
+                                                             device_s, own_k, Path(work, f"{rank}.json")), timeout_s=120)
             if codes != [0] * RANKS:
                 raise SystemExit(f"steady ranks exited with {codes}")
             ranks = [json.loads(Path(work, f"{rank}.json").read_text()) for rank in range(RANKS)]
@@ -187,6 +218,66 @@ def steady_ratio(state_mib: int, steps: int, rounds: int, device_s: float) -> tu
     return max(ratios), [r["every"] for r in ranks]
 
 
+def lost_rank(rank: int, port: int, stores: list, state_mib: int, device_s: float, own_k: int, reached: Path) -> None:
+    """One rank of the gang of three: trains, appending each step it reaches to `reached`,
+    until its gang fails under it (a node is killed) or a thousand steps."""
+    from respawn.checkpoint import CheckpointConfig, Checkpointer
+    from respawn.checkpoint.distributed import init_process_group
+
+    init_process_group("gloo", timeout_s=30, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=GANG)
+    state, train_step = training(rank, state_mib)
+    host, store_port = stores[rank]
+    with tempfile.TemporaryDirectory(prefix=f"bench-lost-{rank}-") as tmp, reached.open("a") as out:
+        ckpt = Checkpointer(state, CheckpointConfig(uri=tmp, interval_s=3600, handle_signals=False, replica_every_steps=own_k,
+                                                    memory_tier_addr=f"{host}:{store_port}", memory_tier_token=TOKEN))
+        for step in range(1, 1001):
+            train_step()
+            time.sleep(device_s)
+            ckpt.save(step)
+            out.write(f"{step}\n")
+            out.flush()
+
+
+def steps_reached(path: Path) -> int:
+    lines = path.read_text().split() if path.exists() else []
+    return int(lines[-1]) if lines else 0
+
+
+def lost_steps(state_mib: int, device_s: float, own_k: int, kill_at: int) -> int:
+    """A gang of three trains; once rank 0 reached `kill_at`, node 2 (its rank and its store)
+    is SIGKILLed. The steps the survivors reached beyond the newest step the two stores
+    left hold whole for every old rank (nothing whole: all of them)."""
+    stores = node_stores(GANG)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-lost-") as work:
+            reached = [Path(work, f"{rank}.steps") for rank in range(GANG)]
+            pids = fork_ranks(GANG, lambda rank, port: lost_rank(rank, port, [at for _, at in stores], state_mib,
+                                                                 device_s, own_k, reached[rank]))
+            deadline = time.monotonic() + 120
+            while steps_reached(reached[0]) < kill_at and time.monotonic() < deadline:
+                time.sleep(0.002)
+            os.kill(pids[-1], signal.SIGKILL)
+            stores[-1][0].kill()
+            # The survivors fail at their next collective; whatever they reached until then is lost work.
+            while any(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids[:-1]) and time.monotonic() < deadline + 60:
+                time.sleep(0.05)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            if steps_reached(reached[0]) < kill_at:
+                raise SystemExit(f"the gang never reached step {kill_at}")
+            holdings = [status(at, TOKEN)["replicas"] for _, at in stores[:-1]]
+            found = plan(holdings, GANG, newer_than=0)
+            return max(steps_reached(path) for path in reached[:-1]) - (found[0] if found else 0)
+    finally:
+        for process, _ in stores:
+            process.kill()
+            process.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gib", type=float, default=1.0, help="one rank's shard (the issue asks >= 1)")
@@ -196,11 +287,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per phase of the steady-step row")
     parser.add_argument("--device-ms", type=float, default=40.0,
                         help="each steady step's wait after its CPU work, as on a GPU (0: a loop that leaves no core idle)")
+    parser.add_argument("--own-k", type=int, default=5, help="the job's own K in the lost-node row and its steady row")
+    parser.add_argument("--trials", type=int, default=5, help="nodes killed, each at a random step, in the lost-node row")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--raw-sink", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device_ms < 0:
         parser.error("--device-ms must be >= 0")
+    if args.own_k < 1 or args.trials < 1:
+        parser.error("--own-k and --trials must be >= 1")
     if args.raw_sink:
         raw_sink()
         return 0
@@ -250,6 +345,13 @@ def main() -> int:
     state_mib, steps = (4, 12) if args.smoke else (args.step_state_mib, args.steps)
     steady, every = steady_ratio(state_mib, steps, rounds + 1, args.device_ms / 1000)
     starved = steady_ratio(state_mib, steps, rounds + 1, 0.0) if args.device_ms > 0 else None
+    bounded = steady_ratio(state_mib, steps, rounds + 1, args.device_ms / 1000, args.own_k)[0]
+    trials = 1 if args.smoke else args.trials
+    print(f"killing a node of a gang of {GANG} in each of {trials} trial(s): the survivors' broken collectives are "
+          f"said below, as they fail", flush=True)
+    draw = random.Random(37)
+    lost = [lost_steps(state_mib, args.device_ms / 1000, args.own_k, draw.randint(2 * args.own_k, 5 * args.own_k))
+            for _ in range(trials)]
 
     shard_gib = sum(len(d) for d in files.values()) / GIB
     gbps = {k: shard_gib * GIB / statistics.median(v) / 1e9 for k, v in times.items()}
@@ -265,12 +367,16 @@ def main() -> int:
         ("restore from buddy / restore from S3 (moto)", statistics.median(restore), RESTORE_TARGET),
         ("buddy's extra resident memory, in shards", memory, MEMORY_TARGET),
         ("steady step time with replication / without", steady, STEADY_TARGET),
+        (f"steps lost by a SIGKILLed node, in K = {args.own_k}", max(lost) / args.own_k, LOST_TARGET),
     ]
     missed = False
     for what, ratio, target in results:
         ok = ratio <= target
         missed |= not ok
         print(f"{what:48s} {ratio:6.3f}  target <= {target}  {'ok' if ok else 'MISSED'}")
+    scale = f"  for scale, the job's own K = {args.own_k} (its waits)"
+    print(f"{scale:48s} {bounded:6.3f}  (no target: the price of its bound)")
+    print(f"{'  steps lost in each trial':48s} {lost}")
     if starved is not None:
         print(f"{'  for scale, steps that leave no core idle':48s} {starved[0]:6.3f}  (no target: the send starves; "
               f"K chosen: {starved[1]})")

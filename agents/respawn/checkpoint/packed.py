@@ -225,7 +225,7 @@ class PackedWriter:
         of the one in flight, part of the stall it reports (the replication's sets K)."""
         if self._step_ended_at is not None:
             dt = time.monotonic() - self._step_ended_at
-            job = self.inflight
+            job = self.inflight if self.inflight is not None and not self.inflight.finished.is_set() else None
             if job is None and self.replicas is not None and self.replicas.busy:
                 job = self._replica_snapshot
             if job is not None and job.kind == protocol.CheckpointKind.PERIODIC and self._step_time_s is not None:
