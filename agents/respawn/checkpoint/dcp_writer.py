@@ -30,7 +30,7 @@ from respawn import protocol
 from . import commit, layout, manifest
 from .config import CheckpointConfig, SaveOutcome
 from .dcp_storage import StorageWriter
-from .distributed import Coordinator, gather_objects, pg_timeout_s
+from .distributed import Coordinator, pg_timeout_s
 from .policy import NOT_YET, SaveClock, all_done
 from .reader import CheckpointRef
 from .state import rng_state
@@ -154,7 +154,7 @@ class DcpWriter:
             return outcome, ckpt, True
         if self.rank == 0:
             commit.stage(self.storage, ckpt, whole=True)  # an abandoned attempt's files (perhaps of another world size)
-        gather_objects(self.coord, None)  # the directory is clean before anyone writes into it
+        self.coord.gather_objects(None)  # the directory is clean before anyone writes into it
         return outcome, ckpt, False
 
     def _save(self, step: int, kind: str) -> SaveOutcome:
@@ -207,7 +207,7 @@ class DcpWriter:
         """Rank 0 commits once every rank says its part is durable; every rank learns the outcome."""
         outcome, error = inflight.outcome, inflight.future.exception()
         entries = inflight.writer.entries() if error is None else failure_reason(error, self.rank)
-        parts = gather_objects(self.coord, entries)
+        parts = self.coord.gather_objects(entries)
         failed = {r: p for r, p in enumerate(parts) if not isinstance(p, dict)}
         if failed:
             outcome.message = "; ".join(f"rank {r} did not write its part: {p}" for r, p in failed.items())

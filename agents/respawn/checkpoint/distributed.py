@@ -159,6 +159,16 @@ class Coordinator:
             raise table
         return table
 
+    def gather_objects(self, obj) -> list:
+        """Every rank's `obj`, indexed by rank (after the share in flight, as every
+        collective on this group: one at a time, in the same order)."""
+        if self.world_size == 1:
+            return [obj]
+        self._collect()
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     def broadcast_from_zero(self, obj):
         if self.world_size == 1:
             return obj
@@ -166,14 +176,3 @@ class Coordinator:
         box = [obj]
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
         return box[0]
-
-
-def gather_objects(coord: Coordinator, obj) -> list:
-    """Every rank's `obj`, indexed by rank, on the coordinator's group (after the share
-    in flight, as every collective on that group: one at a time, in the same order)."""
-    if coord.world_size == 1:
-        return [obj]
-    coord._collect()
-    out = [None] * coord.world_size
-    dist.all_gather_object(out, obj, group=coord.group)
-    return out

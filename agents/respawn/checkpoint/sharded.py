@@ -60,7 +60,7 @@ from respawn import protocol, trainer
 from . import layout, manifest
 from .config import CheckpointConfig, SaveOutcome
 from .dcp_storage import StorageReader
-from .dcp_writer import FRAMEWORK, WRITER, DcpWriter, failure_reason, gather_objects, rank_file
+from .dcp_writer import FRAMEWORK, WRITER, DcpWriter, failure_reason, rank_file
 from .distributed import Coordinator
 from .errors import CheckpointError, CorruptCheckpointError, IncompatibleCheckpointError
 from .manager import CheckpointManager
@@ -153,7 +153,7 @@ class ShardedCheckpointer(CheckpointManager):
     def _check_same_model(self) -> None:
         """Every rank must train the same model: a rank started with another one would
         write or load shards of another shape. Named here, before anything is saved."""
-        signatures = gather_objects(self.coord, model_signature(self.state.model))
+        signatures = self.coord.gather_objects(model_signature(self.state.model))
         wrong = {r: _differences(s, signatures[0]) for r, s in enumerate(signatures) if s != signatures[0]}
         if wrong:
             detail = "; ".join(f"rank {r}: {', '.join(d[:3])}" for r, d in wrong.items())

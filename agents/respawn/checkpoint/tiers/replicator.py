@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from ..config import CheckpointConfig
-from ..distributed import Coordinator, gather_objects
+from ..distributed import Coordinator
 from ..persist import lower_priority
 from .client import ReplicaUnavailable, replicate, settle
 from .pacing import replica_every_steps, strict_cadence
@@ -45,7 +45,7 @@ def gang_stores(coord: Coordinator, config: CheckpointConfig) -> list[Store] | N
     if coord.world_size == 1:
         return None
     mine = (config.memory_tier_addr, config.memory_tier_token) if config.memory_tier_addr else None
-    stores = gather_objects(coord, mine)
+    stores = coord.gather_objects(mine)
     if any(store is None for store in stores):
         if mine is not None:
             print("respawn checkpoint: no memory tier: not every node of the gang runs a buddy store", file=sys.stderr)
@@ -61,7 +61,7 @@ def replicator(coord: Coordinator, config: CheckpointConfig, stores: list[Store]
     """This rank's Replicator, its puts marked with this run of the gang (rank 0's draw)."""
     if stores is None:
         return None
-    gang = gather_objects(coord, uuid.uuid4().hex)[0]
+    gang = coord.gather_objects(uuid.uuid4().hex)[0]
     return Replicator(coord.rank, stores[buddy_of(coord.rank, coord.world_size)], stores[coord.rank],
                       config.replica_every_steps, gang)
 
