@@ -178,9 +178,10 @@ class BuddyServer:
             self.replicas = {r: kept for r, kept in previous.items() if kept[-1].form == self._form and r != rank} | {
                 rank: (*mine, Replica(self._form, gang, rank, step, files, expected))}
             # The sender waits for this verdict, not for the oldest shard's pages to be freed;
-            # they are freed before the next put may start.
+            # they are freed before the next put or settle may start (both take the lock), so
+            # no reference of this thread's keeps a replica the settle after it drops.
             wire.send_frame(sock, {"ok": True, "reason": ""})
-            del previous
+            del previous, mine, held
 
     def _settle(self, sock: socket.socket, request: dict) -> None:
         """Rank `rank`'s step `step` is whole on the gang's stores: the replicas before it go."""
