@@ -220,8 +220,9 @@ def test_while_one_ranks_replication_is_still_sending_no_rank_starts_the_next(tm
     buddy is node 2) and 2 (its own store) are still sending when the next replication is
     due. Rank 0 must not go on alone: its stores would move on to steps the others never
     sent and drop the one they are sending, and no step would be whole on the gang's
-    stores. So every rank starts the same replications, at the same steps, and once node
-    2 answers they go on together."""
+    stores. So every rank starts the same replications, at the same steps, and none starts
+    another until node 2 answers. (Whether one follows within the run depends on the K
+    that rank 0's measured cost chooses: under load, more steps than the run has.)"""
     world, steps, release_at = 3, 30, 8
 
     def body(rank: int) -> None:
@@ -246,8 +247,9 @@ def test_while_one_ranks_replication_is_still_sending_no_rank_starts_the_next(tm
     seen = [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(world)]
     started = seen[0]["started"]
     assert all(s["started"] == started for s in seen), seen
-    # The first replication was held until step 8; the ones after it were made by every rank.
-    assert started[0] < release_at < started[-1], seen
+    # The first replication (started_step goes 0 -> 2) was held until step 8: no rank began
+    # another before it landed; any after it, every rank began together (the lists are equal).
+    assert started[1] < release_at and all(step >= release_at for step in started[2:]), seen
     assert len({s["landed"] for s in seen}) == 1, seen
 
 
