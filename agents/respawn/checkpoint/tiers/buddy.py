@@ -56,11 +56,6 @@ class Replica:
         return sum(len(data) for data in self.files.values())
 
 
-# A silent peer's put is dropped, so it cannot hold the one-put slot, and the replica it
-# would have replaced, forever.
-IDLE_TIMEOUT_S = wire.PEER_SILENT_S
-
-
 class BuddyServer:
     """`holds_for` is the rank whose puts it takes, and `own` its node's rank (None: only the
     other's); the agent calls `hold_for` when its gang re-forms (docs/elastic.md). The
@@ -69,7 +64,7 @@ class BuddyServer:
     its steps again from there."""
 
     def __init__(self, holds_for: int, token: str, host: str = "127.0.0.1", port: int = 0,
-                 idle_timeout_s: float = IDLE_TIMEOUT_S, own: int | None = None):
+                 idle_timeout_s: float = wire.PEER_SILENT_S, own: int | None = None):
         if not token:
             raise ValueError("a buddy store needs a token: it must not serve a rank's state to anyone who asks")
         self.keeps = self._keeps(holds_for, own)
@@ -122,6 +117,8 @@ class BuddyServer:
 
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A silent peer's put is dropped: it cannot hold the one-put slot, and the replica it
+        # would have replaced, forever.
         wire.set_idle_timeout(sock, self.idle_timeout_s)
         try:
             request = wire.recv_frame(sock)

@@ -12,8 +12,8 @@ run at normal priority, sharing the cores with training (a starved send would sk
 replication after it), every K - 1 steps, and the step after each waits for it to land
 (`strict`, pacing.strict_cadence), so the bound holds however long a send takes. A
 replication due while one is in flight is skipped, never queued: the next one carries a
-newer step anyway. A save (storage first) that wants the buffers cancels one in flight (`give_up`):
-its own snapshot is replicated next. A failed one is said on stderr and leaves the buddy's
+newer step anyway. A save (storage first) that wants the buffers cancels one in flight
+(`give_up`): its own snapshot is replicated next. A failed one is said on stderr and leaves the buddy's
 previous replica served; training goes on, the storage tier still holds its checkpoints.
 """
 
@@ -144,7 +144,7 @@ class Replicator:
             return False
         self.started_step = step
         self._cancel = threading.Event()
-        idle = idle and not self._fixed_every
+        idle = idle and not self.strict
         thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle), name=f"ckpt-replica-{step}",
                                   daemon=True)
         thread.start()
