@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import socket
+import threading
 import time
 
 import torch
@@ -115,3 +116,21 @@ def test_a_send_to_a_store_that_never_answers_ends_once_it_has_been_silent_long_
         assert replicas.start(1, lambda: shard, None)
         replicas.wait(30)
         assert not replicas.busy and replicas.replicated_step is None
+
+
+def test_a_save_that_wants_the_buffers_cuts_a_send_blocked_on_a_store_that_never_answers_at_once(capfd):
+    """A notice save takes the buffers from a replication in flight: a send blocked on a hung
+    store (waiting for its answer, or for room in a stream it never reads) must end as the
+    save gives it up, not when the store has been silent a minute: the window is seconds.
+    Here the silence bound is the default minute, and the give-up returns within seconds."""
+    with socket.create_server(("127.0.0.1", 0)) as mute:
+        store = (mute.getsockname()[:2], TOKEN)
+        replicas = Replicator(0, store, store, every_steps=2)
+        shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(64 << 20, dtype=torch.uint8).numpy()}, {})
+        assert replicas.start(1, lambda: shard, None)
+        time.sleep(0.5)  # connected; blocked on the store's go-ahead
+        gave_up = threading.Thread(target=replicas.give_up, daemon=True)
+        gave_up.start()
+        gave_up.join(20)
+        assert not gave_up.is_alive() and not replicas.busy and replicas.replicated_step is None
+    assert "put of step 1 given up: a save took its buffers" in capfd.readouterr().err

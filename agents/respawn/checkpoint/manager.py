@@ -165,7 +165,7 @@ class CheckpointManager:
         due = self.clock.due(step, time.monotonic())
         replicas = self.backend.replicas
         replica = replicas is not None and self.backend.replica_due(step)
-        replicated = replicas.replicated_step if replicas is not None and replicas.replicated_step is not None else -1
+        replicated = replicas.landed if replicas is not None else -1
         # A strict K's send is waited for before this rank's next decision: it never holds the gang's.
         sending = replicas is not None and replicas.busy and not replicas.strict
         return [int(self._stop_seen), int(self._now_seen), int(due), *self.backend.progress(), int(replica), replicated,

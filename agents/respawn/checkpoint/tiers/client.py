@@ -7,6 +7,7 @@ failed its digest); falling back to storage is the caller's decision.
 from __future__ import annotations
 
 import socket
+from contextlib import nullcontext
 
 from ..errors import CheckpointError
 from . import wire
@@ -44,25 +45,30 @@ def _answer(sock: socket.socket, address, what: str) -> dict:
 
 
 def replicate(address: tuple[str, int], token: str, shard: Shard, silent_s: float | None = None,
-              cancel=None) -> dict:
+              cancel: wire.Cancel | None = None) -> dict:
     """Put `shard` into the buddy's memory; returns once the buddy has verified it and
     serves it (the previous replica is served until then), with the files' digests (those
     computed on the way where the shard had none). `token`: the buddy store's. `cancel`
-    (a threading.Event) set: the put is cut between chunks, the buddy drops it."""
+    set: the put is cut (between chunks, or at once where it waits on the store), the
+    buddy drops it."""
     with _connect(address, silent_s) as sock:
         try:
-            wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step, "gang": shard.gang,
-                                   "files": [[name, len(memoryview(data).cast("B"))] for name, data in shard.files.items()]})
-            _answer(sock, address, f"put of step {shard.step}")
-            digests = [wire.send_body(sock, data, shard.digests.get(name) is None, cancel) or shard.digests[name]
-                       for name, data in shard.files.items()]
-            wire.send_frame(sock, {"digests": digests})
-        except wire.Cancelled:
-            raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} given up: a save "
-                                     f"took its buffers") from None
-        except OSError as exc:
+            with cancel.cutting(sock) if cancel is not None else nullcontext():
+                wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step,
+                                       "gang": shard.gang, "files": [[name, len(memoryview(data).cast("B"))]
+                                                                     for name, data in shard.files.items()]})
+                _answer(sock, address, f"put of step {shard.step}")
+                digests = [wire.send_body(sock, data, shard.digests.get(name) is None, cancel) or shard.digests[name]
+                           for name, data in shard.files.items()]
+                wire.send_frame(sock, {"digests": digests})
+                _answer(sock, address, f"put of step {shard.step}")
+        except (wire.Cancelled, ReplicaUnavailable, OSError) as exc:
+            if cancel is not None and cancel.is_set():
+                raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} given up: a save "
+                                         f"took its buffers") from None
+            if isinstance(exc, ReplicaUnavailable):
+                raise
             raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} cut ({exc})") from None
-        _answer(sock, address, f"put of step {shard.step}")
         return dict(zip(shard.files, digests))
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from ..config import CheckpointConfig
 from ..distributed import Coordinator
 from ..persist import lower_priority
+from . import wire
 from .client import ReplicaUnavailable, replicate, settle
 from .pacing import replica_every_steps, strict_cadence
 from .shard import Shard, buddy_of
@@ -82,11 +83,16 @@ class Replicator:
         self.cost_s: float | None = None  # the last measured replication's stall of training
         self.wall_s: float | None = None  # the last one's time from its snapshot to the buddy's verdict
         self._thread: threading.Thread | None = None
-        self._cancel = threading.Event()
+        self._cancel = wire.Cancel()
 
     @property
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def landed(self) -> int:
+        """`replicated_step` as a column of the ranks' rows: -1 before any has landed."""
+        return -1 if self.replicated_step is None else self.replicated_step
 
     @property
     def strict(self) -> bool:
@@ -143,7 +149,7 @@ class Replicator:
             self.skipped += 1
             return False
         self.started_step = step
-        self._cancel = threading.Event()
+        self._cancel = wire.Cancel()
         idle = idle and not self.strict
         thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle), name=f"ckpt-replica-{step}",
                                   daemon=True)

@@ -15,6 +15,8 @@ import json
 import mmap
 import socket
 import struct
+import threading
+from contextlib import contextmanager
 
 from .. import manifest
 
@@ -33,6 +35,44 @@ class Torn(Exception):
 
 class Cancelled(Exception):
     """The sender gave the put up between two chunks (its buffers are wanted)."""
+
+
+class Cancel:
+    """A put's give-up (a save wants its buffers). Set, it stops the put before its next
+    chunk, and a put blocked on its store (one that reads and answers nothing: hung, or
+    its node gone without a FIN) at once, by shutting the stream down, not PEER_SILENT_S
+    later: the save waiting for the buffers may be a notice's, with seconds of window."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._set = False
+        self._streams: set[socket.socket] = set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            streams = list(self._streams)
+        for sock in streams:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a send or receive blocked on it, in any thread
+            except OSError:
+                pass
+
+    @contextmanager
+    def cutting(self, sock: socket.socket):
+        """While inside, `set` shuts `sock` down."""
+        with self._lock:
+            if self._set:
+                raise Cancelled("given up")
+            self._streams.add(sock)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._streams.discard(sock)
 
 
 def send_frame(sock: socket.socket, body: dict) -> None:
@@ -78,7 +118,7 @@ def recv_frame(sock: socket.socket) -> dict:
 
 def send_body(sock: socket.socket, data, digest_it: bool, cancel=None) -> str | None:
     """Send one file's bytes; their digest when asked (computed on the way, chunk by chunk).
-    `cancel` (a threading.Event) set: Cancelled before the next chunk."""
+    `cancel` (a Cancel) set: Cancelled before the next chunk."""
     view = memoryview(data).cast("B")
     digest = manifest.new_digest() if digest_it else None
     for offset in range(0, len(view), CHUNK):
