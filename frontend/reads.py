@@ -234,13 +234,20 @@ def save_fit(job_id: int) -> Read:
                 lambda rows: _named("persist_s", "notice_window_s", "provider")(rows)[0] if rows else None)
 
 
-CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "validation", "validation_message", "reference_loss",
+CHECKPOINT_COLUMNS = ("step", "kind", "committed_at", "tiers", "validation", "validation_message", "reference_loss",
                       "validation_loss", "bytes", "stall_s", "instance_id")
+
+
+def _decoded_tiers(rows: list[tuple]) -> list[dict]:
+    found = _named(*CHECKPOINT_COLUMNS)(rows)
+    for row in found:
+        row["tiers"] = json.loads(row["tiers"])
+    return found
 
 
 def newest_checkpoints(job_id: int, limit: int) -> Read:
     return Read(f"SELECT {', '.join(CHECKPOINT_COLUMNS)} FROM {CHECKPOINT} WHERE job_id = %s "
-                "ORDER BY committed_at DESC, id DESC LIMIT %s", [job_id, limit], _named(*CHECKPOINT_COLUMNS))
+                "ORDER BY committed_at DESC, id DESC LIMIT %s", [job_id, limit], _decoded_tiers)
 
 
 def interruptions(job_id: int) -> Read:

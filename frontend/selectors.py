@@ -148,7 +148,7 @@ def job_log(job_id: int, after: int) -> dict:
 
 def _checkpoints(newest_first: list[dict]) -> list[dict]:
     """Oldest first, as the timeline marks them."""
-    return [{"step": c["step"], "kind": c["kind"], "committed_at": _iso(c["committed_at"]),
+    return [{"step": c["step"], "kind": c["kind"], "committed_at": _iso(c["committed_at"]), "tiers": c["tiers"],
              "validation": c["validation"], "validation_message": c["validation_message"],
              "reference_loss": c["reference_loss"],
              "validation_loss": c["validation_loss"], "bytes": c["bytes"], "stall_s": c["stall_s"],

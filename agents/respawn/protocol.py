@@ -60,6 +60,15 @@ class CheckpointKind:
     ALL = (PERIODIC, NOTICE, FINAL)
 
 
+class CheckpointTier:
+    """Where a committed checkpoint's step is held (DESIGN §12): always storage; the memory
+    tier too when every rank's replica of that step was whole in the gang's buddy stores
+    as it committed (a newer replication settling drops it there later)."""
+    STORAGE = "storage"
+    MEMORY = "memory"
+    ALL = (STORAGE, MEMORY)
+
+
 class ValidationResult:
     PENDING = "pending"
     VALID = "valid"
@@ -286,6 +295,7 @@ class CheckpointReport(Report):
     reference_loss: float | None = None
     persist_s: float | None = None  # save_s less its pacing: about what it takes after a notice
     notice_window_s: float | None = None  # set by the agent: the notice its cloud gives (None: unknown)
+    tiers: list[str] = field(default_factory=lambda: [CheckpointTier.STORAGE])  # as its manifest records them
 
 
 @dataclass(kw_only=True)

@@ -128,6 +128,14 @@ class CheckpointReportSerializer(ReportSerializer):
     reference_loss = FiniteFloatField(required=False, allow_null=True, default=None)
     persist_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
     notice_window_s = FiniteFloatField(required=False, allow_null=True, default=None, min_value=0, max_value=MAX_DURATION_S)
+    tiers = serializers.ListField(child=serializers.ChoiceField(choices=protocol.CheckpointTier.ALL), required=False,
+                                  default=[protocol.CheckpointTier.STORAGE], max_length=len(protocol.CheckpointTier.ALL),
+                                  help_text="Where the step was held as it committed, as its manifest records.")
+
+    def validate_tiers(self, tiers: list[str]) -> list[str]:
+        if protocol.CheckpointTier.STORAGE not in tiers:
+            raise serializers.ValidationError("a committed checkpoint is in storage: tiers must name 'storage'")
+        return [tier for tier in protocol.CheckpointTier.ALL if tier in tiers]
 
 
 class ValidationReportSerializer(ReportSerializer):

@@ -422,7 +422,7 @@ class CheckpointSerializer(serializers.ModelSerializer):
         model = Checkpoint
         fields = [
             "id", "checkpoint_id", "job", "instance", "step", "uri", "bytes", "manifest_digest", "kind",
-            "committed_at", "save_s", "stall_s", "reference_loss", "validation", "validation_loss",
+            "committed_at", "tiers", "save_s", "stall_s", "reference_loss", "validation", "validation_loss",
             "validation_message", "validated_at",
         ]
 

@@ -4,7 +4,7 @@ The transition tables of DESIGN §4 live here too: one table per state machine,
 consulted only by `respawn_server.jobs.core.transitions`.
 """
 
-from respawn.protocol import CheckpointKind, NoticeSource, Purpose, ValidationResult  # noqa: F401  (re-exported)
+from respawn.protocol import CheckpointKind, CheckpointTier, NoticeSource, Purpose, ValidationResult  # noqa: F401  (re-exported)
 from respawn.vocabulary.notify import Channel, DeliveryStatus, NotificationKind  # noqa: F401  (re-exported)
 
 

@@ -20,6 +20,7 @@ from respawn_server.jobs.core.choices import (
     VALIDATION_CHOICES,
     AuditAction,
     CheckpointKind,
+    CheckpointTier,
     EndReason,
     FailureCause,
     InstanceState,
@@ -429,6 +430,10 @@ class InterruptionEvent(models.Model):
         ordering = ["received_at", "id"]
 
 
+def default_checkpoint_tiers() -> list[str]:
+    return [CheckpointTier.STORAGE]
+
+
 class Checkpoint(models.Model):
     checkpoint_id = models.UUIDField(unique=True, help_text="Made by the agent, so a resend is recognised.")
     job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="checkpoints")
@@ -446,6 +451,9 @@ class Checkpoint(models.Model):
     # gives: the job page warns before a notice when the one exceeds the other's budget.
     persist_s = models.FloatField(null=True, blank=True, help_text="save_s less its pacing")
     notice_window_s = models.FloatField(null=True, blank=True, help_text="the notice the saving VM's cloud gives; null: unknown")
+    tiers = models.JSONField(default=default_checkpoint_tiers,
+                             help_text="where the step was held as it committed (its manifest's record): storage, and "
+                                       "the memory tier when every rank's replica of it was whole in the gang's stores")
     validation = models.CharField(max_length=10, choices=VALIDATION_CHOICES, default=ValidationResult.PENDING)
     validation_loss = models.FloatField(null=True, blank=True)
     validation_message = models.CharField(max_length=500, blank=True)

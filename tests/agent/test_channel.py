@@ -23,6 +23,18 @@ def test_checkpoint_lines_are_reported_once_and_bad_lines_skipped(tmp_path, capl
     assert tail.new_reports() == []
 
 
+def test_a_checkpoints_tiers_reach_its_report_and_garbled_ones_never_lose_it(tmp_path, caplog):
+    path = tmp_path / "checkpoints.jsonl"
+    tail = CheckpointsTail(str(path))
+    lines = [GOOD | {"tiers": ["storage", "memory"]}, GOOD | {"step": 20}, GOOD | {"step": 30, "tiers": ["memory"]},
+             GOOD | {"step": 40, "tiers": "everywhere"}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    reports = tail.new_reports()
+    assert [(r.step, r.tiers) for r in reports] == [(10, ["storage", "memory"]), (20, ["storage"]), (30, ["storage"]),
+                                                    (40, ["storage"])]
+    assert "tiers ['memory'] is not a list" in caplog.text and "reported as in storage only" in caplog.text
+
+
 def test_status_garbage_keeps_the_last_good_status_and_nan_becomes_none(tmp_path):
     path = tmp_path / "status.json"
     reader = StatusReader(str(path))

@@ -48,6 +48,12 @@ AGENT_CASES = [
                      "manifest_digest": "d"}, "bytes"),
     ("checkpoints", {"event_id": EVENT, "checkpoint_id": str(uuid.uuid4()), "step": 1, "uri": "/a", "bytes": 1,
                      "manifest_digest": "d", "kind": "whenever"}, "kind"),
+    ("checkpoints", {"event_id": EVENT, "checkpoint_id": str(uuid.uuid4()), "step": 1, "uri": "/a", "bytes": 1,
+                     "manifest_digest": "d", "tiers": ["memory"]}, "tiers"),  # committed, so in storage
+    ("checkpoints", {"event_id": EVENT, "checkpoint_id": str(uuid.uuid4()), "step": 1, "uri": "/a", "bytes": 1,
+                     "manifest_digest": "d", "tiers": ["storage", "tape"]}, "tiers"),
+    ("checkpoints", {"event_id": EVENT, "checkpoint_id": str(uuid.uuid4()), "step": 1, "uri": "/a", "bytes": 1,
+                     "manifest_digest": "d", "tiers": "storage"}, "tiers"),
     ("logs", {"event_id": EVENT, "offset": 0, "lines": "not a list"}, "lines"),
     ("logs", {"event_id": EVENT, "offset": 0, "lines": ["x"] * (protocol.MAX_LOG_LINES_PER_BATCH + 1)}, "lines"),
     ("logs", {"event_id": EVENT, "offset": -3, "lines": []}, "offset"),

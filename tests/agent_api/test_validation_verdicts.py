@@ -3,6 +3,7 @@ eval_fn reaches the VM, a check that failed is recorded `error` with its cause (
 `invalid`) and leaves the checkpoint resumable, and one nothing can check says why."""
 
 import pytest
+from django.test import Client
 
 from respawn import protocol
 from respawn_server.jobs.core.choices import JobStatus
@@ -93,3 +94,21 @@ def test_a_checkpoint_no_validator_will_judge_is_recorded_skipped_saying_why_not
     orphaned.refresh_from_db(), still_judged.refresh_from_db()
     assert orphaned.validation == "skipped" and "its VM ended before a verdict came" in orphaned.validation_message
     assert still_judged.validation == "pending"  # its VM lives: its validator may still report
+
+
+def test_where_a_checkpoint_was_held_as_it_committed_is_recorded_and_shown(setup):
+    """DESIGN §12: the manifest records which tiers hold a step; its report carries the
+    record to the checkpoint's row, the API and the job page. A report that says nothing
+    (an older trainer) is in storage alone."""
+    job = make_job(setup.team, setup.people["member"].user, status=JobStatus.PROVISIONING)
+    agent, _ = register(job)
+    agent.post("checkpoints", checkpoint_report(job, 100))
+    answer = agent.post("checkpoints", checkpoint_report(job, 120, kind="notice", tiers=["storage", "memory"]))
+    assert answer.status_code == 200, answer.content
+    member = client_for(setup.people["member"])
+    rows = {row["step"]: row for row in member.get(f"/api/v1/checkpoints/?job={job.pk}").json()["results"]}
+    assert (rows[100]["tiers"], rows[120]["tiers"]) == (["storage"], ["storage", "memory"])
+    page = Client()
+    page.force_login(setup.people["member"].user)
+    shown = {row["step"]: row["tiers"] for row in page.get(f"/jobs/{job.pk}/status.json").json()["checkpoints"]}
+    assert shown == {100: ["storage"], 120: ["storage", "memory"]}

@@ -21,7 +21,7 @@ from respawn.checkpoint import (
     ValidationSettings,
     validate,
 )
-from respawn.checkpoint import layout
+from respawn.checkpoint import layout, manifest
 from respawn.checkpoint.reader import CheckpointRef, committed, load
 from respawn.checkpoint.storage import UnknownSchemeError, open_storage
 from respawn.checkpoint.storage.local import LocalStorage
@@ -49,6 +49,20 @@ def test_a_committed_checkpoint_has_data_state_and_a_manifest_naming_every_file(
     for name, entry in body["files"].items():
         assert entry["size"] == os.path.getsize(Path(uri, name))
     assert Path(root, "LATEST").read_text() == layout.step_dir(5)
+
+
+def test_a_manifest_says_which_tiers_held_its_step_and_one_from_before_tiers_were_recorded_says_storage(root, state, data):
+    uri = saved_checkpoint(root, state, data)
+    path = Path(uri, "MANIFEST.json")
+    body = json.loads(path.read_text())
+    assert body["tiers"] == ["storage"]  # one process: no memory tier
+    storage = LocalStorage(root)
+    path.write_text(json.dumps({k: v for k, v in body.items() if k != "tiers"}))
+    assert manifest.read(storage, layout.step_dir(5)).tiers == ("storage",)
+    for garbled in (["memory"], ["storage", "tape"], "storage"):
+        path.write_text(json.dumps(body | {"tiers": garbled}))
+        with pytest.raises(CorruptCheckpointError, match=r"MANIFEST.json is malformed \(tiers"):
+            manifest.read(storage, layout.step_dir(5))
 
 
 def test_loading_restores_the_saved_weights_exactly(root, state, data):

@@ -48,7 +48,7 @@ def progress_of(state: dict) -> dict:
 def gang_config(root: str, store: BuddyServer):
     host, port = store.address
     return config(root, every_steps=EVERY, memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN,
-                  replica_every_steps=K)
+                  replica_every_steps=K, checkpoints_file=str(Path(root).parent / "checkpoints.jsonl"))
 
 
 def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool = False) -> None:
@@ -202,6 +202,34 @@ def test_a_notice_save_lands_in_the_buddys_memory_and_the_survivors_resume_from_
 
     resumed = regroup(tmp_path, [nodes[0], nodes[2]])
     assert resumed == [{"step": STEPS, "tier": "memory", "difference": None}] * 2
+
+
+def test_a_notice_save_whose_replicas_landed_records_both_tiers_in_its_manifest_and_its_report(tmp_path, stores):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes, notice=True)
+
+    noticed = manifest.read(open_storage(str(tmp_path / "ckpt")), layout.step_dir(STEPS))
+    assert noticed.tiers == ("storage", "memory")
+    assert json.loads(noticed.raw)["tiers"] == ["storage", "memory"]
+    reports = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert [r["tiers"] for r in reports if r["step"] == STEPS] == [["storage", "memory"]]
+
+
+def test_a_gang_without_the_memory_tier_records_its_checkpoints_in_storage_only(tmp_path):
+    root = str(tmp_path / "ckpt")
+
+    def body(rank: int) -> None:
+        state, (x, y) = gang_state(rank, 2), tiny.dataset()
+        ckpt = Checkpointer(state, config(root, every_steps=EVERY, checkpoints_file=str(tmp_path / "checkpoints.jsonl")))
+        for step in range(12):
+            tiny.train_step(state, x, y)
+            ckpt.save(step + 1)
+        assert ckpt.save(12, kind="notice").committed
+
+    assert run_gang(2, body) == [0, 0]
+    assert manifest.read(open_storage(root), layout.step_dir(12)).tiers == ("storage",)
+    reports = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert {tuple(r["tiers"]) for r in reports} == {("storage",)} and reports[-1]["step"] == 12
 
 
 def test_two_neighbours_lost_together_fall_back_to_storage(tmp_path, stores):

@@ -16,8 +16,9 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from respawn.checkpoint import Checkpointer, TrainState
+from respawn.checkpoint import Checkpointer, TrainState, layout, manifest
 from respawn.checkpoint.policy import daly_interval
+from respawn.checkpoint.storage import open_storage
 from respawn.checkpoint.tiers import BuddyServer, held_for
 from respawn.checkpoint.tiers.pacing import implied_mtbi_s, replica_every_steps, strict_cadence
 from respawn.checkpoint.tiers.replicator import Replicator
@@ -315,3 +316,26 @@ def test_a_jobs_own_k_holds_while_a_paced_storage_save_is_writing(tmp_path, budd
     for rank in range(world):
         behind = json.loads((tmp_path / f"r{rank}.json").read_text())
         assert max(behind.values()) <= k - 1, (rank, behind)
+
+
+def test_a_notice_save_commits_to_storage_within_its_window_when_a_store_never_answers(tmp_path):
+    """A notice save's commit waits for its replica (mostly the faster tier) so the manifest
+    can record both tiers, but never more than half the window left: with node 2's store
+    never answering, the notice save still commits within its 3 s, and its manifest says
+    the step is in storage only (ranks 1 and 2 have no replica of it on both stores)."""
+    world, steps = 3, 6
+
+    def body(rank: int) -> None:
+        state, (x, y) = tiny.build(), tiny.dataset()
+        ckpt = Checkpointer(state, config(str(tmp_path / "ckpt"), every_steps=1000, memory_tier_addr=addresses[rank],
+                                          memory_tier_token=TOKEN, notice_budget_s=3.0))
+        for step in range(1, steps + 1):
+            tiny.train_step(state, x, y)
+            ckpt.save(step)
+        outcome = ckpt.save(steps, kind="notice")
+        (tmp_path / f"r{rank}.json").write_text(json.dumps({"committed": outcome.committed, "message": outcome.message}))
+
+    with stores_with_one_late(world, 2) as (addresses, _):
+        assert run_gang(world, body) == [0] * world
+    assert json.loads((tmp_path / "r0.json").read_text()) == {"committed": True, "message": ""}
+    assert manifest.read(open_storage(str(tmp_path / "ckpt")), layout.step_dir(steps)).tiers == ("storage",)

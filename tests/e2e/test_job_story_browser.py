@@ -90,7 +90,7 @@ def test_the_loss_curve_has_every_step_with_the_preemption_and_the_resume_marked
     first.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=150, loss=0.02))
     checkpoint = protocol.CheckpointReport(checkpoint_id="0b7e4a7e-0000-4000-8000-000000000100", step=100,
                                            uri=f"{first.checkpoint_uri}/step-00000100", bytes=1, manifest_digest="x:1",
-                                           committed_at=now_iso())
+                                           committed_at=now_iso(), tiers=["storage", "memory"])
     first.post(protocol.PATH_CHECKPOINTS, checkpoint)
     first.post(protocol.PATH_NOTICE, protocol.Notice(source="local", notice_time=now_iso(), deadline=now_iso(25)))
     first.post(protocol.PATH_EXIT, protocol.ExitReport(reason=protocol.ExitReason.PREEMPTED, final_step=150))
@@ -113,6 +113,8 @@ def test_the_loss_curve_has_every_step_with_the_preemption_and_the_resume_marked
         settle(page, drawn, 250)
         assert page.evaluate("window.__sameDocument") is True
         expect(page.get_by_text("resumed from a checkpoint")).to_be_visible()
+        # Where the step was held as it committed, as its manifest records.
+        expect(page.locator('#checkpoints-table tr[data-step="100"] td[data-field="tiers"]')).to_have_text("storage + memory")
 
 
 def test_the_log_streams_from_its_first_line_with_the_resume_told(live):

@@ -160,6 +160,14 @@ def parse_checkpoint_line(line: str) -> protocol.CheckpointReport:
         if name in doc:
             doc[name] = finite_or_none(doc[name])
     doc.pop("notice_window_s", None)  # the agent's to say
+    tiers = doc.get("tiers", [protocol.CheckpointTier.STORAGE])
+    if not isinstance(tiers, list) or protocol.CheckpointTier.STORAGE not in tiers \
+            or not set(tiers) <= set(protocol.CheckpointTier.ALL):
+        # The checkpoint committed (it is in storage): a garbled record of where else it is
+        # held must not lose its report; it claims storage alone.
+        log.warning("checkpoint %s: tiers %r is not a list of %s naming storage: reported as in storage only",
+                    doc["checkpoint_id"], tiers, ", ".join(protocol.CheckpointTier.ALL))
+        doc["tiers"] = [protocol.CheckpointTier.STORAGE]
     for name in ("event_id", "sent_at"):  # a trainer may give its own
         if not isinstance(doc.get(name), str) or not doc.get(name):
             doc.pop(name, None)

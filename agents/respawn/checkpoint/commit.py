@@ -35,17 +35,19 @@ def stage(storage: Storage, ckpt: str, *, whole: bool) -> None:
 
 
 def commit(storage: Storage, config: CheckpointConfig, ckpt: str, files: dict[str, manifest.FileEntry], meta: dict,
-           outcome: SaveOutcome, started: float, *, stall_s: float | None = None, pace: Pace | None = None) -> None:
+           outcome: SaveOutcome, started: float, *, stall_s: float | None = None, pace: Pace | None = None,
+           tiers: tuple[str, ...] = (protocol.CheckpointTier.STORAGE,)) -> None:
     """Rank 0, once every rank's `files` are durable: commit `ckpt`, report it, rotate.
     `stall_s`: what the save cost the loop (None: all of it, training waited); `pace`: a
-    paced persist's, so the report says what it would take unpaced."""
+    paced persist's, so the report says what it would take unpaced; `tiers`: where the
+    step is held as it commits, as its manifest and report record."""
     # Every rank's writers of this step are closed by now: an unfinished write left
     # here is an earlier, killed attempt's, and would outlive this commit.
     storage.discard_unfinished(ckpt)
     # The checkpoint names its own report id, so a verdict reached on it later (on
     # resume, before export) reaches the control plane's record of it.
     meta["checkpoint_id"] = outcome.checkpoint_id = str(uuid.uuid4())
-    man, created = manifest.commit(storage, ckpt, outcome.step, files, meta)
+    man, created = manifest.commit(storage, ckpt, outcome.step, files, meta, tiers)
     storage.discard_unfinished(layout.LATEST)  # a killed earlier commit's, if any
     outcome.committed = True
     outcome.save_s = time.monotonic() - started
@@ -53,7 +55,7 @@ def commit(storage: Storage, config: CheckpointConfig, ckpt: str, files: dict[st
         checkpoint_id=outcome.checkpoint_id, step=outcome.step, uri=outcome.uri, bytes=man.total_bytes,
         manifest_digest=man.digest, kind=outcome.kind, committed_at=created, save_s=outcome.save_s,
         stall_s=outcome.save_s if stall_s is None else stall_s, reference_loss=meta.get("reference_loss"),
-        persist_s=outcome.save_s if pace is None else pace.unpaced_s(outcome.save_s)))
+        persist_s=outcome.save_s if pace is None else pace.unpaced_s(outcome.save_s), tiers=list(man.tiers)))
     rotate(storage, config.keep)
 
 

@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 
 import xxhash
 
+from respawn.protocol import CheckpointTier
+
 from . import layout
 from .errors import CorruptCheckpointError
 from .storage import Storage, StorageError
@@ -45,6 +47,10 @@ class Manifest:
     step: int
     files: dict[str, FileEntry]
     raw: bytes  # as stored, so its digest can be reported
+    # Where the step was held as it committed (DESIGN §12): storage, and the memory tier
+    # when every rank's replica of it was whole in the gang's stores then. A manifest
+    # written before tiers were recorded says nothing: storage alone.
+    tiers: tuple[str, ...] = (CheckpointTier.STORAGE,)
 
     @property
     def total_bytes(self) -> int:
@@ -55,12 +61,14 @@ class Manifest:
         return f"{ALGORITHM}:{digest_bytes(self.raw)}"
 
 
-def encode(step: int, files: dict[str, FileEntry], created_at: str) -> bytes:
+def encode(step: int, files: dict[str, FileEntry], created_at: str,
+           tiers: tuple[str, ...] = (CheckpointTier.STORAGE,)) -> bytes:
     body = {
         "format": layout.FORMAT,
         "step": step,
         "created_at": created_at,
         "digest_algorithm": ALGORITHM,
+        "tiers": list(tiers),
         "files": {name: entry.to_json() for name, entry in sorted(files.items())},
     }
     return json.dumps(body, indent=1).encode()
@@ -82,23 +90,24 @@ def read(storage: Storage, ckpt: str) -> Manifest:
             raise ValueError(f"digest algorithm {body['digest_algorithm']!r} is not {ALGORITHM!r}")
         files = {_file_name(name): FileEntry(_count(e["size"], f"size of {name}"), _text(e["digest"], f"digest of {name}"))
                  for name, e in body["files"].items()}
-        return Manifest(step=_count(body["step"], "step"), files=files, raw=raw)
+        return Manifest(step=_count(body["step"], "step"), files=files, raw=raw, tiers=_tiers(body.get("tiers")))
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpointError(f"checkpoint {where}: {layout.MANIFEST} is malformed ({exc})") from None
 
 
-def commit(storage: Storage, ckpt: str, step: int, files: dict[str, FileEntry], state: dict) -> tuple[Manifest, str]:
+def commit(storage: Storage, ckpt: str, step: int, files: dict[str, FileEntry], state: dict,
+           tiers: tuple[str, ...] = (CheckpointTier.STORAGE,)) -> tuple[Manifest, str]:
     """The commit of checkpoint `ckpt` whose data `files` are durable: its state.json, then
-    MANIFEST.json naming them and it, then LATEST (DESIGN §6). Returns the manifest and
-    its creation time."""
+    MANIFEST.json naming them, it and the `tiers` holding the step, then LATEST (DESIGN §6).
+    Returns the manifest and its creation time."""
     state_bytes = json.dumps(state).encode()
     storage.write_atomic(f"{ckpt}/{layout.STATE}", state_bytes)
     files = files | {layout.STATE: FileEntry(len(state_bytes), digest_bytes(state_bytes))}
     created = datetime.now(timezone.utc).isoformat()
-    raw = encode(step, files, created)
+    raw = encode(step, files, created, tiers)
     storage.write_atomic(f"{ckpt}/{layout.MANIFEST}", raw)
     storage.write_atomic(layout.LATEST, ckpt.encode())
-    return Manifest(step, files, raw), created
+    return Manifest(step, files, raw, tiers), created
 
 
 def _count(value, what: str) -> int:
@@ -111,6 +120,14 @@ def _text(value, what: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{what} is {value!r}, not text")
     return value
+
+
+def _tiers(value) -> tuple[str, ...]:
+    if value is None:
+        return (CheckpointTier.STORAGE,)
+    if not isinstance(value, list) or CheckpointTier.STORAGE not in value or not set(value) <= set(CheckpointTier.ALL):
+        raise ValueError(f"tiers {value!r} is not a list of {', '.join(CheckpointTier.ALL)} naming storage")
+    return tuple(value)
 
 
 def _file_name(name: str) -> str:

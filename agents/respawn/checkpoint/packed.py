@@ -67,7 +67,7 @@ from .codec import flatten
 from .config import CheckpointConfig, SaveOutcome
 from .distributed import Coordinator
 from .errors import CheckpointError
-from .policy import BUSY, FAILED_STEP, NOT_YET, WRITTEN_STEP, SaveClock
+from .policy import BUSY, FAILED_STEP, NOT_YET, REPLICATED, WRITTEN_STEP, SaveClock
 from .snapshot import DeviceCopy, SnapshotBuffers
 from .state import TrainState
 from .storage import Storage
@@ -199,13 +199,22 @@ class PackedWriter:
             self.inflight = None
         elif all(row[WRITTEN_STEP] == job.step for row in table):
             if self.rank == 0:
-                self._try_commit(job)
+                self._try_commit(job, self._tiers(job.step, [row[REPLICATED] for row in table]))
             self.inflight = None
 
     def _exchange(self) -> list[list[int]]:
         """Every rank's progress now (a blocking gather: the flags are the manager's, and stay
-        set until the next shared row)."""
-        return self.coord.exchange([0, 0, 0, *self.progress()])
+        set until the next shared row), and its newest landed replica."""
+        return self.coord.exchange([0, 0, 0, *self.progress(), 0, self._landed(), 0])
+
+    def _landed(self) -> int:
+        return self.replicas.landed if self.replicas is not None else -1
+
+    def _tiers(self, step: int, landed: list[int]) -> tuple[str, ...]:
+        """Where `step` is held as it commits: the memory tier too when every rank's newest
+        replica on both its stores is of that very step (a newer one settled drops it)."""
+        whole = self.replicas is not None and all(s == step for s in landed)
+        return protocol.CheckpointTier.ALL if whole else (protocol.CheckpointTier.STORAGE,)
 
     def _finish_late_persist(self) -> None:
         job = self.inflight
@@ -404,13 +413,13 @@ class PackedWriter:
         thread.start()
         return thread
 
-    def _try_commit(self, job: _Persist) -> None:
+    def _try_commit(self, job: _Persist, tiers: tuple[str, ...] = (protocol.CheckpointTier.STORAGE,)) -> None:
         try:
-            self._commit(job)
+            self._commit(job, tiers)
         except BaseException as exc:
             self._record_failure(job, exc)
 
-    def _commit(self, job: _Persist) -> None:
+    def _commit(self, job: _Persist, tiers: tuple[str, ...]) -> None:
         """Rank 0: state.json, then MANIFEST.json (durable), then LATEST; report; rotate."""
         if job.pace.deadline is not None and time.monotonic() > job.pace.deadline:
             raise persist.PersistCancelled(f"step {job.step} was written but its deadline passed before the commit")
@@ -423,7 +432,7 @@ class PackedWriter:
             files |= {n: manifest.FileEntry(**e) for n, e in json.loads(raw)["files"].items()}
         job.outcome.stall_s += max(0.0, job.after_s)
         commit.commit(self.storage, self.config, ckpt, files, job.meta, job.outcome, job.started,
-                      stall_s=job.outcome.stall_s, pace=job.pace)
+                      stall_s=job.outcome.stall_s, pace=job.pace, tiers=tiers)
         self.last_committed_step = job.step
         if job.kind == protocol.CheckpointKind.PERIODIC:
             self._save_cost_s = job.outcome.stall_s
@@ -450,9 +459,14 @@ class PackedWriter:
             self._write_rank_files(job)
         except BaseException as exc:
             self._record_failure(job, exc)
-        all_written = all(row[0] for row in self.coord.exchange([int(job.error is None)]))
-        if all_written and self.rank == 0:
-            self._try_commit(job)
+        if self._replicates(kind):
+            # The replica, sent beside, mostly lands first (the faster tier): the commit waits
+            # a little for it so its manifest can record both tiers, but never more than half
+            # the window left, so a slow send never costs storage's commit its window.
+            self.replicas.wait(None if deadline is None else max(0.0, (deadline - time.monotonic()) / 2))
+        rows = self.coord.exchange([int(job.error is None), self._landed()])
+        if all(row[0] for row in rows) and self.rank == 0:
+            self._try_commit(job, self._tiers(step, [row[1] for row in rows]))
         if self._agreed(bool(job.outcome.committed)):
             job.outcome.committed = True
         else:

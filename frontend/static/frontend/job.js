@@ -193,6 +193,7 @@
     document.querySelector("#checkpoints-table tbody").replaceChildren(...status.checkpoints.map((c) =>
       el("tr", {dataset: {step: c.step}},
         el("td", {class: "num", text: `${c.step}`}), el("td", {text: c.kind}), el("td", {text: clock(ms(c.committed_at))}),
+        el("td", {dataset: {field: "tiers"}, text: c.tiers.join(" + ")}),
         el("td", {}, el("span", {class: `validation v-${c.validation}`, text: c.validation}),
            c.validation_message ? ` ${c.validation_message}` : ""),
         el("td", {class: "num", text: fixed(c.reference_loss, 5)}), el("td", {class: "num", text: fixed(c.validation_loss, 5)}),
