@@ -19,6 +19,7 @@ from respawn.checkpoint import Checkpointer, ResumableSampler, TrainState, layou
 from respawn.checkpoint.reader import committed
 from respawn.checkpoint.storage import open_storage
 from respawn.checkpoint.tiers import BuddyServer, held_for, restore
+from respawn.checkpoint.validation import Verdict, mark
 from respawn.examples import tiny
 from respawn.examples.dcp_loop import first_difference
 
@@ -230,6 +231,34 @@ def test_a_gang_without_the_memory_tier_records_its_checkpoints_in_storage_only(
     assert manifest.read(open_storage(root), layout.step_dir(12)).tiers == ("storage",)
     reports = [json.loads(line) for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()]
     assert {tuple(r["tiers"]) for r in reports} == {("storage",)} and reports[-1]["step"] == 12
+
+
+def test_storages_newest_step_held_whole_in_the_stores_is_read_from_memory_not_storage(tmp_path, stores, capfd):
+    """The noticed node's save committed to storage and landed in the stores: the survivors
+    read that step from memory (the faster tier), bitwise, and say which checkpoint it is."""
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes, notice=True)
+    assert newest_in_storage(tmp_path) == STEPS
+    nodes[1].close()
+    capfd.readouterr()
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    assert resumed == [{"step": STEPS, "tier": "memory", "difference": None}] * 2
+    uri = open_storage(str(tmp_path / "ckpt")).url_for(layout.step_dir(STEPS))
+    assert capfd.readouterr().err.count(f"the step of storage's newest checkpoint {uri}, read from memory instead") == 2
+
+
+def test_a_step_recorded_invalid_in_storage_is_not_read_from_memory_either(tmp_path, stores):
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes, notice=True)
+    storage = open_storage(str(tmp_path / "ckpt"))
+    [condemned] = [ref for ref in committed(storage) if ref.step == STEPS]
+    mark(condemned, Verdict(False, 1.0, 0.5, "loss 1.0, reference 0.5"))
+    before = max(ref.step for ref in committed(storage) if ref.step < STEPS)
+    nodes[1].close()
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]])
+    assert resumed == [{"step": before, "tier": "storage", "difference": None}] * 2
 
 
 def test_two_neighbours_lost_together_fall_back_to_storage(tmp_path, stores):

@@ -108,7 +108,8 @@ class Checkpointer(CheckpointManager):
 
         With the memory tier, a step newer than storage's newest that every rank finds in a
         store of the gang, verified, is resumed from instead (tiers/restore.py), and
-        `.tier` says "memory"."""
+        `.tier` says "memory"; so is storage's newest step itself when the stores hold it
+        whole (`.uri` then names its checkpoint in storage): memory is the faster tier."""
         resumed = self._load_from_memory() if self._stores is not None else None
         if resumed is not None:
             return resumed
@@ -129,15 +130,22 @@ class Checkpointer(CheckpointManager):
         return Resumed(loaded.ref.step, loaded.ref.uri, skipped)
 
     def _load_from_memory(self) -> Resumed | None:
-        """The memory tier's step, loaded on every rank, or None on every rank (storage then)."""
+        """The memory tier's step, loaded on every rank, or None on every rank (storage then):
+        a step newer than storage's newest, or storage's newest itself, read from the stores
+        rather than storage (the faster tier) unless a validator recorded it invalid there."""
         found = None
         if self.rank == 0:
-            newest = max((ref.step for ref in committed(self.storage)), default=0)
-            found = restore.plan([self._holdings(store) for store in self._stores], self.coord.world_size, newest)
+            refs = committed(self.storage)
+            newest = refs[-1] if refs else None
+            also = newest is not None and (newest.validation() or {}).get("result") != "invalid"
+            floor = (newest.step - 1 if also else newest.step) if newest is not None else 0
+            planned = restore.plan([self._holdings(store) for store in self._stores], self.coord.world_size, floor)
+            if planned is not None:
+                found = (*planned, newest.uri if newest is not None and planned[0] == newest.step else None)
         found = self.coord.broadcast_from_zero(found)
         if found is None:
             return None
-        step, gang, nodes = found
+        step, gang, nodes, in_storage = found
         store = self._stores[nodes[self.rank]]
         try:
             shard = fetch(*store, self.rank, step=step)
@@ -153,12 +161,18 @@ class Checkpointer(CheckpointManager):
         if not all(row[0] for row in self.coord.exchange([int(ok)])):
             print(f"respawn checkpoint: step {step} is not whole and valid in the memory tier: resuming from storage", file=sys.stderr)
             return None
+        where = f"{store[0][0]}:{store[0][1]}"
+        if in_storage is not None:
+            self.resumed_at(step)  # committed: a notice here saves nothing new, the next save is an interval away
+            print(f"respawn checkpoint: rank {self.rank} resumed at step {step} from the memory tier (its state from the "
+                  f"store at {where}): the step of storage's newest checkpoint {in_storage}, read from memory instead",
+                  file=sys.stderr, flush=True)
+            return Resumed(step, in_storage, tier="memory")
         # Not `resumed_at`: this step is in no storage, so a notice here must save it, and the
         # first periodic save the gang can agree on from here persists its state (in the
         # background), not one an interval away: until then, two more nodes lost lose them.
         self.clock.overdue(step)
         self.backend.replicas.started_step = step
-        where = f"{store[0][0]}:{store[0][1]}"
         print(f"respawn checkpoint: rank {self.rank} resumed at step {step} from the memory tier (its state from the store "
               f"at {where}), newer than storage's newest checkpoint: its next save goes to storage",
               file=sys.stderr, flush=True)

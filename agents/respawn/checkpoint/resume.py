@@ -31,11 +31,12 @@ class Resumed:
     uri: str | None
     skipped: tuple[Skipped, ...] = ()
     tier: str = "storage"
-    """"memory": restored from the gang's buddy stores (docs/memory-tier.md), `uri` None."""
+    """"memory": restored from the gang's buddy stores (docs/memory-tier.md); `uri` None,
+    or the checkpoint in storage holding the same step, read from memory instead."""
 
     def __str__(self) -> str:
         if self.tier == "memory":
-            head = f"resumed at step {self.step} from the memory tier"
+            head = f"resumed at step {self.step} from the memory tier" + (f" (the step of {self.uri})" if self.uri else "")
         else:
             head = f"resumed at step {self.step} from {self.uri}" if self.uri else "no checkpoint to resume from: starting at step 0"
         return "; ".join([head, *(f"skipped {s.uri}: {s.reason}" for s in self.skipped)])

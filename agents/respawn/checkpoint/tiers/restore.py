@@ -3,10 +3,11 @@ training state rebuilt from a replica a store served (verified by the store befo
 left and by `client.fetch` on arrival): the same rebuild as a checkpoint's
 (reader.rebuild), from the shard's bytes instead of storage's.
 
-The fallback order: the newest step newer than storage's newest committed checkpoint
-at which every rank of the gang as it is now finds the shard it resumes from (rank r:
-the old gang's rank r's, as from a checkpoint) on a node that is left, its own node's
-or its buddy's; else storage. One node lost leaves each shard on one of its two nodes;
+The fallback order: the newest step newer than storage's newest committed checkpoint,
+or that checkpoint's own step (memory is the faster tier to read it from), at which
+every rank of the gang as it is now finds the shard it resumes from (rank r: the old
+gang's rank r's, as from a checkpoint) on a node that is left, its own node's or its
+buddy's; else storage. One node lost leaves each shard on one of its two nodes;
 two neighbours lost together take a shard with them, and the gang resumes from storage.
 A shard that fails its digests, or that a store no longer holds at that step, on any
 rank sends every rank to storage: nothing unverified is loaded."""
