@@ -134,3 +134,20 @@ def test_a_save_that_wants_the_buffers_cuts_a_send_blocked_on_a_store_that_never
         gave_up.join(20)
         assert not gave_up.is_alive() and not replicas.busy and replicas.replicated_step is None
     assert "put of step 1 given up: a save took its buffers" in capfd.readouterr().err
+
+
+def test_a_save_that_wants_the_buffers_gives_up_a_send_still_connecting_to_a_node_that_never_answers(capfd):
+    """A connect to a node gone without a word gets no answer (its SYNs are dropped, as a
+    full accept queue drops them here): the save gives it up where it stands, rather than
+    after the connect's own timeout, which the message would then name."""
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
+        filler = socket.create_connection(full.getsockname()[:2])  # the queue's one place: later SYNs are dropped
+        store = (full.getsockname()[:2], TOKEN)
+        replicas = Replicator(0, store, store, every_steps=2)
+        shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
+        assert replicas.start(1, lambda: shard, None)
+        time.sleep(0.5)  # connecting
+        replicas.give_up()
+        filler.close()
+        assert not replicas.busy and replicas.replicated_step is None
+    assert "put of step 1 given up: a save took its buffers (while connecting)" in capfd.readouterr().err

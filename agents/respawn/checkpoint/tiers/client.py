@@ -20,15 +20,15 @@ class ReplicaUnavailable(CheckpointError):
     """The buddy holds no replica that can be trusted, or cannot be reached."""
 
 
-def _connect(address: tuple[str, int], silent_s: float | None) -> socket.socket:
+def _connect(address: tuple[str, int], silent_s: float | None, cancel: wire.Cancel | None = None) -> socket.socket:
     """A stream to the store on which the store silent for `silent_s` (default
     wire.PEER_SILENT_S) fails the call: a send to a node gone without a word, or to a hung
-    store, ends, and so does a strict K's wait for it (tiers/pacing.py)."""
+    store, ends, and so does a strict K's wait for it (tiers/pacing.py). `cancel` set
+    while connecting: Cancelled."""
     try:
-        sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT_S)
+        sock = wire.connect(address, CONNECT_TIMEOUT_S, cancel)
     except OSError as exc:
         raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]} unreachable ({exc})") from None
-    sock.settimeout(None)
     wire.set_idle_timeout(sock, silent_s or wire.PEER_SILENT_S)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
@@ -51,7 +51,12 @@ def replicate(address: tuple[str, int], token: str, shard: Shard, silent_s: floa
     computed on the way where the shard had none). `token`: the buddy store's. `cancel`
     set: the put is cut (between chunks, or at once where it waits on the store), the
     buddy drops it."""
-    with _connect(address, silent_s) as sock:
+    try:
+        sock = _connect(address, silent_s, cancel)
+    except wire.Cancelled:
+        raise ReplicaUnavailable(f"buddy {address[0]}:{address[1]}: put of step {shard.step} given up: a save "
+                                 f"took its buffers (while connecting)") from None
+    with sock:
         try:
             with cancel.cutting(sock) if cancel is not None else nullcontext():
                 wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step,

@@ -11,11 +11,14 @@ The digests trail the bytes so that a sender can digest a file as it sends it.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
+import select
 import socket
 import struct
 import threading
+import time
 from contextlib import contextmanager
 
 from .. import manifest
@@ -73,6 +76,35 @@ class Cancel:
         finally:
             with self._lock:
                 self._streams.discard(sock)
+
+
+CONNECT_POLL_S = 0.1
+
+
+def connect(address: tuple[str, int], timeout_s: float, cancel: Cancel | None = None) -> socket.socket:
+    """A stream to `address`, or OSError (a timeout after `timeout_s`). Polled, so that
+    `cancel` set gives it up at once, Cancelled: a connect to a node gone without a word
+    gets no answer at all, and the save that wants the buffers must not wait it out."""
+    family, kind, proto, _, where = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        code = sock.connect_ex(where)
+        deadline = time.monotonic() + timeout_s
+        while code == errno.EINPROGRESS:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("given up while connecting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer in {timeout_s:g} s")
+            if select.select([], [sock], [], CONNECT_POLL_S)[1]:
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            raise OSError(code, errno.errorcode.get(code, str(code)))
+        sock.setblocking(True)
+        return sock
+    except BaseException:
+        sock.close()
+        raise
 
 
 def send_frame(sock: socket.socket, body: dict) -> None:
