@@ -259,9 +259,11 @@ def lost_steps(state_mib: int, device_s: float, own_k: int, kill_at: int) -> int
             os.kill(pids[-1], signal.SIGKILL)
             stores[-1][0].kill()
             # The survivors fail at their next collective; whatever they reached until then is lost work.
-            while any(os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids[:-1]) and time.monotonic() < deadline + 60:
+            running = set(pids[:-1])  # a pid waited for once is gone: waiting again would raise
+            while running and time.monotonic() < deadline + 60:
+                running -= {pid for pid in running if os.waitpid(pid, os.WNOHANG) != (0, 0)}
                 time.sleep(0.05)
-            for pid in pids:
+            for pid in [*running, pids[-1]]:
                 try:
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
