@@ -137,8 +137,10 @@ class Checkpointer(CheckpointManager):
         if self.rank == 0:
             refs = committed(self.storage)
             newest = refs[-1] if refs else None
-            also = newest is not None and (newest.validation() or {}).get("result") != "invalid"
-            floor = (newest.step - 1 if also else newest.step) if newest is not None else 0
+            floor = 0
+            if newest is not None:
+                condemned = (newest.validation() or {}).get("result") == "invalid"
+                floor = newest.step if condemned else newest.step - 1
             planned = restore.plan([self._holdings(store) for store in self._stores], self.coord.world_size, floor)
             if planned is not None:
                 found = (*planned, newest.uri if newest is not None and planned[0] == newest.step else None)

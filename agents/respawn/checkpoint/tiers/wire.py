@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import mmap
+import os
 import select
 import socket
 import struct
@@ -37,7 +38,7 @@ class Torn(Exception):
 
 
 class Cancelled(Exception):
-    """The sender gave the put up between two chunks (its buffers are wanted)."""
+    """The sender gave the put up (its buffers are wanted)."""
 
 
 class Cancel:
@@ -99,7 +100,7 @@ def connect(address: tuple[str, int], timeout_s: float, cancel: Cancel | None = 
             if select.select([], [sock], [], CONNECT_POLL_S)[1]:
                 code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
-            raise OSError(code, errno.errorcode.get(code, str(code)))
+            raise OSError(code, os.strerror(code))
         sock.setblocking(True)
         return sock
     except BaseException:
