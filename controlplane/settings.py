@@ -229,6 +229,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {
         "CheckpointKindEnum": "respawn.protocol.CheckpointKind.ALL",
+        "TierEnum": "respawn.protocol.CheckpointTier.ALL",  # a checkpoint's tiers and a regroup's resume tier
         "InterruptionKindEnum": "respawn_server.jobs.core.choices.InterruptionKind.CHOICES",
         "DeliveryStatusEnum": "respawn_server.jobs.core.choices.DeliveryStatus.CHOICES",
         "JobStatusEnum": "respawn_server.jobs.core.choices.JobStatus.CHOICES",
