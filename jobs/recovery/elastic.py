@@ -12,7 +12,7 @@ from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.core.services import usable_checkpoint
 from respawn_server.jobs.core.transitions import log_job_event
-from respawn_server.jobs.models import Instance, Job, StepPoint, WorldSize, resume_step_of
+from respawn_server.jobs.models import Instance, Job, JobEvent, StepPoint, WorldSize, resume_step_of
 from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.gangs import (GANG_PORT, free_local_address, running_once_all_registered,
                                                 training_nodes)
@@ -85,9 +85,12 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
     is believed only between that checkpoint and the furthest step the gang was seen to
     reach before the regroup (its heartbeats and reported steps): nothing a VM says
     counts for more than the control plane saw."""
+    # Generations count again from a gang relaunched whole: the regroup is the newest of this
+    # generation, and one this node was in (it happened after the node registered).
     regroup = WorldSize.objects.filter(job_id=instance.job_id, gang_generation=generation, after_instance__isnull=False,
-                                       memory_resume_step__isnull=True).select_related("resume_checkpoint").first()
-    if regroup is None or instance.gang_generation != generation:
+                                       at__gte=instance.registered_at).select_related("resume_checkpoint") \
+        .order_by("-at", "-id").first() if instance.registered_at else None
+    if regroup is None or regroup.memory_resume_step is not None or instance.gang_generation != generation:
         return  # recorded already, no regroup's, or about a gang this node is no longer in
     nodes = list(Instance.objects.filter(job_id=instance.job_id, gang_generation=generation, state__in=InstanceState.LIVE))
     before = {node.pk: node.earlier_runs[-1] for node in nodes
@@ -96,10 +99,11 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
         job_id=instance.job_id, time__lte=regroup.at).aggregate(top=Max("step"))["top"] or 0])
     named = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
     if not named < step <= reached:
-        log_job_event(instance.job_id, f"instance {instance.pk} says its gang resumed at step {step} from the memory "
-                                       f"tier, not between the checkpoint in storage (step {named}) and the furthest "
-                                       f"step the gang was seen to reach ({reached}): not believed; its work counts "
-                                       f"to step {named}")
+        claim = f"instance {instance.pk} says its gang resumed at step {step} from the memory tier"
+        if not JobEvent.objects.filter(job_id=instance.job_id, message__startswith=claim).exists():  # heartbeats repeat it
+            log_job_event(instance.job_id, f"{claim}, not between the checkpoint in storage (step {named}) and the "
+                                           f"furthest step the gang was seen to reach ({reached}): not believed; its "
+                                           f"work counts to step {named}")
         return
     with transaction.atomic():
         if not WorldSize.objects.filter(pk=regroup.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):

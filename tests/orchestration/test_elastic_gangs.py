@@ -273,10 +273,11 @@ def test_a_regroup_before_any_checkpoint_says_the_gang_resumed_from_the_start(el
     assert [(s["world_size"], s["resumed"]) for s in sizes] == [(3, ""), (2, "the start")]
 
 
-def memory_tier_regroup(settings, resumed_at: int | None):
+def memory_tier_regroup(settings, resumed_at: int | None, *, earlier_gang: bool = False):
     """The money test's gang (3 nodes to step 130, a checkpoint at 100, rank 1 lost, the
     others on to 300), its survivors saying they resumed at `resumed_at` from the memory
-    tier (None: they said nothing, as a gang without the tier)."""
+    tier (None: they said nothing, as a gang without the tier). `earlier_gang`: the job's
+    gang before this one (relaunched whole) regrouped too, in the same generation number."""
     from respawn_server.jobs.recovery.elastic import resumed_from_memory
     from tests.costs.history import T, launched, seed_prices
 
@@ -288,6 +289,9 @@ def memory_tier_regroup(settings, resumed_at: int | None):
     with transaction.atomic():
         record_checkpoint(nodes[0], checkpoint_id=uuid.uuid4(), step=100, uri="/c/100", bytes=1,
                           manifest_digest="d", kind="periodic", committed_at=T(3, 1, 3))
+    if earlier_gang:
+        WorldSize.objects.create(job=job, at=T(3, 1, 1), world_size=2, reason="an earlier gang's regroup",
+                                 after_instance=nodes[1], gang_generation=1)
     gone(nodes[1])
     if resumed_at is not None:
         for survivor in (nodes[0], nodes[2]):  # both say it; the first is recorded
@@ -323,10 +327,25 @@ def test_a_memory_resume_outside_what_the_gang_reached_is_not_believed(db, setti
     from respawn_server.jobs.money import costs
     from tests.costs.history import T
 
+    from respawn_server.jobs.recovery.elastic import resumed_from_memory
+
     job, nodes = memory_tier_regroup(settings, claimed)
     assert job.world_sizes.get(world_size=2).memory_resume_step is None
-    assert job.events.filter(message__contains=f"resumed at step {claimed} from the memory tier, not between").exists()
+    said = f"instance {nodes[0].pk} says its gang resumed at step {claimed} from the memory tier, not between"
+    resumed_from_memory(Instance.objects.get(pk=nodes[0].pk), step=claimed, generation=1)  # its next heartbeat
+    assert job.events.filter(message__contains=said).count() == 1
     assert costs.job_cost(job, T(3, 2)).work[nodes[1].pk].steps_kept == 100
+
+
+def test_a_memory_resume_is_the_regroup_of_the_gang_the_node_is_in_not_an_earlier_gangs_of_the_same_generation(
+        db, settings):
+    """A gang relaunched whole counts its generations again: its node's word is about the
+    regroup it was in, not the earlier gang's (which named no checkpoint: 125 was "not
+    between" its bounds, and the claim was refused at every heartbeat)."""
+    job, nodes = memory_tier_regroup(settings, 125, earlier_gang=True)
+    assert [(w.reason, w.memory_resume_step) for w in job.world_sizes.filter(world_size=2).order_by("at")] == [
+        ("an earlier gang's regroup", None), (f"instance {nodes[1].pk} preempted: the gang goes on with 2 of 3 nodes", 125)]
+    assert not job.events.filter(message__contains="not believed").exists()
 
 
 def test_the_heartbeat_carries_the_memory_resume_once_per_regroup_and_only_for_the_gang_the_node_is_in(elastic):
