@@ -141,19 +141,30 @@ def writable_by_vms(path: Path) -> Path:
     return path
 
 
+FAST_LIVENESS = {"RESPAWN_HEARTBEAT_INTERVAL_S": "0.2", "RESPAWN_HEARTBEAT_TIMEOUT_S": "1.0",
+                 "RESPAWN_RECONCILE_INTERVAL_S": "0.2"}
+
+
 @pytest.fixture
-def child_env(transactional_db, tmp_path):
+def liveness() -> dict[str, str]:
+    """How fast this test's control plane judges its VMs alive: heartbeats and timeouts in
+    fractions of a second. A module whose runs need more slack overrides this fixture, so
+    the web server (which sets each heartbeat's deadline), the worker and the agents all
+    run on the same figures: a timeout given to the worker alone changes no deadline."""
+    return FAST_LIVENESS
+
+
+@pytest.fixture
+def child_env(transactional_db, tmp_path, liveness):
     """Environment for real child processes (web, worker, agent) sharing this
-    test's database, with heartbeats and timeouts in fractions of a second."""
+    test's database, with the liveness figures of the `liveness` fixture."""
     searchable_by_vms(tmp_path)
     env = dict(os.environ)
     env.update(
         DATABASE_URL=test_database_url(),
         RESPAWN_VAR_DIR=str(tmp_path / "var"),
-        RESPAWN_HEARTBEAT_INTERVAL_S="0.2",
-        RESPAWN_HEARTBEAT_TIMEOUT_S="1.0",
-        RESPAWN_RECONCILE_INTERVAL_S="0.2",
         PYTHONUNBUFFERED="1",
+        **liveness,
     )
     if not env.get("CELERY_BROKER_URL", "").startswith("redis"):
         # The children's var dir is this test's, but their queue is the one this process

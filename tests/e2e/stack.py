@@ -13,7 +13,7 @@ from django.utils import timezone
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 from respawn_server.jobs.models import Instance, Job
-from tests.conftest import ROOT, free_port, start_worker_and_beat, wait_until
+from tests.conftest import FAST_LIVENESS, ROOT, free_port, start_worker_and_beat, wait_until
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -42,13 +42,18 @@ def run_to_the_end(job: Job, env: dict, tmp_path, *, timeout: float = 800, meanw
     return job
 
 
+# A run on the local market's VMs, with notices every few seconds, on a loaded machine.
+MARKET_LIVENESS = {**FAST_LIVENESS, "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}
+# The elastic modules' `liveness` (tests/conftest.py): three nodes a test on a loaded machine.
+GANG_LIVENESS = {**FAST_LIVENESS, "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+
+
 @contextlib.contextmanager
 def elastic_gang_stack(child_env: dict, web_url: str, tmp_path, command: list[str], total_steps: int, *,
                        grow_retry_s: float, **fields):
     """A 3-node elastic job (nodes_min 2) on local VMs, as `local_gang_stack`; a gang below
     its size tries to grow back after `grow_retry_s`."""
     env = {**child_env, "RESPAWN_API_URL": web_url, "RESPAWN_LOCAL_MARKET": "none",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "3", "RESPAWN_RECONCILE_INTERVAL_S": "0.5",
            "RESPAWN_GROW_RETRY_S": str(grow_retry_s)}
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, nodes=3, nodes_min=2, command=command,

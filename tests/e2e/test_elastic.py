@@ -19,7 +19,7 @@ from respawn_server.jobs.core.choices import EndReason, JobStatus
 from respawn_server.jobs.models import Checkpoint, Instance, Job, LogChunk, StepPoint
 from respawn_server.jobs.money import costs
 from tests.conftest import wait_until
-from tests.e2e.stack import elastic_gang_stack, kill_a_gangs_node, run_ranks_by_hand
+from tests.e2e.stack import GANG_LIVENESS, elastic_gang_stack, kill_a_gangs_node, run_ranks_by_hand
 from tests.history import job_story
 
 STEPS, EVERY, NODES = 120, 10, 3
@@ -31,6 +31,11 @@ def final_data_digests(uri: Path) -> dict[str, str]:
     """The digests of the final checkpoint's DCP data files, as its manifest lists them."""
     manifest = json.loads((uri / f"step-{STEPS:08d}" / "MANIFEST.json").read_text())
     return {name: entry["digest"] for name, entry in manifest["files"].items() if name.endswith(".distcp")}
+
+
+@pytest.fixture
+def liveness():
+    return GANG_LIVENESS
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ import requests
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
 from respawn_server.jobs.money.downtime import job_downtime
-from tests.conftest import ROOT, free_port, wait_until
+from tests.conftest import FAST_LIVENESS, ROOT, free_port, wait_until
 from tests.e2e.stack import local_gang_stack, running_with_a_commit
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
@@ -55,6 +56,11 @@ def gang_command(steps: int) -> list[str]:
     return [*trainer(steps), "--step-delay", str(STEP_DELAY_S)]
 
 
+@pytest.fixture
+def liveness():
+    return {**FAST_LIVENESS, "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S), "RESPAWN_RECONCILE_INTERVAL_S": "0.5"}
+
+
 @pytest.fixture(scope="module")
 def reference_digest(tmp_path_factory):
     """The exported weights of the same 2-rank training to `steps`, never interrupted: run once per `steps`."""
@@ -80,7 +86,6 @@ def gang_job(child_env, web_server, tmp_path):
     """Starts a 2-node job training to `steps`, run by a real worker and beat: returns
     (job, the VMs' provider, the worker); stopped at the test's end."""
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "none",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": str(HEARTBEAT_TIMEOUT_S), "RESPAWN_RECONCILE_INTERVAL_S": "0.5",
            "RESPAWN_NOTICE_BUDGET_S": str(NOTICE_BUDGET_S)}
     setup = make_team_with_members()
 
@@ -101,6 +106,8 @@ def first_gang_training(job: Job, vms, worker) -> list[Instance]:
                explain=lambda: job_story(job.pk, vms))
     gang = list(Instance.objects.filter(job=job, state=InstanceState.RUNNING).order_by("rank"))
     assert [i.rank for i in gang] == list(range(NODES))
+    # The web server sets each heartbeat's deadline: it runs on this module's slack too.
+    assert {i.heartbeat_deadline - i.last_heartbeat_at for i in gang} == {timedelta(seconds=HEARTBEAT_TIMEOUT_S)}
     return gang
 
 

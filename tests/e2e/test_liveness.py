@@ -12,7 +12,7 @@ import pytest
 
 from respawn_server.jobs.core.choices import EndReason, JobStatus, Market
 from respawn_server.jobs.models import Instance, InterruptionEvent
-from tests.e2e.stack import run_to_the_end
+from tests.e2e.stack import MARKET_LIVENESS, run_to_the_end
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -22,6 +22,11 @@ FALLBACK_STEPS = 300
 # A VM that never registers (seen once on a loaded 2-core machine: an on-demand VM stuck
 # booting) is replaced after the provisioning timeout, as anywhere; a minute here, not 15.
 NEVER_STUCK_BOOTING = {"RESPAWN_PROVISION_TIMEOUT_S": "60"}
+
+
+@pytest.fixture
+def liveness():
+    return MARKET_LIVENESS
 
 
 def tiny_job(tmp_path, steps=STEPS, **fields):
@@ -38,8 +43,7 @@ def test_a_job_on_the_demos_market_finishes_however_often_its_vms_are_reclaimed(
     # The demo's market (every spot VM reclaimed a fixed time after boot, with a notice), its
     # 120 s and 10 s shortened to 10 s and 3 s: each VM trains a few seconds, then saves and goes.
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
-           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "10", "RESPAWN_LOCAL_NOTICE_S": "3",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1", **NEVER_STUCK_BOOTING}
+           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "10", "RESPAWN_LOCAL_NOTICE_S": "3", **NEVER_STUCK_BOOTING}
     job = run_to_the_end(tiny_job(tmp_path), env, tmp_path)
 
     assert job.status == JobStatus.SUCCEEDED, job_story(job.pk)
@@ -62,7 +66,7 @@ def test_where_spot_capacity_never_comes_back_the_on_demand_fallback_finishes_th
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 6}, "data": [1] + [0] * 5000}))
     local = {"market_mode": "trace", "market_trace_files": {"*": str(trace)}, "notice_lead_s": 3}
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_PROVIDER_CONFIG": json.dumps({"local": local}),
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1", **NEVER_STUCK_BOOTING}
+           **NEVER_STUCK_BOOTING}
     # The job allows on-demand after 3 preemptions; it meets one, then finds no spot anywhere.
     job = run_to_the_end(tiny_job(tmp_path, FALLBACK_STEPS, on_demand_after_preemptions=3), env, tmp_path)
 

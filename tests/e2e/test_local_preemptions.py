@@ -15,7 +15,7 @@ import pytest
 from respawn_server.jobs.core.choices import EndReason, JobStatus
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
 from tests.conftest import ROOT
-from tests.e2e.stack import run_to_the_end
+from tests.e2e.stack import MARKET_LIVENESS, run_to_the_end
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -25,6 +25,11 @@ pytestmark = pytest.mark.store_incidental
 
 STEPS, STEP_DELAY_S = 1500, 0.03
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
+
+
+@pytest.fixture
+def liveness():
+    return MARKET_LIVENESS
 
 
 def reference_digest(tmp_path: Path) -> str:
@@ -43,8 +48,7 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     # finishes (unlimited, a machine training at half speed met seven; tests/e2e/test_liveness.py
     # drives a market without a limit to the end).
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
-           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "15", "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3", "RESPAWN_LOCAL_NOTICE_S": "5",
-           "RESPAWN_HEARTBEAT_TIMEOUT_S": "5", "RESPAWN_RECONCILE_INTERVAL_S": "1"}
+           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "15", "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3", "RESPAWN_LOCAL_NOTICE_S": "5"}
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
                    checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0, allowed_clouds=["local"],

@@ -25,7 +25,7 @@ from respawn_server.jobs.core.choices import JobStatus
 from respawn_server.jobs.models import Job, LogChunk, StepPoint
 from respawn_server.jobs.money import costs
 from tests.conftest import wait_until
-from tests.e2e.stack import elastic_gang_stack, kill_a_gangs_node, run_ranks_by_hand
+from tests.e2e.stack import GANG_LIVENESS, elastic_gang_stack, kill_a_gangs_node, run_ranks_by_hand
 from tests.history import job_story
 
 STEPS, EVERY, K, GLOBAL_BATCH = 150, 30, 5, 24
@@ -44,6 +44,11 @@ def final_states(uri: str, world: int) -> list[dict]:
     for state in states:
         state["rng"] = {"torch": state["rng"]["torch"]}
     return states
+
+
+@pytest.fixture
+def liveness():
+    return GANG_LIVENESS
 
 
 @pytest.fixture
