@@ -23,6 +23,7 @@ trivial p99 > 5, or any request failed.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import signal
@@ -162,6 +163,9 @@ class Phase:
 
     @property
     def p99(self) -> float:
+        # A phase whose every request failed has no latency to rank: its failures say why.
+        if len(self.latencies) < 2:
+            return math.nan
         return statistics.quantiles(self.latencies, n=100)[-1]
 
     def merge(self, other: "Phase") -> None:
@@ -181,16 +185,21 @@ def drive(url: str, kind: str, tokens: list[str], threads: int, start_at: float,
             time.sleep(0.001)
         while time.time() < start_at + seconds:
             begin = time.perf_counter()
-            if kind == "trivial":
-                answer = session.get(url + "/healthz", timeout=30)
-            else:
-                token = mine[n % len(mine)]
-                n += 1
-                step += 1
-                answer = session.post(url + "/api/agent/v1/heartbeat", timeout=30,
-                                      headers={"Authorization": f"Bearer {token}"},
-                                      json={"event_id": str(uuid.uuid4()), "step": step, "loss": 1.0 / step,
-                                            "samples_per_s": 100.0})
+            try:
+                if kind == "trivial":
+                    answer = session.get(url + "/healthz", timeout=30)
+                else:
+                    token = mine[n % len(mine)]
+                    n += 1
+                    step += 1
+                    answer = session.post(url + "/api/agent/v1/heartbeat", timeout=30,
+                                          headers={"Authorization": f"Bearer {token}"},
+                                          json={"event_id": str(uuid.uuid4()), "step": step, "loss": 1.0 / step,
+                                                "samples_per_s": 100.0})
+            except requests.RequestException as exc:  # counted, not a silently dead loop
+                with lock:
+                    phase.failures.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
             elapsed = time.perf_counter() - begin
             with lock:
                 if answer.status_code == 200:

@@ -74,8 +74,10 @@ def test_postgres_restarted_mid_run_loses_no_report_and_no_instance(cluster, tmp
         stack.provider(env).terminate_all()
     status, digest, reason = job_row(cluster, job_id)
     assert (status, digest) == ("succeeded", uninterrupted_digest), reason
-    assert cluster.query("SELECT id, end_reason FROM jobs_instance WHERE job_id = %s", job_id) == \
-        [(instance_id, "completed")]
+    story = "\n".join(f"{at:%H:%M:%S.%f} {message}" for at, message in cluster.query(
+        "SELECT created_at, message FROM jobs_jobevent WHERE job_id = %s ORDER BY id", job_id))
+    assert cluster.query("SELECT id, end_reason FROM jobs_instance WHERE job_id = %s ORDER BY id", job_id) == \
+        [(instance_id, "completed")], f"{story}\nagent.log tail:\n{agent_log.read_text()[-4000:]}"
     assert cluster.query("SELECT count(*) FROM jobs_interruptionevent")[0][0] == 0
     applied = [row[0] for row in cluster.query("SELECT event_id FROM jobs_processedevent WHERE instance_id = %s",
                                                instance_id)]
