@@ -4,6 +4,7 @@ on loopback, real sockets cut and real SIGKILLs; nothing torn or unverified is s
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -206,6 +207,25 @@ def test_a_store_told_to_hold_another_rank_serves_the_old_replica_until_the_new_
             replicate(server.address, TOKEN, random_shard(1, 30))  # within one form, only newer steps
     finally:
         server.close()
+
+
+def test_a_trainer_with_more_than_a_thousand_files_open_replicates_as_any_other():
+    """A real trainer's process holds many descriptors (DataLoader workers pass tensors by
+    file descriptor; datasets, shards, logs): a replication's socket numbered past 1,023,
+    which select() cannot watch, must connect and land like any other."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    server = BuddyServer(holds_for=0, token=TOKEN).start()
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        shard = random_shard(0, 5)
+        replicate(server.address, TOKEN, shard)
+        assert same_bytes(fetch(server.address, TOKEN, rank=0), shard)
+    finally:
+        for fd in held:
+            os.close(fd)
+        server.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_restarted_trainer_of_the_same_rank_replicates_again_from_its_resume_step():

@@ -92,12 +92,16 @@ def connect(address: tuple[str, int], timeout_s: float, cancel: Cancel | None = 
         sock.setblocking(False)
         code = sock.connect_ex(where)
         deadline = time.monotonic() + timeout_s
+        # poll, not select: a trainer's process often holds over 1,023 descriptors
+        # (DataLoader workers pass tensors by fd), past what select() can watch.
+        writable = select.poll()
+        writable.register(sock, select.POLLOUT)
         while code == errno.EINPROGRESS:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("given up while connecting")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no answer in {timeout_s:g} s")
-            if select.select([], [sock], [], CONNECT_POLL_S)[1]:
+            if writable.poll(CONNECT_POLL_S * 1000):
                 code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
             raise OSError(code, os.strerror(code))
