@@ -175,10 +175,11 @@ class BuddyServer:
             self.replicas = {r: kept for r, kept in previous.items() if kept[-1].form == self._form and r != rank} | {
                 rank: (*mine, Replica(self._form, gang, rank, step, files, expected))}
             # The sender waits for this verdict, not for the oldest shard's pages to be freed;
-            # they are freed before the next put or settle may start (both take the lock), so
-            # no reference of this thread's keeps a replica the settle after it drops.
+            # they are freed before the next put or settle may start (both take the lock), and
+            # this thread keeps no reference (not even to the new replica's files) past it: a
+            # thread descheduled on its way out would keep pages a later settle drops.
             wire.send_frame(sock, {"ok": True, "reason": ""})
-            del previous, mine, held
+            del previous, mine, held, files
 
     def _settle(self, sock: socket.socket, request: dict) -> None:
         """Rank `rank`'s step `step` is whole on the gang's stores: the replicas before it go."""
@@ -187,6 +188,9 @@ class BuddyServer:
             versions = self.replicas.get(rank, ())
             if type(step) is int and any(kept.step >= step for kept in versions):
                 self.replicas[rank] = tuple(kept for kept in versions if kept.step >= step)
+            # The dropped replicas' pages go before the answer, as a put's do: this local was
+            # the last reference, and the gang counts on the room once its settle returns.
+            del versions
         wire.send_frame(sock, {"ok": True, "reason": ""})
 
     def _get(self, sock: socket.socket, request: dict) -> None:
