@@ -78,7 +78,7 @@ def test_a_put_that_fails_its_digest_on_receipt_is_refused_and_the_previous_repl
 def test_a_buddy_refuses_another_ranks_shard_and_an_older_step(buddies):
     buddy = buddies(1)
     replicate(buddy.address, TOKEN, random_shard(1, 10))
-    with pytest.raises(ReplicaUnavailable, match="keeps rank 1's replica, not rank 2's"):
+    with pytest.raises(ReplicaUnavailable, match=r"keeps the replicas of node 1's ranks, not of node 2's \(rank 2\)"):
         replicate(buddy.address, TOKEN, random_shard(2, 20))
     with pytest.raises(ReplicaUnavailable, match="step 5 is not newer than the replica's step 10"):
         replicate(buddy.address, TOKEN, random_shard(1, 5))
@@ -186,6 +186,19 @@ def test_a_request_without_the_stores_token_is_refused_and_the_replica_is_untouc
     assert same_bytes(fetch(buddy.address, TOKEN, rank=0), good)
 
 
+def test_a_store_keeps_every_rank_of_the_nodes_it_holds_for_and_no_other_nodes(buddies):
+    """torchrun's layout, two ranks a node: node 1 of a ring of 3 keeps node 0's ranks
+    (0, 1) and its own (2, 3), each put naming its sender's node."""
+    store = buddies(0, own=1)
+    shards = {rank: random_shard(rank, 10) for rank in range(4)}
+    for rank, shard in shards.items():
+        replicate(store.address, TOKEN, shard, node=rank // 2)
+    with pytest.raises(ReplicaUnavailable, match=r"replicas of node 0's and node 1's ranks, not of node 2's \(rank 4\)"):
+        replicate(store.address, TOKEN, random_shard(4, 10), node=2)
+    assert sorted(rank for rank, *_ in status(store.address, TOKEN)["replicas"]) == [0, 1, 2, 3]
+    assert all(same_bytes(fetch(store.address, TOKEN, rank=rank), shard) for rank, shard in shards.items())
+
+
 def test_a_store_told_to_hold_another_rank_serves_the_old_replica_until_the_new_forms_first_put():
     """A regrouped gang's node keeps another rank's replica from then on; the one it held
     is still what a regroup restores the lost rank from."""
@@ -195,7 +208,7 @@ def test_a_store_told_to_hold_another_rank_serves_the_old_replica_until_the_new_
         replicate(server.address, TOKEN, old)
         server.hold_for(1)
         assert same_bytes(fetch(server.address, TOKEN, rank=2), old)
-        with pytest.raises(ReplicaUnavailable, match="keeps rank 1's replica, not rank 2's"):
+        with pytest.raises(ReplicaUnavailable, match=r"keeps the replicas of node 1's ranks, not of node 2's \(rank 2\)"):
             replicate(server.address, TOKEN, random_shard(2, 50))
 
         new = random_shard(1, 30)  # an older step than the old replica's: the gang resumed from storage

@@ -18,7 +18,7 @@ import torch
 from respawn.checkpoint import Checkpointer, ResumableSampler, TrainState, layout, manifest
 from respawn.checkpoint.reader import committed
 from respawn.checkpoint.storage import open_storage
-from respawn.checkpoint.tiers import BuddyServer, held_for, restore
+from respawn.checkpoint.tiers import BuddyServer, held_for, restore, status
 from respawn.checkpoint.validation import Verdict, mark
 from respawn.examples import tiny
 from respawn.examples.dcp_loop import first_difference
@@ -52,15 +52,16 @@ def gang_config(root: str, store: BuddyServer):
                   replica_every_steps=K, checkpoints_file=str(Path(root).parent / "checkpoints.jsonl"))
 
 
-def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool = False) -> None:
-    """The first gang trains STEPS steps, each rank keeping what it held at each step,
-    then (`notice`) saves the last one on a notice, then its trainers are gone (the
-    replications in flight landed)."""
-    world, root = len(stores), str(tmp_path / "ckpt")
+def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool = False, per_node: int = 1) -> None:
+    """The first gang (`per_node` ranks on each store's node, as torchrun numbers them)
+    trains STEPS steps, each rank keeping what it held at each step, then (`notice`) saves
+    the last one on a notice, then its trainers are gone (the replications in flight
+    landed)."""
+    world, root = len(stores) * per_node, str(tmp_path / "ckpt")
 
     def body(rank: int) -> None:
         state, (x, y) = gang_state(rank, world), tiny.dataset()
-        ckpt = Checkpointer(state, gang_config(root, stores[rank]))
+        ckpt = Checkpointer(state, gang_config(root, stores[rank // per_node]))
         for step in range(STEPS):
             tiny.train_step(state, x, y)
             ckpt.save(step + 1)
@@ -77,17 +78,17 @@ def train_until_lost(tmp_path: Path, stores: list[BuddyServer], *, notice: bool 
     assert run_gang(world, body) == [0] * world
 
 
-def regroup(tmp_path: Path, survivors: list[BuddyServer], *, train_on: int = 0) -> list[dict]:
-    """The gang of the nodes left, re-ranked in their order, each store told its new ring
+def regroup(tmp_path: Path, survivors: list[BuddyServer], *, train_on: int = 0, per_node: int = 1) -> list[dict]:
+    """The gang of the nodes left, re-numbered in their order, each store told its new ring
     (what the agent does at the trainer's start), then `train_on` steps, each saved as the
     loop would save it: what each rank resumed."""
-    world, root = len(survivors), str(tmp_path / "ckpt")
-    for rank, store in enumerate(survivors):
-        store.hold_for(held_for(rank, world), own=rank)
+    world, root = len(survivors) * per_node, str(tmp_path / "ckpt")
+    for node, store in enumerate(survivors):
+        store.hold_for(held_for(node, len(survivors)), own=node)
 
     def body(rank: int) -> None:
         state = gang_state(rank, world)
-        ckpt = Checkpointer(state, gang_config(root, survivors[rank]))
+        ckpt = Checkpointer(state, gang_config(root, survivors[rank // per_node]))
         resumed = ckpt.load_latest()
         held = torch.load(tmp_path / f"held-r{rank}-s{resumed.step}.pt", weights_only=False)
         (tmp_path / f"resumed-r{rank}.json").write_text(json.dumps({
@@ -134,6 +135,25 @@ def test_a_node_lost_the_survivors_resume_the_newest_replicated_step_bitwise_fro
     assert all(r["tier"] == "memory" and r["difference"] is None for r in resumed), resumed
     # Validated before training went on, as a checkpoint from storage is.
     assert f"step {step} from the memory tier: valid (loss " in capfd.readouterr().err
+
+
+def test_two_ranks_a_node_one_node_lost_the_survivors_resume_its_ranks_from_the_next_nodes_memory(tmp_path, stores, capfd):
+    """torchrun's layout, 2 ranks on each of 3 nodes: node 1 takes ranks 2 and 3 with it;
+    the gang of the 2 nodes left (ranks 0-3) resumes the old ranks 0-3, the lost node's
+    from node 2's store, bitwise, validated."""
+    nodes = stores(3)
+    train_until_lost(tmp_path, nodes, per_node=2)
+    assert sorted({rank for rank, *_ in status(nodes[2].address, TOKEN)["replicas"]}) == [2, 3, 4, 5]
+    nodes[1].close()
+
+    resumed = regroup(tmp_path, [nodes[0], nodes[2]], per_node=2)
+    steps = {r["step"] for r in resumed}
+    step = steps.pop()
+    assert not steps and max(STEPS - K, newest_in_storage(tmp_path) + 1) <= step <= STEPS, resumed
+    assert all(r["tier"] == "memory" and r["difference"] is None for r in resumed), resumed
+    err = capfd.readouterr().err
+    assert f"step {step} from the memory tier: valid (loss " in err
+    assert "no memory tier" not in err
 
 
 def test_the_survivors_first_save_after_a_memory_resume_puts_the_gangs_state_in_storage(tmp_path, stores, capfd):
@@ -288,6 +308,15 @@ def test_the_plan_takes_the_newest_step_whole_from_one_run_its_own_nodes_copy_fi
     assert restore.plan(held, ranks=2, newer_than=20) == (24, "a", [0, 1])
     assert restore.plan(held, ranks=3, newer_than=20) == (24, "a", [0, 1, 0])  # the lost rank 2's, from its buddy
     assert restore.plan(held, ranks=2, newer_than=24) is None  # not newer than storage's: storage
+
+
+def test_the_plan_with_two_ranks_a_node_reads_each_rank_from_its_own_node_first():
+    # The gang left of 3 nodes x 2 ranks: old nodes 0 and 2 (ranks 0-1, and 4-5 with the
+    # lost node's 2-3), now nodes 0 and 1 of 2 ranks each.
+    held = [[[0, 24, 9, "a"], [1, 24, 9, "a"], [4, 24, 9, "a"], [5, 24, 9, "a"]],
+            [[4, 24, 9, "a"], [5, 24, 9, "a"], [2, 24, 9, "a"], [3, 24, 9, "a"]]]
+    assert restore.plan(held, ranks=4, newer_than=20, ranks_per_node=2) == (24, "a", [0, 0, 1, 1])
+    assert restore.plan(held[:1], ranks=4, newer_than=20, ranks_per_node=2) is None  # ranks 2-3 only on node 1
 
 
 def test_a_node_lost_while_its_replication_landed_leaves_the_step_before_whole():

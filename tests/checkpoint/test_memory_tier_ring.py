@@ -78,20 +78,68 @@ def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(t
         assert result["behind"] <= K - 1 and STEPS - (K - 1) <= result["step"] <= STEPS, (rank, result)
 
 
-def test_ranks_that_share_a_node_have_no_memory_tier(tmp_path, buddies):
-    """torchrun's ranks of one node would keep their buddy's shard on their own node."""
-    node = buddies(0, own=1)
+def test_two_ranks_a_node_each_ranks_state_lands_in_its_own_and_the_next_nodes_memory_bitwise(tmp_path, buddies):
+    """torchrun's layout, `--nproc-per-node 2` on each of 2 nodes: ranks 0-1 on node 0,
+    2-3 on node 1; each rank's shard on its own node's store and the other node's."""
+    nodes = [buddies(held_for(node, 2), own=node) for node in range(2)]
     root = str(tmp_path / "ckpt")
 
     def body(rank: int) -> None:
-        host, port = node.address
-        ckpt = Checkpointer(tiny.build(rank=rank, world_size=2),
+        state = tiny.build(rank=rank, world_size=4)
+        x, y = tiny.dataset()
+        host, port = nodes[rank // 2].address
+        ckpt = Checkpointer(state, config(root, every_steps=10, memory_tier_addr=f"{host}:{port}",
+                                          memory_tier_token=TOKEN, replica_every_steps=K))
+        held = {}
+        for step in range(12):
+            tiny.train_step(state, x, y)
+            ckpt.save(step + 1)
+            held[step + 1] = copy.deepcopy(tensors_of(state.state_dict()))
+            time.sleep(0.02)
+        ckpt.backend.replicas.wait()
+        ckpt.close()
+        replicas = [fetch(node.address, TOKEN, rank) for node in (nodes[rank // 2], nodes[buddy_of(rank // 2, 2)])]
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({
+            "steps": [shard.step for shard in replicas],
+            "differences": [first_difference(tensors_of(state_of(shard)[0]), held[shard.step]) for shard in replicas],
+        }))
+
+    assert run_gang(4, body) == [0] * 4
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(4)]
+    for rank, result in enumerate(results):
+        assert result["differences"] == [None, None], (rank, result)
+        assert result["steps"][0] == result["steps"][1] >= 12 - (K - 1), (rank, result)
+    assert len({result["steps"][0] for result in results}) == 1, results  # every rank replicates the same steps
+
+
+def test_ranks_all_on_one_node_have_no_memory_tier(tmp_path, buddies, capfd):
+    """The ring needs two nodes: a shard kept only on its own node dies with it."""
+    node = buddies(0, own=0)
+    assert _tiers(tmp_path, [node, node]) == [False, False]
+    assert "no memory tier: every rank trains on one node" in capfd.readouterr().err
+
+
+def test_a_node_whose_ranks_are_not_consecutive_has_no_memory_tier(tmp_path, buddies, capfd):
+    """Ranks 0 and 2 on one node, 1 and 3 on the other: not torchrun's --node-rank layout,
+    so the stores' node numbers would not be the ranks' (each would refuse the other's)."""
+    a, b = buddies(1, own=0), buddies(0, own=1)
+    assert _tiers(tmp_path, [a, b, a, b]) == [False] * 4
+    assert "no memory tier: a node's ranks are not consecutive" in capfd.readouterr().err
+
+
+def _tiers(tmp_path, stores) -> list[bool]:
+    """Whether each rank of a gang on these stores (by rank) replicates."""
+    root, world = str(tmp_path / "ckpt"), len(stores)
+
+    def body(rank: int) -> None:
+        host, port = stores[rank].address
+        ckpt = Checkpointer(tiny.build(rank=rank, world_size=world),
                             config(root, memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN))
         (tmp_path / f"rank{rank}.json").write_text(json.dumps({"tier": ckpt.backend.replicas is not None}))
         ckpt.close()
 
-    assert run_gang(2, body) == [0, 0]
-    assert [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)] == [{"tier": False}] * 2
+    assert run_gang(world, body) == [0] * world
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text())["tier"] for rank in range(world)]
 
 
 def test_a_replication_due_while_one_is_in_flight_is_skipped_not_queued():

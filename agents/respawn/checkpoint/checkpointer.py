@@ -25,7 +25,7 @@ from .state import TrainState
 from .storage import Storage, open_storage
 from .tiers import restore
 from .tiers.client import ReplicaUnavailable, fetch, status
-from .tiers.replicator import gang_stores, replicator
+from .tiers.replicator import gang_ring, replicator
 from .validation import Verdict, judge, judge_weights, mark
 
 FRAMEWORK = "torch"
@@ -55,8 +55,8 @@ class Checkpointer(CheckpointManager):
         self.framework = framework  # in state.json: a resume by another framework refuses it (DESIGN §11)
         self.storage: Storage = open_storage(config.uri)
         self.rank = self.coord.rank
-        self._stores = gang_stores(self.coord, config)
-        replicas = replicator(self.coord, config, self._stores)
+        self._ring = gang_ring(self.coord, config)
+        replicas = replicator(self.coord, config, self._ring)
         self._start(PackedWriter(state, config, framework, self.storage, self.coord, self.clock, hook_optimizer, replicas))
 
     def before_optimizer_step(self) -> None:
@@ -110,7 +110,7 @@ class Checkpointer(CheckpointManager):
         store of the gang, verified, is resumed from instead (tiers/restore.py), and
         `.tier` says "memory"; so is storage's newest step itself when the stores hold it
         whole (`.uri` then names its checkpoint in storage): memory is the faster tier."""
-        resumed = self._load_from_memory() if self._stores is not None else None
+        resumed = self._load_from_memory() if self._ring is not None else None
         if resumed is not None:
             return resumed
         chosen, skipped = None, ()
@@ -141,14 +141,15 @@ class Checkpointer(CheckpointManager):
             if newest is not None:
                 condemned = (newest.validation() or {}).get("result") == "invalid"
                 floor = newest.step if condemned else newest.step - 1
-            planned = restore.plan([self._holdings(store) for store in self._stores], self.coord.world_size, floor)
+            planned = restore.plan([self._holdings(store) for store in self._ring.stores], self.coord.world_size, floor,
+                                   self._ring.ranks_per_node)
             if planned is not None:
                 found = (*planned, newest.uri if newest is not None and planned[0] == newest.step else None)
         found = self.coord.broadcast_from_zero(found)
         if found is None:
             return None
         step, gang, nodes, in_storage = found
-        store = self._stores[nodes[self.rank]]
+        store = self._ring.stores[nodes[self.rank]]
         try:
             shard = fetch(*store, self.rank, step=step)
             if (shard.step, shard.gang) != (step, gang):

@@ -4,14 +4,14 @@ served. The agent runs a node's store (agents/respawn/agent/memory_tier.py), the
 writer replicates to it (replicator.py), a regrouped gang resumes from it (restore.py);
 docs/memory-tier.md says what is left.
 
-    server = BuddyServer(held_for(rank, world), token, own=rank).start()  # on every node
-    client.replicate(address_of_buddy, token, Shard(rank, step, files, {}))  # every K steps
+    server = BuddyServer(held_for(node, nodes), token, own=node).start()  # on every node
+    client.replicate(address_of_buddy, token, Shard(rank, step, files, {}), node=node)  # every K steps
     shard = client.fetch(address_of_buddy, token, rank)   # or ReplicaUnavailable, saying why
 """
 
 from .buddy import BuddyServer
 from .client import ReplicaUnavailable, fetch, replicate, settle, status
-from .shard import Shard, buddy_of, held_for, shard_from_storage
+from .shard import Ring, Shard, buddy_of, held_for, shard_from_storage
 
-__all__ = ["BuddyServer", "ReplicaUnavailable", "Shard", "buddy_of", "fetch", "held_for", "replicate", "settle",
+__all__ = ["BuddyServer", "ReplicaUnavailable", "Ring", "Shard", "buddy_of", "fetch", "held_for", "replicate", "settle",
            "shard_from_storage", "status"]

@@ -13,9 +13,11 @@ from respawn import protocol
 
 from .buddy import BuddyServer
 
-parser = argparse.ArgumentParser(description="A buddy store: keeps one rank's newest verified shard in memory.")
-parser.add_argument("--holds-for", type=int, required=True, help="the rank whose replica this node keeps")
-parser.add_argument("--own", type=int, default=None, help="this node's own rank, whose shard it keeps too")
+parser = argparse.ArgumentParser(description="A buddy store: keeps the previous node's ranks' newest verified "
+                                             "shards in memory, and its own node's.")
+parser.add_argument("--holds-for", type=int, required=True, help="the node (round the gang's ring) whose ranks' "
+                                                                 "replicas this node keeps")
+parser.add_argument("--own", type=int, default=None, help="this node's own number, whose ranks' shards it keeps too")
 parser.add_argument("--host", default="127.0.0.1")
 parser.add_argument("--port", type=int, default=0)
 args = parser.parse_args()

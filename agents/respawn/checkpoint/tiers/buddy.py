@@ -1,7 +1,8 @@
-"""A node's buddy store: keeps the previous rank's newest verified shard in host memory
-and, beside it, its own rank's, and serves them back (DESIGN §12). Its own outlives its
-trainer, which a regroup kills: with both, one node lost leaves every rank's shard on
-some node, the lost one's on its buddy.
+"""A node's buddy store: keeps the newest verified shard of each rank of the previous node
+round the ring and, beside them, its own node's ranks' (one a node, or torchrun's several),
+and serves them back (DESIGN §12). Its own outlive their trainers, which a regroup kills:
+with both, one node lost leaves every rank's shard on some node, the lost ones' on its
+buddy.
 
 A put is received into fresh buffers while the previous replica stays served, and is
 published only once every byte has arrived and matched its digest; a torn or mismatched
@@ -57,8 +58,9 @@ class Replica:
 
 
 class BuddyServer:
-    """`holds_for` is the rank whose puts it takes, and `own` its node's rank (None: only the
-    other's); the agent calls `hold_for` when its gang re-forms (docs/elastic.md). The
+    """`holds_for` is the node whose ranks' puts it takes, and `own` its own node (None: only
+    the other's), as the gang's nodes are numbered round the ring; each put names its
+    sender's node. The agent calls `hold_for` when its gang re-forms (docs/elastic.md). The
     replicas it held stay served, for their ranks, until the new form's first verified put
     replaces them, whatever that put's step: a gang resumed from an older checkpoint counts
     its steps again from there."""
@@ -90,10 +92,10 @@ class BuddyServer:
     def _keeps(holds_for: int, own: int | None) -> tuple[int, ...]:
         return tuple(sorted({holds_for} | ({own} if own is not None else set())))
 
-    def hold_for(self, rank: int, own: int | None = None) -> None:
-        """The gang re-formed (or its trainer restarted): take `rank`'s and `own`'s puts from now on."""
+    def hold_for(self, node: int, own: int | None = None) -> None:
+        """The gang re-formed (or its trainer restarted): take the puts of `node`'s and `own`'s ranks from now on."""
         with self._one_put:
-            self.keeps = self._keeps(rank, own)
+            self.keeps = self._keeps(node, own)
             self._form += 1
 
     @property
@@ -143,10 +145,12 @@ class BuddyServer:
 
     def _put(self, sock: socket.socket, request: dict) -> None:
         rank, step, gang = request.get("rank"), request.get("step"), str(request.get("gang", ""))
+        node = request.get("node", rank)
         rows = wire.file_list(request, with_digest=False)
-        if rank not in self.keeps:
-            kept = " and ".join(f"rank {r}'s" for r in self.keeps)
-            return wire.send_frame(sock, {"ok": False, "reason": f"this node keeps {kept} replica, not rank {rank}'s"})
+        if type(rank) is not int or node not in self.keeps:
+            kept = " and ".join(f"node {n}'s" for n in self.keeps)
+            return wire.send_frame(sock, {"ok": False, "reason": f"this store keeps the replicas of {kept} ranks, "
+                                                                 f"not of node {node}'s (rank {rank})"})
         if type(step) is not int:
             return wire.send_frame(sock, {"ok": False, "reason": f"step {step!r} is not a whole number"})
         with self._one_put:

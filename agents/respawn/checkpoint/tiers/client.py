@@ -45,12 +45,12 @@ def _answer(sock: socket.socket, address, what: str) -> dict:
 
 
 def replicate(address: tuple[str, int], token: str, shard: Shard, silent_s: float | None = None,
-              cancel: wire.Cancel | None = None) -> dict:
+              cancel: wire.Cancel | None = None, *, node: int | None = None) -> dict:
     """Put `shard` into the buddy's memory; returns once the buddy has verified it and
     serves it (the previous replica is served until then), with the files' digests (those
-    computed on the way where the shard had none). `token`: the buddy store's. `cancel`
-    set: the put is cut (between chunks, or at once where it waits on the store), the
-    buddy drops it."""
+    computed on the way where the shard had none). `token`: the buddy store's. `node`: the
+    sender's node round the ring (default: its rank, one rank a node). `cancel` set: the put
+    is cut (between chunks, or at once where it waits on the store), the buddy drops it."""
     try:
         sock = _connect(address, silent_s, cancel)
     except wire.Cancelled:
@@ -59,9 +59,10 @@ def replicate(address: tuple[str, int], token: str, shard: Shard, silent_s: floa
     with sock:
         try:
             with cancel.cutting(sock) if cancel is not None else nullcontext():
+                files = [[name, len(memoryview(data).cast("B"))] for name, data in shard.files.items()]
                 wire.send_frame(sock, {"op": "put", "token": token, "rank": shard.rank, "step": shard.step,
-                                       "gang": shard.gang, "files": [[name, len(memoryview(data).cast("B"))]
-                                                                     for name, data in shard.files.items()]})
+                                       "node": shard.rank if node is None else node, "gang": shard.gang,
+                                       "files": files})
                 _answer(sock, address, f"put of step {shard.step}")
                 digests = [wire.send_body(sock, data, shard.digests.get(name) is None, cancel) or shard.digests[name]
                            for name, data in shard.files.items()]
@@ -108,7 +109,7 @@ def settle(address: tuple[str, int], token: str, rank: int, step: int) -> None:
 
 
 def status(address: tuple[str, int], token: str) -> dict:
-    """What the buddy holds: {"keeps": [rank, ...], "replicas": [[rank, step, bytes, gang], ...],
+    """What the buddy holds: {"keeps": [node, ...] (whose ranks' puts it takes), "replicas": [[rank, step, bytes, gang], ...],
     "receiving": bytes of a put in progress}."""
     with _connect(address, CONNECT_TIMEOUT_S) as sock:
         wire.send_frame(sock, {"op": "status", "token": token})

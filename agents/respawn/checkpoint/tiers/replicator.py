@@ -31,46 +31,60 @@ from ..persist import lower_priority
 from . import wire
 from .client import ReplicaUnavailable, replicate, settle
 from .pacing import replica_every_steps, strict_cadence
-from .shard import Shard, buddy_of
+from .shard import Ring, Shard, Store
 
 
-Store = tuple[tuple[str, int], str]  # a node's store: its address and token
-
-
-def gang_stores(coord: Coordinator, config: CheckpointConfig) -> list[Store] | None:
-    """Every rank's node's store, indexed by rank, or None (alone, a rank without one, or
-    ranks sharing a node, whose ring would keep a shard on its own node: then the gang has
-    no memory tier). They go round on the ranks' own group, which the
-    gang has anyway: nothing new to ask the control plane, and a regrouped gang's new
-    trainers learn the new ring the same way. Every rank of a gang calls it together."""
+def gang_ring(coord: Coordinator, config: CheckpointConfig) -> Ring | None:
+    """The gang's nodes round the ring, or None (alone, a rank without a store, every rank
+    on one node, or a node's ranks not consecutive as torchrun numbers them: then the gang
+    has no memory tier, and rank 0 says why). Every rank's store goes round on the ranks'
+    own group, which the gang has anyway: nothing new to ask the control plane, and a
+    regrouped gang's new trainers learn the new ring the same way. The ranks that name
+    one store share its node. Every rank of a gang calls it together."""
     if coord.world_size == 1:
         return None
     mine = (config.memory_tier_addr, config.memory_tier_token) if config.memory_tier_addr else None
     stores = coord.gather_objects(mine)
+    why = _no_ring(stores)
+    if why is not None:
+        if coord.rank == 0 and any(store is not None for store in stores):
+            print(f"respawn checkpoint: no memory tier: {why}", file=sys.stderr)
+        return None
+    per_node = stores.count(stores[0])
+    nodes = [stores[first] for first in range(0, len(stores), per_node)]
+    return Ring(tuple(((address.rpartition(":")[0], int(address.rpartition(":")[2])), token)
+                      for address, token in nodes), per_node)
+
+
+def _no_ring(stores: list) -> str | None:
+    """Why the ranks' stores, indexed by rank, make no ring; None when they do."""
     if any(store is None for store in stores):
-        if mine is not None:
-            print("respawn checkpoint: no memory tier: not every node of the gang runs a buddy store", file=sys.stderr)
-        return None
-    if len({address for address, _ in stores}) < len(stores):
-        if coord.rank == 0:
-            print("respawn checkpoint: no memory tier: ranks share a node (it takes one rank a node)", file=sys.stderr)
-        return None
-    return [((address.rpartition(":")[0], int(address.rpartition(":")[2])), token) for address, token in stores]
+        return "not every node of the gang runs a buddy store"
+    per_node = stores.count(stores[0])
+    if per_node == len(stores):
+        return "every rank trains on one node (the ring needs two)"
+    nodes = [stores[first:first + per_node] for first in range(0, len(stores), per_node)]
+    if any(node != [node[0]] * per_node for node in nodes) or len({node[0] for node in nodes}) != len(nodes) \
+            or len(stores) % per_node:
+        return (f"a node's ranks are not consecutive, {per_node} a node as on node 0 (torchrun's layout: "
+                "pass the node's RANK as --node-rank and the same --nproc-per-node on every node)")
+    return None
 
 
-def replicator(coord: Coordinator, config: CheckpointConfig, stores: list[Store] | None) -> Replicator | None:
+def replicator(coord: Coordinator, config: CheckpointConfig, ring: Ring | None) -> Replicator | None:
     """This rank's Replicator, its puts marked with this run of the gang (rank 0's draw)."""
-    if stores is None:
+    if ring is None:
         return None
     gang = coord.gather_objects(uuid.uuid4().hex)[0]
-    return Replicator(coord.rank, stores[buddy_of(coord.rank, coord.world_size)], stores[coord.rank],
-                      config.replica_every_steps, gang)
+    return Replicator(coord.rank, ring.buddy(coord.rank), ring.own(coord.rank), config.replica_every_steps, gang,
+                      node=ring.node_of(coord.rank))
 
 
 class Replicator:
     def __init__(self, rank: int, buddy: Store, own: Store, every_steps: int | None = None, gang: str = "",
-                 silent_s: float | None = None):
+                 silent_s: float | None = None, node: int | None = None):
         self.rank = rank
+        self.node = rank if node is None else node  # the stores keep a node's ranks: each put names it
         self.silent_s = silent_s  # a store silent this long fails the send (None: wire.PEER_SILENT_S)
         self.gang = gang
         self.buddy = buddy
@@ -167,8 +181,9 @@ class Replicator:
             # this rank's shard of the step on a node that is left.
             cancel = self._cancel
             digests = replicate(*self.own, Shard(shard.rank, shard.step, shard.files, shard.digests, self.gang),
-                                self.silent_s, cancel)
-            replicate(*self.buddy, Shard(shard.rank, shard.step, shard.files, digests, self.gang), self.silent_s, cancel)
+                                self.silent_s, cancel, node=self.node)
+            replicate(*self.buddy, Shard(shard.rank, shard.step, shard.files, digests, self.gang), self.silent_s, cancel,
+                      node=self.node)
         except ReplicaUnavailable as exc:
             print(f"respawn checkpoint: step {step} not replicated to the buddy: {exc}", file=sys.stderr, flush=True)
             return

@@ -6,8 +6,8 @@ left and by `client.fetch` on arrival): the same rebuild as a checkpoint's
 The fallback order: the newest step newer than storage's newest committed checkpoint,
 or that checkpoint's own step (memory is the faster tier to read it from), at which
 every rank of the gang as it is now finds the shard it resumes from (rank r: the old
-gang's rank r's, as from a checkpoint) on a node that is left, its own node's or its
-buddy's; else storage. One node lost leaves each shard on one of its two nodes;
+gang's rank r's, as from a checkpoint) on a node that is left, its own node's or the
+next node's; else storage. One node lost leaves each shard on one of its two nodes;
 two neighbours lost together take a shard with them, and the gang resumes from storage.
 A shard that fails its digests, or that a store no longer holds at that step, on any
 rank sends every rank to storage: nothing unverified is loaded."""
@@ -41,15 +41,17 @@ def state_of(shard: Shard) -> tuple[dict, dict]:
     return rebuild(rank_state, buffers), meta
 
 
-def plan(holdings: list[list[list]], ranks: int, newer_than: int) -> tuple[int, str, list[int]] | None:
-    """`holdings[node]`: the [rank, step, bytes, gang] replicas that node's store holds. The
-    step to resume `ranks` ranks from, the run of the gang that sent its shards, and for
-    each rank the node whose store holds its shard (its own node's first); None when no
-    step newer than `newer_than` has every rank's shard from one run."""
+def plan(holdings: list[list[list]], ranks: int, newer_than: int,
+         ranks_per_node: int = 1) -> tuple[int, str, list[int]] | None:
+    """`holdings[node]`: the [rank, step, bytes, gang] replicas that node's store holds (the
+    gang as it is now, `ranks_per_node` ranks a node). The step to resume `ranks` ranks
+    from, the run of the gang that sent its shards, and for each rank the node whose store
+    holds its shard (its own node's first); None when no step newer than `newer_than` has
+    every rank's shard from one run."""
     where: dict[tuple[int, int, str], int] = {}
     for node, held in enumerate(holdings):
         for rank, step, _, gang in held:
-            if (rank, step, gang) not in where or node == rank:
+            if (rank, step, gang) not in where or node == rank // ranks_per_node:
                 where[(rank, step, gang)] = node
     found = sorted({(step, gang) for _, step, gang in where if step > newer_than}, reverse=True)
     for step, gang in found:

@@ -1,5 +1,5 @@
 """What the memory tier moves: one rank's files of one checkpoint step (a shard), and
-which node keeps whose shard (the ring)."""
+which node keeps whose shard (the ring over the gang's nodes)."""
 
 from __future__ import annotations
 
@@ -27,14 +27,37 @@ class Shard:
         return sum(len(data) for data in self.files.values())
 
 
-def buddy_of(rank: int, world: int) -> int:
-    """The rank whose node keeps `rank`'s replica: the next one round the gang's ring."""
-    return (rank + 1) % world
+Store = tuple[tuple[str, int], str]  # a node's store: its address and token
 
 
-def held_for(rank: int, world: int) -> int:
-    """Whose replica `rank`'s node keeps: the previous one round the ring."""
-    return (rank - 1) % world
+def buddy_of(node: int, nodes: int) -> int:
+    """The node that keeps node `node`'s ranks' replicas: the next one round the gang's ring."""
+    return (node + 1) % nodes
+
+
+def held_for(node: int, nodes: int) -> int:
+    """Whose ranks' replicas node `node` keeps: the previous node's, round the ring."""
+    return (node - 1) % nodes
+
+
+@dataclass(frozen=True)
+class Ring:
+    """The gang's nodes in ring order, each its store, and how many ranks each trains, laid
+    out as torchrun lays them out (node n trains ranks n·P to n·P + P − 1, P a node). Rank
+    r's shard lands on its own node's store and on the next node's: a node lost takes its
+    ranks' trainers, never the only copy of their state."""
+
+    stores: tuple[Store, ...]
+    ranks_per_node: int = 1
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.ranks_per_node
+
+    def own(self, rank: int) -> Store:
+        return self.stores[self.node_of(rank)]
+
+    def buddy(self, rank: int) -> Store:
+        return self.stores[buddy_of(self.node_of(rank), len(self.stores))]
 
 
 def _owned_by(name: str, rank: int) -> bool:
