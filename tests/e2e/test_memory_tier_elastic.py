@@ -1,13 +1,15 @@
 """The memory tier end to end (docs/memory-tier.md): an elastic 3-node job (nodes 2..3) on
 the local provider, each node's agent running its buddy store, the trainer
 `respawn.examples.tiny_gang` (DistributedDataParallel over gloo, packed checkpoints)
-replicating every K steps. One node's VM is killed outright between two checkpoints;
-the two survivors regroup and resume from the replicas in their stores, not from the
-older checkpoint in storage: at most K steps lost, and the job ends with bitwise the
-state of the same training done by hand (3 ranks to the step resumed from, then 2).
+replicating every K steps: one rank a node, or two a node under torchrun as a multi-GPU
+node runs them. One node's VM is killed outright between two checkpoints; the two
+survivors regroup and resume from the replicas in their stores, not from the older
+checkpoint in storage: at most K steps lost, and the job ends with bitwise the state of
+the same training done by hand (3 nodes' ranks to the step resumed from, then 2 nodes').
 
 Real processes throughout: gunicorn, a Celery worker and beat, three detached local
-"VMs", each running the agent, which runs its rank and its node's store."""
+"VMs", each running the agent, which runs its node's store and its ranks (under
+torchrun: torchrun, which runs them)."""
 
 import re
 import sys
@@ -32,6 +34,17 @@ STEPS, EVERY, K, GLOBAL_BATCH = 150, 30, 5, 24
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny_gang", "--steps", str(STEPS), "--every-steps", str(EVERY),
          "--global-batch", str(GLOBAL_BATCH)]
 RESUMED = re.compile(r"rank (\d) resumed at step (\d+) from the memory tier")
+
+
+def torchrun(train: list[str], ranks_per_node: int) -> list[str]:
+    """`train` under torchrun as a user's gang command runs it: the node's RANK and the
+    gang's WORLD_SIZE and rendezvous, which the agent sets, as torchrun's node rank, node
+    count and master."""
+    if ranks_per_node == 1:
+        return train
+    return ["sh", "-c", 'exec "$0" -m torch.distributed.run --nnodes "$WORLD_SIZE" --node-rank "$RANK" '
+            f'--nproc-per-node {ranks_per_node} --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$@"',
+            sys.executable, *train[1:]]
 # The elastic regroup's store behaviour is tests/e2e/test_elastic.py's, on both stores: this
 # module's own part, the replicas, lives in the trainers and the agents' buddy stores.
 pytestmark = pytest.mark.store_incidental
@@ -51,12 +64,13 @@ def liveness():
     return GANG_LIVENESS
 
 
-@pytest.fixture
-def elastic_job(child_env, web_server, tmp_path):
-    # No growing back: the gang ends at 2, so the reference is 3 ranks then 2.
-    with elastic_gang_stack(child_env, web_server.url, tmp_path, [*TRAIN, "--report", "--step-delay", "0.1"], STEPS,
-                            grow_retry_s=3600, env={"RESPAWN_MEMORY_TIER": "on", "RESPAWN_REPLICA_EVERY_STEPS": str(K)}) as running:
-        yield running
+@pytest.fixture(params=[1, 2], ids=["one-rank-a-node", "torchrun-two-ranks-a-node"])
+def elastic_job(request, child_env, web_server, tmp_path):
+    # No growing back: the gang ends at 2 nodes, so the reference is 3 nodes' ranks then 2's.
+    command = torchrun([*TRAIN, "--report", "--step-delay", "0.1"], request.param)
+    with elastic_gang_stack(child_env, web_server.url, tmp_path, command, STEPS, grow_retry_s=3600,
+                            env={"RESPAWN_MEMORY_TIER": "on", "RESPAWN_REPLICA_EVERY_STEPS": str(K)}) as running:
+        yield *running, request.param
 
 
 def newest_step(job: Job) -> int:
@@ -65,7 +79,7 @@ def newest_step(job: Job) -> int:
 
 @pytest.mark.e2e
 def test_a_node_killed_outright_costs_at_most_k_steps_and_the_survivors_resume_bitwise_from_memory(elastic_job, tmp_path):
-    job, vms, worker = elastic_job
+    job, vms, worker, per_node = elastic_job
     latest = Path(job.storage_uri) / "LATEST"
     # Past the first checkpoint by more than K steps, well before the second: the replicas are newer.
     wait_until(lambda: Job.objects.get(pk=job.pk).status == JobStatus.RUNNING and latest.exists()
@@ -78,13 +92,14 @@ def test_a_node_killed_outright_costs_at_most_k_steps_and_the_survivors_resume_b
     regrouped_at, in_storage = sizes[1].at, sizes[1].resume_checkpoint
     assert in_storage is not None, story
 
-    # Each survivor's trainer says it resumed from the memory tier, both at one step R,
-    # newer than the checkpoint storage held (the one the control plane named).
+    # Each survivor's ranks say they resumed from the memory tier, all at one step R, newer
+    # than the checkpoint storage held (the one the control plane named); under torchrun the
+    # lost node's ranks from the next node's store.
     resumed = {}
     for survivor in (first[0], first[2]):
         lines = [line for chunk in LogChunk.objects.filter(instance=survivor) for line in chunk.lines]
         resumed |= {int(m.group(1)): int(m.group(2)) for line in lines if (m := RESUMED.search(line))}
-    assert sorted(resumed) == [0, 1] and len(set(resumed.values())) == 1, story
+    assert sorted(resumed) == list(range(2 * per_node)) and len(set(resumed.values())) == 1, story
     step = resumed[0]
     # The furthest the gang got: the survivors' steps before their trainers were stopped for
     # the regroup (the lost node's last ones may not have been shipped before it died).
@@ -101,9 +116,9 @@ def test_a_node_killed_outright_costs_at_most_k_steps_and_the_survivors_resume_b
     page.force_login(job.owner)
     assert f"step {step} (memory tier)" in page.get(f"/jobs/{job.pk}/").content.decode()
 
-    # The same training by hand: 3 ranks to step R, then 2 from the checkpoint they left.
+    # The same training by hand: 3 nodes' ranks to step R, then 2 nodes' from the checkpoint they left.
     reference = tmp_path / "reference"
-    run_ranks_by_hand(TRAIN, reference, 3, step)
-    run_ranks_by_hand(TRAIN, reference, 2, STEPS)
-    ours, theirs = final_states(job.storage_uri, 2), final_states(str(reference), 2)
-    assert [first_difference(a, b) for a, b in zip(ours, theirs)] == [None, None]
+    run_ranks_by_hand(TRAIN, reference, 3 * per_node, step)
+    run_ranks_by_hand(TRAIN, reference, 2 * per_node, STEPS)
+    ours, theirs = final_states(job.storage_uri, 2 * per_node), final_states(str(reference), 2 * per_node)
+    assert [first_difference(a, b) for a, b in zip(ours, theirs)] == [None] * 2 * per_node
