@@ -14,8 +14,9 @@ import threading
 import time
 
 import torch
+from torch.utils.data import TensorDataset
 
-from respawn.checkpoint import Checkpointer
+from respawn.checkpoint import Checkpointer, ResumableLoader, TrainState
 from respawn.checkpoint.tiers import buddy_of, fetch, held_for
 from respawn.checkpoint.tiers.replicator import Replicator
 from respawn.checkpoint.tiers.restore import state_of
@@ -27,19 +28,20 @@ from .conftest import TOKEN, config
 from .ranks import run_gang
 
 WORLD, K, STEPS = 3, 4, 30
+LOOP_PARTS = ("model", "optimizer", "loader")  # a loop that draws its batches from a DataLoader
 
 
-def tensors_of(state: dict) -> dict:
-    """The state's tensors and counters (model, optimizer, scheduler, sampler), as a
-    resumed rank would restore them (containers as plain dicts and lists: a state dict's
-    OrderedDict comes back a dict)."""
+def tensors_of(state: dict, parts: tuple[str, ...] = ("model", "optimizer", "scheduler", "sampler")) -> dict:
+    """The state's tensors and counters (by default model, optimizer, scheduler, sampler),
+    as a resumed rank would restore them (containers as plain dicts and lists: a state
+    dict's OrderedDict comes back a dict)."""
     def plain(value):
         if isinstance(value, dict):
             return {key: plain(item) for key, item in value.items()}
         if isinstance(value, (list, tuple)):
             return [plain(item) for item in value]
         return value
-    return plain({part: state[part] for part in ("model", "optimizer", "scheduler", "sampler")})
+    return plain({part: state[part] for part in parts})
 
 
 def test_every_k_steps_each_ranks_state_lands_in_the_next_nodes_memory_bitwise(tmp_path, buddies):
@@ -110,6 +112,50 @@ def test_two_ranks_a_node_each_ranks_state_lands_in_its_own_and_the_next_nodes_m
         assert result["differences"] == [None, None], (rank, result)
         assert result["steps"][0] == result["steps"][1] >= 12 - (K - 1), (rank, result)
     assert len({result["steps"][0] for result in results}) == 1, results  # every rank replicates the same steps
+
+
+def test_a_loop_whose_loader_forks_its_workers_each_epoch_replicates_its_position_bitwise(tmp_path, buddies):
+    """A real fine-tuning loop's process tree: each rank's DataLoader forks 2 workers at
+    every epoch (3 steps one here), often while a replication is in flight on another
+    thread of the rank (the send overlaps a step). Every replica holds the weights and the loader's
+    position, workers' included, bitwise as the rank held them at that step."""
+    nodes = [buddies(held_for(node, 2), own=node) for node in range(2)]
+    root = str(tmp_path / "ckpt")
+
+    def body(rank: int) -> None:
+        built = tiny.build(rank=rank, world_size=2)
+        x, y = tiny.dataset()
+        loader = ResumableLoader(TensorDataset(x[:3 * tiny.BATCH], y[:3 * tiny.BATCH]), tiny.BATCH, seed=rank,
+                                 shuffle=True, num_workers=2)
+        state = TrainState(built.model, built.optimizer, built.scheduler, loader=loader)
+        host, port = nodes[rank].address
+        ckpt = Checkpointer(state, config(root, every_steps=10, memory_tier_addr=f"{host}:{port}",
+                                          memory_tier_token=TOKEN, replica_every_steps=3))
+        held, batches, epochs = {}, iter(loader), 1
+        for step in range(18):
+            batch = next(batches, None)
+            if batch is None:  # a new epoch: its workers are forked now, a replication likely in flight
+                batches, epochs = iter(loader), epochs + 1
+                batch = next(batches)
+            xb, yb = batch
+            state.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(state.model(xb), yb).backward()
+            state.optimizer.step()
+            ckpt.save(step + 1)
+            held[step + 1] = copy.deepcopy(tensors_of(state.state_dict(), LOOP_PARTS))
+        ckpt.backend.replicas.wait()
+        ckpt.close()
+        shard = fetch(nodes[buddy_of(rank, 2)].address, TOKEN, rank)
+        got = state_of(shard)[0]
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps({
+            "step": shard.step, "epochs": epochs,
+            "difference": first_difference(tensors_of(got, LOOP_PARTS), held[shard.step]),
+        }))
+
+    assert run_gang(2, body) == [0, 0]
+    for rank in range(2):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["difference"] is None and result["step"] >= 18 - 2 and result["epochs"] == 6, (rank, result)
 
 
 def test_ranks_all_on_one_node_have_no_memory_tier(tmp_path, buddies, capfd):
