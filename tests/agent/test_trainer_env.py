@@ -19,6 +19,9 @@ def test_the_trainer_gets_the_channel_and_gang_variables_but_not_the_bootstrap_t
     assert env["WANDB_MODE"] == "offline" and env[protocol.ENV_STATUS_FILE] == "/w/status.json"
     assert env[protocol.ENV_RESUME_FROM] == "s3://b/job-1/step-00000100"
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_ADDR"], env["MASTER_PORT"]) == ("1", "2", "10.0.0.5", "29500")
+    # ...and torchrun's defaults for its flags: a plain `torchrun --nproc-per-node N` joins the gang.
+    assert (env["PET_NODE_RANK"], env["PET_NNODES"], env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"]) == \
+        ("1", "2", "10.0.0.5", "29500")
     assert (env[protocol.ENV_CHECKPOINT_INTERVAL_S], env[protocol.ENV_TOTAL_STEPS], env[protocol.ENV_VALIDATION_MODEL_FACTORY]) == ("120.0", "1000", "m:model")
 
 

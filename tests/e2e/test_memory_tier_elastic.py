@@ -37,14 +37,13 @@ RESUMED = re.compile(r"rank (\d) resumed at step (\d+) from the memory tier")
 
 
 def torchrun(train: list[str], ranks_per_node: int) -> list[str]:
-    """`train` under torchrun as a user's gang command runs it: the node's RANK and the
-    gang's WORLD_SIZE and rendezvous, which the agent sets, as torchrun's node rank, node
-    count and master."""
+    """`train` under torchrun as a user's job command gives it: no --nnodes, --node-rank or
+    master, which the agent's PET_* variables fill in (agent/supervisor.py gang_env)."""
     if ranks_per_node == 1:
         return train
-    return ["sh", "-c", 'exec "$0" -m torch.distributed.run --nnodes "$WORLD_SIZE" --node-rank "$RANK" '
-            f'--nproc-per-node {ranks_per_node} --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$@"',
-            sys.executable, *train[1:]]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks_per_node), *train[1:]]
+
+
 # The elastic regroup's store behaviour is tests/e2e/test_elastic.py's, on both stores: this
 # module's own part, the replicas, lives in the trainers and the agents' buddy stores.
 pytestmark = pytest.mark.store_incidental

@@ -2,7 +2,8 @@
 agent keeps the replicas of the previous node's ranks and of its own node's (one rank a
 node, or torchrun's several) in its own memory, so they outlive the trainer (an elastic
 gang's regroup kills it; the state is wanted then). Nodes are numbered by the job's node
-rank, which a torchrun command passes as --node-rank: its ranks are then the store's.
+rank, which torchrun takes as its --node-rank (PET_NODE_RANK, supervisor.gang_env): its
+ranks are then the store's.
 
 It listens on the address this node reaches the gang's rendezvous from, not on every
 interface, on a port of the kernel's choosing, and refuses any request without its token:

@@ -64,13 +64,20 @@ def trainer_env(job: protocol.JobSpec, channel_env: dict[str, str], base: dict[s
 
 
 def gang_env(job: protocol.JobSpec) -> dict[str, str]:
-    """torch.distributed's own variables for a multi-node job."""
-    env = {"RANK": str(job.rank), "WORLD_SIZE": str(job.world_size)}
+    """torch.distributed's own variables for a multi-node job: the node's rank and the node
+    count as RANK and WORLD_SIZE (a script run once a node reads them), and the same for
+    torchrun as its `PET_*` defaults (`--node-rank`, `--nnodes`, `--master-addr`,
+    `--master-port`): a job's plain `torchrun --nproc-per-node 8 train.py` then forms one
+    gang over its nodes. Without them each node's torchrun ran a gang of its own
+    (`--nnodes` defaults to 1, the master to 127.0.0.1), N copies of the training writing
+    ranks 0-7 of one checkpoint. A flag the command gives itself still wins."""
+    env = {"RANK": str(job.rank), "WORLD_SIZE": str(job.world_size),
+           "PET_NODE_RANK": str(job.rank), "PET_NNODES": str(job.world_size)}
     if job.rendezvous_addr:
         host, sep, port = job.rendezvous_addr.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"rendezvous address {job.rendezvous_addr!r} must look like 'host:port'")
-        env.update(MASTER_ADDR=host, MASTER_PORT=port)
+        env.update(MASTER_ADDR=host, MASTER_PORT=port, PET_MASTER_ADDR=host, PET_MASTER_PORT=port)
     return env
 
 

@@ -67,7 +67,8 @@ def _no_ring(stores: list) -> str | None:
     if any(node != [node[0]] * per_node for node in nodes) or len({node[0] for node in nodes}) != len(nodes) \
             or len(stores) % per_node:
         return (f"a node's ranks are not consecutive, {per_node} a node as on node 0 (torchrun's layout: "
-                "pass the node's RANK as --node-rank and the same --nproc-per-node on every node)")
+                "the node's RANK as --node-rank, as the agent's PET_NODE_RANK gives it, and the same "
+                "--nproc-per-node on every node)")
     return None
 
 
