@@ -332,3 +332,58 @@ def test_the_plan_never_mixes_two_runs_shards_of_one_step_and_takes_an_older_who
             [[1, 24, 9, "old"], [1, 22, 9, "old"]]]  # run "new" resumed from storage and counted to 24 again
     assert restore.plan(held, ranks=2, newer_than=20) == (22, "old", [0, 1])
     assert restore.plan(held, ranks=2, newer_than=22) is None
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-rank", "torchrun-two-ranks"])
+@pytest.mark.parametrize("storage_missed", [False, True], ids=["storage-committed", "storage-missed-the-window"])
+def test_a_notice_save_handed_over_to_a_spare_resumes_there_from_memory_bitwise(tmp_path, ranks, storage_missed, capfd):
+    """A job of one node, no tier of its own: a spare booted during the notice, its store
+    named in the notice file (the agent writes it there), receives the notice save's
+    shards straight from the noticed VM beside the storage write. The spare's trainer
+    resumes from its own store: the notice step, bitwise, validated, read from memory
+    even when storage holds it too, and from memory alone when storage's write missed
+    the window."""
+    root = tmp_path / "ckpt"
+    spare = BuddyServer(held_for(0, 1), TOKEN, own=0).start()
+    try:
+        host, port = spare.address
+        notice = tmp_path / "notice.json"
+        notice.write_text(json.dumps({"deadline": None, "handover": {"address": f"{host}:{port}", "token": TOKEN,
+                                                                     "node": 0}}))
+
+        def noticed(rank: int) -> None:
+            state, (x, y) = gang_state(rank, ranks), tiny.dataset()
+            ckpt = Checkpointer(state, config(str(root), every_steps=EVERY, notice_file=str(notice)))
+            assert ckpt.backend.replicas is None  # no tier of its own: the hand-over is the notice's
+            for step in range(STEPS):
+                tiny.train_step(state, x, y)
+                ckpt.save(step + 1)
+            torch.save(progress_of(state.state_dict()), tmp_path / f"held-r{rank}-s{STEPS}.pt")
+            assert ckpt.save(STEPS, kind="notice").committed
+
+        assert run_gang(ranks, noticed) == [0] * ranks
+        err = capfd.readouterr().err
+        assert err.count(f"notice save of step {STEPS}: in the memory tier (the spare's store at {host}:{port})") == ranks
+        assert sorted(rank for rank, step, *_ in status(spare.address, TOKEN)["replicas"] if step == STEPS) == \
+            list(range(ranks))
+        if storage_missed:
+            shutil.rmtree(root / layout.step_dir(STEPS))
+            assert newest_in_storage(tmp_path) < STEPS
+        spare.hold_for(held_for(0, 1), own=0)  # the spare's trainer starts: its agent re-forms the store
+
+        def resumed_on_the_spare(rank: int) -> None:
+            state = gang_state(rank, ranks)
+            ckpt = Checkpointer(state, config(str(root), memory_tier_addr=f"{host}:{port}", memory_tier_token=TOKEN))
+            resumed = ckpt.load_latest()
+            held = torch.load(tmp_path / f"held-r{rank}-s{STEPS}.pt", weights_only=False)
+            (tmp_path / f"resumed-r{rank}.json").write_text(json.dumps({
+                "step": resumed.step, "tier": resumed.tier, "in_storage": resumed.uri is not None,
+                "difference": first_difference(progress_of(state.state_dict()), held)}))
+            ckpt.close()
+
+        assert run_gang(ranks, resumed_on_the_spare) == [0] * ranks
+    finally:
+        spare.close()
+    got = [json.loads((tmp_path / f"resumed-r{rank}.json").read_text()) for rank in range(ranks)]
+    assert got == [{"step": STEPS, "tier": "memory", "in_storage": not storage_missed, "difference": None}] * ranks
+    assert f"step {STEPS} from the memory tier: valid (loss " in capfd.readouterr().err

@@ -66,6 +66,24 @@ def notice_deadline(path: str | None) -> float | None:
         return None
 
 
+def notice_handover(path: str | None) -> tuple[tuple[str, int], str, int] | None:
+    """The store the notice save is handed over to, as the agent wrote it in the notice
+    file (`handover`: a spare booted during the notice, docs/memory-tier.md): its address,
+    its token and the node the noticed VM's ranks are there; None when there is none or it
+    is unreadable (the save goes to storage alone)."""
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        given = json.loads(Path(path).read_text()).get("handover")
+        host, _, port = given["address"].rpartition(":")
+        token, node = given["token"], given["node"]
+        if not host or not port.isdigit() or not isinstance(token, str) or not token or type(node) is not int:
+            return None
+        return (host, int(port)), token, node
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
 def append_checkpoint_report(path: str | None, report: protocol.CheckpointReport) -> None:
     _append_line(path, protocol.to_dict(report))
 

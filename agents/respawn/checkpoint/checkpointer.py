@@ -175,7 +175,8 @@ class Checkpointer(CheckpointManager):
         # first periodic save the gang can agree on from here persists its state (in the
         # background), not one an interval away: until then, two more nodes lost lose them.
         self.clock.overdue(step)
-        self.backend.replicas.started_step = step
+        if self.backend.replicas is not None:
+            self.backend.replicas.started_step = step
         print(f"respawn checkpoint: rank {self.rank} resumed at step {step} from the memory tier (its state from the store "
               f"at {where}), newer than storage's newest checkpoint: its next save goes to storage",
               file=sys.stderr, flush=True)

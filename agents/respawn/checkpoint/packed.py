@@ -62,7 +62,7 @@ import torch
 
 from respawn import protocol
 
-from . import commit, layout, manifest, persist
+from . import channel, commit, layout, manifest, persist
 from .codec import flatten
 from .config import CheckpointConfig, SaveOutcome
 from .distributed import Coordinator
@@ -440,6 +440,8 @@ class PackedWriter:
     def save_now(self, step: int, kind: str, deadline: float | None) -> SaveOutcome:
         """Notice/final path: jump the queue, persist at full speed, commit or say why not.
         Training waits for it, so its CPU tensors are written in place, not copied first."""
+        if kind == protocol.CheckpointKind.NOTICE:
+            self._hand_over_notice()
         job = self.inflight
         if job is not None:
             if job.step == step:
@@ -482,8 +484,22 @@ class PackedWriter:
         exits (its thread dies with it), or the window closes first."""
         self.replicas.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self.replicas.replicated_step == step:
-            print(f"respawn checkpoint: notice save of step {step}: in the memory tier (this node's store and its "
-                  f"buddy's)", file=sys.stderr, flush=True)
+            print(f"respawn checkpoint: notice save of step {step}: in the memory tier ({self.replicas.where})",
+                  file=sys.stderr, flush=True)
+
+    def _hand_over_notice(self) -> None:
+        """A spare booted during the notice takes this node's place (the agent's notice file
+        names its store): the notice save's snapshot goes there, beside the storage write,
+        instead of to this node's store and its buddy's, which go with this gang. A job
+        without the tier gets a replicator for it: its ranks' shards are marked as one run
+        by the notice itself, the spare's store holding nothing else."""
+        handover = channel.notice_handover(self.config.notice_file)
+        if handover is None:
+            return
+        address, token, node = handover
+        if self.replicas is None:
+            self.replicas = Replicator(self.rank, (address, token), (address, token), gang="notice", node=node)
+        self.replicas.hand_over((address, token), node)
 
     def _agreed(self, rank0_value: bool) -> bool:
         """Rank 0's answer, on every rank (so all ranks take the same branch)."""

@@ -35,16 +35,16 @@ from .shard import Ring, Shard, Store
 
 
 def gang_ring(coord: Coordinator, config: CheckpointConfig) -> Ring | None:
-    """The gang's nodes round the ring, or None (alone, a rank without a store, every rank
-    on one node, or a node's ranks not consecutive as torchrun numbers them: then the gang
-    has no memory tier, and rank 0 says why). Every rank's store goes round on the ranks'
-    own group, which the gang has anyway: nothing new to ask the control plane, and a
-    regrouped gang's new trainers learn the new ring the same way. The ranks that name
-    one store share its node. Every rank of a gang calls it together."""
-    if coord.world_size == 1:
-        return None
+    """The gang's nodes round the ring, or None (a rank without a store, or a node's ranks
+    not consecutive as torchrun numbers them: then the gang has no memory tier, and rank 0
+    says why). Every rank's store goes round on the ranks' own group, which the gang has
+    anyway: nothing new to ask the control plane, and a regrouped gang's new trainers
+    learn the new ring the same way. The ranks that name one store share its node. A ring
+    of one node (a spare that took a noticed VM's place, its state handed over into its
+    store) only resumes from it: there is no other node to replicate to. Every rank of a
+    gang calls it together."""
     mine = (config.memory_tier_addr, config.memory_tier_token) if config.memory_tier_addr else None
-    stores = coord.gather_objects(mine)
+    stores = coord.gather_objects(mine) if coord.world_size > 1 else [mine]
     why = _no_ring(stores)
     if why is not None:
         if coord.rank == 0 and any(store is not None for store in stores):
@@ -61,8 +61,6 @@ def _no_ring(stores: list) -> str | None:
     if any(store is None for store in stores):
         return "not every node of the gang runs a buddy store"
     per_node = stores.count(stores[0])
-    if per_node == len(stores):
-        return "every rank trains on one node (the ring needs two)"
     nodes = [stores[first:first + per_node] for first in range(0, len(stores), per_node)]
     if any(node != [node[0]] * per_node for node in nodes) or len({node[0] for node in nodes}) != len(nodes) \
             or len(stores) % per_node:
@@ -73,8 +71,9 @@ def _no_ring(stores: list) -> str | None:
 
 
 def replicator(coord: Coordinator, config: CheckpointConfig, ring: Ring | None) -> Replicator | None:
-    """This rank's Replicator, its puts marked with this run of the gang (rank 0's draw)."""
-    if ring is None:
+    """This rank's Replicator, its puts marked with this run of the gang (rank 0's draw);
+    None on a ring of one node, which has no other node to replicate to."""
+    if ring is None or len(ring.stores) < 2:
         return None
     gang = coord.gather_objects(uuid.uuid4().hex)[0]
     return Replicator(coord.rank, ring.buddy(coord.rank), ring.own(coord.rank), config.replica_every_steps, gang,
@@ -99,6 +98,21 @@ class Replicator:
         self.wall_s: float | None = None  # the last one's time from its snapshot to the buddy's verdict
         self._thread: threading.Thread | None = None
         self._cancel = wire.Cancel()
+        self._handover: tuple[Store, int] | None = None
+
+    def hand_over(self, store: Store, node: int) -> None:
+        """Send the next replication (a notice save's) to `store` alone, as node `node`'s: a
+        spare booted during the notice takes this node's place, and its store is the one
+        that outlives this VM (this node's and its buddy's go with a gang handed over whole)."""
+        self._handover = (store, node)
+
+    @property
+    def where(self) -> str:
+        """Where a replication lands, in words."""
+        if self._handover is None:
+            return "this node's store and its buddy's"
+        (host, port), _ = self._handover[0]
+        return f"the spare's store at {host}:{port}"
 
     @property
     def busy(self) -> bool:
@@ -181,10 +195,11 @@ class Replicator:
             # Its own node's first: over loopback it lands at once, so a buddy lost mid-put leaves
             # this rank's shard of the step on a node that is left.
             cancel = self._cancel
-            digests = replicate(*self.own, Shard(shard.rank, shard.step, shard.files, shard.digests, self.gang),
-                                self.silent_s, cancel, node=self.node)
-            replicate(*self.buddy, Shard(shard.rank, shard.step, shard.files, digests, self.gang), self.silent_s, cancel,
-                      node=self.node)
+            stores = [(self.own, self.node), (self.buddy, self.node)] if self._handover is None else [self._handover]
+            digests = shard.digests
+            for store, node in stores:
+                digests = replicate(*store, Shard(shard.rank, shard.step, shard.files, digests, self.gang),
+                                    self.silent_s, cancel, node=node)
         except ReplicaUnavailable as exc:
             print(f"respawn checkpoint: step {step} not replicated to the buddy: {exc}", file=sys.stderr, flush=True)
             return
