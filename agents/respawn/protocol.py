@@ -31,6 +31,7 @@ PATH_EXIT = "exit"
 PATH_PREPARE = "prepare"
 PATH_RENDEZVOUS = "rendezvous"  # GET: rank 0's address, for a rank that registered before rank 0 did
 PATH_STANDBY = "standby"  # GET: whether a spare still waits, and once promoted the checkpoint it resumes from
+PATH_HANDOVER = "handover"  # POST: a spare's store (docs/memory-tier.md), that its noticed VM hands its state to
 PATH_SOURCE = "source"  # GET: the job's source archive (agents/respawn/sourcetree.py), whose SHA-256 the job spec pins
 
 MAX_LOG_LINES_PER_BATCH = 1000
@@ -221,6 +222,9 @@ class JobSpec:
     # On an AWS rebalance recommendation, report it (Notice kind rebalance) and train on: the
     # control plane launches a spare and, once it is ready, asks this VM to checkpoint_and_stop.
     spare_on_rebalance: bool = False
+    # A spare of a job with the memory tier (docs/memory-tier.md): the token of the store it runs
+    # while it stands by, into which the noticed VM hands its notice save (Handover); empty: none.
+    handover_token: str = ""
 
 
 @dataclass(kw_only=True)
@@ -252,6 +256,16 @@ class HeartbeatAnswer:
     checkpoint_interval_s: float | None = None
     heartbeat_interval_s: float | None = None
     gang_generation: int = 0  # the form of an elastic gang this node is to train in (JobSpec.elastic)
+    # With checkpoint_and_stop for a VM whose spare is ready and runs a store (docs/memory-tier.md):
+    # {"address": "host:port", "token", "node"}, where its notice save goes beside storage.
+    handover: dict | None = None
+
+
+@dataclass(kw_only=True)
+class Handover(Report):
+    """A spare's store, listening: `address` is "host:port" (its noticed VM reaches it there)."""
+
+    address: str
 
 
 @dataclass(kw_only=True)
@@ -388,7 +402,7 @@ ENV_CHECKPOINTS_FILE = "RESPAWN_CHECKPOINTS_FILE"  # trainer -> agent: JSONL, on
 # reached itself: the checkpoint it resumes from, the final one before exporting it
 ENV_VALIDATIONS_FILE = "RESPAWN_VALIDATIONS_FILE"
 ENV_CONTROL_FILE = "RESPAWN_CONTROL_FILE"  # agent -> trainer: JSON {checkpoint_interval_s}, replaced atomically
-ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline}, written before the stop signal
+ENV_NOTICE_FILE = "RESPAWN_NOTICE_FILE"  # agent -> trainer: JSON {source, notice_time, deadline, handover?}, written before the stop signal
 # trainer -> agent: a directory where each training process that handles the agent's signals (the
 # library does it: agents/respawn/checkpoint/signals.py) puts a file named by its pid. The agent's signals go
 # to those processes alone, never to their process group, whose DataLoader workers would die of them.

@@ -33,6 +33,7 @@ from respawn_server.jobs.fleet.placement import refresh_interval
 from respawn_server.jobs.models import Checkpoint, Instance, LogChunk, ProcessedEvent, StepPoint
 from respawn_server.jobs.people.auth import AgentTokenAuthentication, HeartbeatTokenAuthentication, agent_token_digest
 from respawn_server.jobs.people.tokens import AGENT_PREFIX, hash_token, new_token
+from respawn_server.jobs.recovery import handover
 from respawn_server.jobs.recovery.elastic import resumed_from_memory, trainer_exited
 from respawn_server.jobs.recovery.joiners import joiner_ready
 from respawn_server.jobs.recovery.spares import spare_ready
@@ -311,11 +312,14 @@ class HeartbeatView(AgentView):
 
     @staticmethod
     def answer(instance: Instance) -> dict:
+        action = services.heartbeat_action(instance)
         return protocol.to_dict(protocol.HeartbeatAnswer(
-            action=services.heartbeat_action(instance),
+            action=action,
             checkpoint_interval_s=services.checkpoint_interval_s(instance),
             heartbeat_interval_s=settings.RESPAWN["HEARTBEAT_INTERVAL_S"],
             gang_generation=instance.gang_generation,
+            # Asked only with a stop to save for (rare): the hot path pays nothing for it.
+            handover=handover.for_instance(instance) if action == protocol.Action.CHECKPOINT_AND_STOP else None,
         ))
 
     @extend_schema(request=HeartbeatSerializer, responses=inline_serializer("HeartbeatAnswer", {
@@ -323,6 +327,7 @@ class HeartbeatView(AgentView):
         "checkpoint_interval_s": serializers.FloatField(),
         "heartbeat_interval_s": serializers.FloatField(),
         "gang_generation": serializers.IntegerField(),
+        "handover": serializers.DictField(allow_null=True),
     }))
     def post(self, request):
         digest = agent_token_digest(request)
@@ -519,6 +524,33 @@ class StandbyView(AgentView):
             gang_generation=instance.gang_generation)))
 
 
+class HandoverSerializer(ReportSerializer):
+    address = serializers.RegexField(r"^[A-Za-z0-9.\-]{1,253}:[0-9]{1,5}$", max_length=259, error_messages={
+        "invalid": "must look like host:port (an IPv4 address or a hostname, then the port)"})
+
+    def validate_address(self, address: str) -> str:
+        if not 0 < int(address.rpartition(":")[2]) < 65536:
+            raise serializers.ValidationError("the port must be 1-65535")
+        return address
+
+
+class HandoverView(AgentView):
+    """A spare of a job with the memory tier says where its store listens (docs/memory-tier.md):
+    the VM it stands by for hands its notice save there. Any other instance is refused."""
+
+    body_serializer = HandoverSerializer
+
+    @extend_schema(request=HandoverSerializer, responses=AckSerializer)
+    def post(self, request):
+        data = self.validated(request)
+        instance = Instance.objects.select_related("job").get(pk=self.instance.pk)
+        if not handover.wants_handover(instance):
+            raise exceptions.PermissionDenied("only a spare standing by for a job with RESPAWN_MEMORY_TIER=on "
+                                              "takes a hand-over")
+        handover.record(instance, data["address"])
+        return ack()
+
+
 class SourceView(AgentView):
     """The job's source archive, as uploaded (respawn_server.jobs.core.sources); the agent checks it against
     the SHA-256 its job spec pins before unpacking it. 404 when the job has none."""
@@ -666,4 +698,5 @@ def job_spec(instance: Instance) -> protocol.JobSpec:
         standby=instance.standby_for_id is not None or instance.joining,
         notice_hold=not post,  # a training VM's notice launches spares (reports.notices.record_notice)
         spare_on_rebalance=job.spare_on_rebalance and job.nodes == 1 and not post,
+        handover_token=handover.token_for(instance.pk) if handover.wants_handover(instance) else "",
     )

@@ -43,6 +43,7 @@ agent_urlpatterns = [
     path("prepare", agent.PrepareView.as_view(), name="agent-prepare"),
     path("rendezvous", agent.RendezvousView.as_view(), name="agent-rendezvous"),
     path("standby", agent.StandbyView.as_view(), name="agent-standby"),
+    path("handover", agent.HandoverView.as_view(), name="agent-handover"),
     path("dist/<str:name>", dist.DistView.as_view(), name="agent-dist"),
     path("setup-failed", dist.SetupFailedView.as_view(), name="agent-setup-failed"),
     path("source", agent.SourceView.as_view(), name="agent-source"),

@@ -322,6 +322,9 @@ class Instance(models.Model):
     memory_resume_step = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="The step its trainer resumed at from the gang's memory tier, newer than "
                                          "resume_checkpoint (its run now; a regroup clears it).")
+    handover_address = models.CharField(
+        max_length=200, blank=True, help_text="A spare's memory-tier store (host:port, docs/memory-tier.md) that the "
+                                              "instance it stands by for hands its notice save to.")
 
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     heartbeat_deadline = models.DateTimeField(null=True, blank=True)

@@ -1,5 +1,6 @@
 """Recovery: what a job does when its VMs end or are about to. The decisions after an
-instance's end (`after_end`), spares (`spares`), an elastic gang going on smaller
+instance's end (`after_end`), spares (`spares`) and the noticed VM's state handed
+straight to its spare's store (`handover`), an elastic gang going on smaller
 (`elastic`) and growing back with joiners (`joiners`), a gang's nodes, size and
 rendezvous (`gangs`), and which VM ends the job's preemption counter counts (`counting`).
 

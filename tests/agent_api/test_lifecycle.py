@@ -94,7 +94,7 @@ def test_a_heartbeat_in_another_charset_gets_the_same_answer_and_effect(agent):
     assert utf8.status_code == latin1.status_code == 200
     assert utf8.json() == latin1.json() == {"action": "continue", "checkpoint_interval_s": utf8.json()["checkpoint_interval_s"],
                                             "heartbeat_interval_s": utf8.json()["heartbeat_interval_s"],
-                                            "gang_generation": 0}
+                                            "gang_generation": 0, "handover": None}
     assert sorted(MetricPoint.objects.filter(instance=agent.instance).values_list("step", "loss")) == [(7, 0.5), (8, 0.25)]
     assert Instance.objects.get(pk=agent.instance.pk).last_step == 8
 

@@ -168,3 +168,27 @@ def test_a_false_notice_still_hands_over_to_the_spare(child_env, tmp_path):
     # the VM, cannot be seen here: a local VM shuts down when its agent exits
     # (jobs/fleet/providers/local_vm.py), so the claim looks confirmed. On a cloud the VM
     # runs on (tests/security/test_interruption_rates_trust.py judges that case).
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_with_the_memory_tier_the_notice_save_lands_in_the_spares_memory_and_it_resumes_from_there(child_env, tmp_path):
+    # A one-node job with the tier (docs/memory-tier.md): its spare runs a store while it stands
+    # by, and the noticed VM's notice save goes into it straight, beside the storage write.
+    job, old, spare, vms = run_served(child_env, tmp_path, {"in_s": 0, "deadline_in_s": 30},
+                                      env={"RESPAWN_MEMORY_TIER": "on"})
+    story = job_story(job.pk, vms)
+    resume = spare.resume_checkpoint
+    assert resume.instance_id == old.pk and resume.kind == "notice", story
+    spare_log, old_log = log_text(spare), log_text(old)
+    address = spare.handover_address
+    assert address.startswith("127.0.0.1:"), story
+    assert f"memory tier: this spare's store at {address} takes the noticed VM's state" in spare_log, spare_log[-3000:]
+    assert f"the spare is ready: checkpointing and stopping (the notice save goes to its store at {address} too)" \
+        in old_log, old_log[-3000:]
+    assert f"notice save of step {resume.step}: in the memory tier (the spare's store at {address})" in old_log, \
+        old_log[-3000:]
+    # Storage committed the step too: the spare reads it from memory, the faster tier.
+    assert (f"rank 0 resumed at step {resume.step} from the memory tier (its state from the store at {address}): "
+            f"the step of storage's newest checkpoint") in spare_log, spare_log[-3000:]
+    assert resume.tiers == ["storage", "memory"], story  # as it committed: both held it

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from respawn import protocol
-from respawn.agent import dispatch, ending, heartbeat_answers, notice_handling, registration
+from respawn.agent import dispatch, ending, heartbeat_answers, memory_tier, notice_handling, registration
 from respawn.agent.client import DELIVERED, REFUSED
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ def await_promotion(agent: Agent) -> protocol.ExitReport | None:
     ends on)."""
     job = agent.state.job
     assert job is not None
+    memory_tier.stand_by_for_handover(agent)  # before the first poll, which says this spare is ready
     agent.agent_line("standing by: prepared; training once promoted (a spare: after the noticed VM's checkpoint; "
                      "a joiner: when its gang regroups with it at a checkpoint)")
 

@@ -44,7 +44,9 @@ def on_answer(agent: Agent, answer: dict, heartbeat_sent_at: str) -> None:
             agent.agent_line(f"the gang regroups (generation {generation}): stopping the trainer to restart it there")
             agent.state.trainer.kill()
     if agent.state.hold_until is not None and action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP):
-        agent.agent_line("the spare is ready: checkpointing and stopping")
+        agent.state.handover = handover_in(answer)
+        where = f" (the notice save goes to its store at {agent.state.handover['address']} too)" if agent.state.handover else ""
+        agent.agent_line(f"the spare is ready: checkpointing and stopping{where}")
         notice_handling.stop_for_notice(agent, report=False)
     elif agent.state.hold_until is not None and action == protocol.Action.HOLD and agent.state.hold_until != agent.state.hold_limit:
         agent.state.hold_until = agent.state.hold_limit
@@ -82,3 +84,18 @@ def checkpoint_wanted(agent: Agent, heartbeat_sent_at: str) -> bool:
         # Heartbeats made after the commit was journaled reach the control plane after it.
         return datetime.fromisoformat(heartbeat_sent_at) > agent.state.commit_journaled_at
     return True
+
+
+def handover_in(answer: dict) -> dict | None:
+    """The spare's store an answer names for the notice save (HeartbeatAnswer.handover), if usable."""
+    given = answer.get("handover")
+    if given is None:
+        return None
+    try:
+        host, _, port = given["address"].rpartition(":")
+        if host and port.isdigit() and isinstance(given["token"], str) and given["token"] and type(given["node"]) is int:
+            return {"address": given["address"], "token": given["token"], "node": given["node"]}
+    except (TypeError, KeyError, AttributeError):
+        pass
+    log.warning("heartbeat answer with an unusable handover, ignored: %r", given)
+    return None

@@ -17,8 +17,10 @@ from __future__ import annotations
 import secrets
 import socket
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from respawn import protocol
+from respawn.agent.client import DELIVERED
 from respawn.checkpoint.tiers import BuddyServer, held_for
 
 if TYPE_CHECKING:
@@ -37,13 +39,16 @@ def gang_facing_address(rendezvous_addr: str) -> str:
 def put_in_env(agent: Agent, env: dict[str, str]) -> None:
     """The store's address and token in the environment of the trainer about to start, the
     store started on the first call and told whose replicas to keep in the gang as it is
-    now; neither for a job of one node (an elastic gang may have shrunk to one), nor for
-    one whose env does not ask for the tier (RESPAWN_MEMORY_TIER=on)."""
+    now; neither for a job whose env does not ask for the tier (RESPAWN_MEMORY_TIER=on),
+    nor for a job of one node (an elastic gang may have shrunk to one) unless it is a
+    spare whose store took its noticed VM's state (`stand_by_for_handover`)."""
     job = agent.state.job
     assert job is not None
     env.pop(protocol.ENV_MEMORY_TIER_ADDR, None)
     env.pop(protocol.ENV_MEMORY_TIER_TOKEN, None)
-    if job.world_size < 2 or not job.rendezvous_addr or job.env.get(protocol.ENV_MEMORY_TIER) != "on":
+    if job.env.get(protocol.ENV_MEMORY_TIER) != "on":
+        return
+    if (job.world_size < 2 or not job.rendezvous_addr) and not (job.handover_token and agent.state.buddy_store):
         return
     store = agent.state.buddy_store
     if store is None:
@@ -53,3 +58,33 @@ def put_in_env(agent: Agent, env: dict[str, str]) -> None:
     store.hold_for(held_for(job.rank, job.world_size), own=job.rank)  # a new trainer: its steps restart where it resumes
     host, port = store.address
     env.update({protocol.ENV_MEMORY_TIER_ADDR: f"{host}:{port}", protocol.ENV_MEMORY_TIER_TOKEN: store.token})
+
+
+def stand_by_for_handover(agent: Agent) -> None:
+    """A spare of a job with the tier (its job spec carries the store's token): start the
+    node's store before it says it is ready, and tell the control plane where it listens,
+    so the VM it stands by for hands its notice save straight into it. Listening where the
+    gang's rendezvous is reached from, or for a job of one node where the control plane
+    is: the address this VM's peers in the job's network reach it at. A store the control
+    plane cannot be told of is closed: the notice save then goes to storage alone."""
+    job = agent.state.job
+    assert job is not None
+    if not job.handover_token or agent.state.buddy_store is not None:
+        return
+    toward = job.rendezvous_addr or _host_port(agent.config.control_plane_url)
+    store = BuddyServer(held_for(job.rank, job.world_size), job.handover_token, gang_facing_address(toward),
+                        own=job.rank).start()
+    host, port = store.address
+    outcome = agent.client.post(protocol.PATH_HANDOVER, protocol.to_dict(protocol.Handover(address=f"{host}:{port}")))
+    if outcome.kind != DELIVERED:
+        store.close()
+        agent.agent_line(f"memory tier: the control plane was not told of this spare's store ({outcome.status or ''} "
+                         f"{outcome.detail[:200]}); its noticed VM's state comes from storage")
+        return
+    agent.state.buddy_store = store
+    agent.agent_line(f"memory tier: this spare's store at {host}:{port} takes the noticed VM's state")
+
+
+def _host_port(url: str) -> str:
+    parsed = urlsplit(url)
+    return f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"

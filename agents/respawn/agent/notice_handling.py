@@ -85,10 +85,11 @@ def stop_for_notice(agent: Agent, report: bool) -> None:
     stated = notice.deadline or notice.notice_time + timedelta(seconds=budget_s(agent))
     # The trainer first: the journal's fsync can take a while when a
     # checkpoint is being written to the same disk, the report can wait for it.
-    write_json_atomic(
-        agent.paths.notice,
-        {"source": notice.source, "notice_time": notice.notice_time.isoformat(), "deadline": working_deadline.isoformat(), "cloud_deadline": notice.deadline.isoformat() if notice.deadline else None},
-    )
+    written = {"source": notice.source, "notice_time": notice.notice_time.isoformat(), "deadline": working_deadline.isoformat(),
+               "cloud_deadline": notice.deadline.isoformat() if notice.deadline else None}
+    if agent.state.handover is not None:  # a spare's store: the save goes there too (docs/memory-tier.md)
+        written["handover"] = agent.state.handover
+    write_json_atomic(agent.paths.notice, written)
     signal_trainer(agent, agent.config.stop_signal)
     agent.state.kill_at = time.monotonic() + budget
     agent.state.kill_why = f"the trainer did not stop within the notice's {budget:.1f}s; killing it"

@@ -43,3 +43,4 @@ class AgentState:
     trainer_exit_code: int | None = None
     regroup_wanted: bool = False
     buddy_store: BuddyServer | None = None  # a multi-node job's memory tier (agent/memory_tier.py)
+    handover: dict | None = None  # the spare's store this VM's notice save goes to (HeartbeatAnswer.handover)

@@ -1,0 +1,75 @@
+"""The hand-over of a noticed VM's state to its spare's store (docs/memory-tier.md,
+jobs/recovery/handover.py), through the agent API: who may say where a store listens,
+what a malformed address gets, and what each VM is told, the store's token reaching
+each only in its own answer."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from respawn import protocol
+from respawn_server.jobs.core.choices import InstanceState, JobStatus
+from respawn_server.jobs.models import Instance
+from respawn_server.jobs.people.tokens import BOOTSTRAP_PREFIX, new_token
+from respawn_server.jobs.recovery.spares import launch_spare
+from respawn_server.jobs.reports.notices import record_notice
+from tests.factories import make_instance, make_job, make_team_with_members
+
+from .helpers import AgentClient
+
+pytestmark = pytest.mark.django_db
+
+
+def noticed_with_a_spare(settings, env: dict) -> tuple[AgentClient, AgentClient, Instance, dict]:
+    """A one-node job (its env `env`) whose VM got a notice and whose spare has registered:
+    the old VM's and the spare's agent clients, the old instance, the spare's job spec."""
+    settings.RESPAWN = {**settings.RESPAWN, "PROVIDERS": ["local"]}
+    setup = make_team_with_members()
+    job = make_job(setup.team, setup.people["member"].user, allowed_clouds=["local"], status=JobStatus.RUNNING, env=env)
+    old = make_instance(job, state=InstanceState.RUNNING, registered=True)
+    now = timezone.now()
+    with transaction.atomic():
+        record_notice(old.instance, source="local", notice_time=now, deadline=now + dt.timedelta(seconds=120), raw="")
+    [spare_id] = launch_spare(old.instance.pk)
+    # The launched spare's bootstrap token went to its VM: give it one this test knows.
+    bootstrap, digest = new_token(BOOTSTRAP_PREFIX)
+    Instance.objects.filter(pk=spare_id).update(bootstrap_token_hash=digest)
+    spare_agent = AgentClient()
+    registered = spare_agent.register(bootstrap)
+    assert registered.status_code == 200, registered.json()
+    return AgentClient(old.agent_token), spare_agent, old.instance, registered.json()["job"]
+
+
+def test_a_spare_of_a_job_with_the_tier_says_where_its_store_is_and_its_noticed_vm_is_told_with_the_token(settings):
+    old_agent, spare_agent, old, spec = noticed_with_a_spare(settings, {"RESPAWN_MEMORY_TIER": "on"})
+    assert spec["standby"] is True and len(spec["handover_token"]) == 64
+    answer = spare_agent.post(protocol.PATH_HANDOVER, protocol.Handover(address="10.0.0.9:41234"))
+    assert answer.status_code == 200, answer.json()
+    # Ready (its standby poll): the noticed VM is told to save and stop, and where the save goes.
+    assert spare_agent.client.get(protocol.API_PREFIX + protocol.PATH_STANDBY).json()["standby"] is True
+    beat = old_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=40)).json()
+    assert beat["action"] == protocol.Action.CHECKPOINT_AND_STOP
+    assert beat["handover"] == {"address": "10.0.0.9:41234", "token": spec["handover_token"], "node": old.rank}
+
+
+def test_without_the_tier_a_spare_gets_no_token_may_not_hand_over_and_the_noticed_vm_hears_of_none(settings):
+    old_agent, spare_agent, _, spec = noticed_with_a_spare(settings, {})
+    assert spec["handover_token"] == ""
+    refused = spare_agent.post(protocol.PATH_HANDOVER, protocol.Handover(address="10.0.0.9:41234"))
+    assert refused.status_code == 403 and "RESPAWN_MEMORY_TIER=on" in refused.json()["detail"]
+    spare_agent.client.get(protocol.API_PREFIX + protocol.PATH_STANDBY)
+    beat = old_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=40)).json()
+    assert beat["action"] == protocol.Action.CHECKPOINT_AND_STOP and beat["handover"] is None
+
+
+def test_only_a_spare_hands_over_and_a_malformed_address_is_refused_naming_the_field(settings):
+    old_agent, spare_agent, _, _ = noticed_with_a_spare(settings, {"RESPAWN_MEMORY_TIER": "on"})
+    refused = old_agent.post(protocol.PATH_HANDOVER, protocol.Handover(address="10.0.0.9:41234"))
+    assert refused.status_code == 403  # the noticed VM itself is no spare
+    for address in ("10.0.0.9", "10.0.0.9:0", "10.0.0.9:70000", "http://10.0.0.9:1", "a b:1", ""):
+        bad = spare_agent.post(protocol.PATH_HANDOVER, protocol.Handover(address=address))
+        assert bad.status_code == 400 and "address" in bad.json()["errors"], (address, bad.json())
