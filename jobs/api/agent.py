@@ -308,6 +308,7 @@ class HeartbeatView(AgentView):
         if data["memory_resume_step"] is not None and instance.memory_resume_step is None \
                 and instance.state in InstanceState.LIVE:  # said in every heartbeat after; recorded once
             resumed_from_memory(instance, step=data["memory_resume_step"], generation=data["gang_generation"])
+            handover.resumed_from_memory(instance, step=data["memory_resume_step"])  # a spare's, not a regroup's
         return instance
 
     @staticmethod

@@ -134,9 +134,11 @@ def reads(job_id: int) -> list[tuple[str, list]]:
     after it) and of its first heartbeat past its resume step."""
     train = [job_id, Purpose.TRAIN]
     return [
-        (f"SELECT i.id, i.rank, i.joining, i.standby_for_id, c.step, i.requested_at, i.registered_at, i.ended_at, "
+        (f"SELECT i.id, i.rank, i.joining, i.standby_for_id, COALESCE(i.memory_resume_step, c.step), "
+         f"i.memory_resume_step IS NOT NULL, i.requested_at, i.registered_at, i.ended_at, "
          f"c.validated_at, (SELECT m.time FROM {METRIC} m WHERE m.instance_id = i.id ORDER BY m.step DESC, m.time "
-         f"LIMIT 1), (SELECT MIN(m.time) FROM {METRIC} m WHERE m.instance_id = i.id AND m.step > COALESCE(c.step, 0)) "
+         f"LIMIT 1), (SELECT MIN(m.time) FROM {METRIC} m WHERE m.instance_id = i.id "
+         f"AND m.step > COALESCE(i.memory_resume_step, c.step, 0)) "
          f"FROM {INSTANCE} i LEFT JOIN {CHECKPOINT} c ON c.id = i.resume_checkpoint_id "
          "WHERE i.job_id = %s AND i.purpose = %s ORDER BY i.id", train),
         (f"SELECT e.instance_id, e.kind, e.notice_time, e.received_at FROM {INTERRUPTION} e "
@@ -163,7 +165,8 @@ class _Vm:
     rank: int
     joining: bool
     standby_for: int | None
-    resume_step: int | None
+    resume_step: int | None  # the memory tier's step where it resumed from there (a spare handed the state)
+    from_memory: bool
     requested_at: dt.datetime | None
     registered_at: dt.datetime | None
     ended_at: dt.datetime | None
@@ -176,8 +179,8 @@ def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroup
     """Each interrupted training VM of the job, with the moments of its recovery: the
     first VM requested for its node slot after it, and the first of those that trained. A
     spare or joiner lost before it trained interrupted nothing. The rows are `reads`'s."""
-    vms = [_Vm(pk, rank, bool(joining), standby, resume_step, *map(_moment, moments))
-           for pk, rank, joining, standby, resume_step, *moments in vms]
+    vms = [_Vm(pk, rank, bool(joining), standby, resume_step, bool(from_memory), *map(_moment, moments))
+           for pk, rank, joining, standby, resume_step, from_memory, *moments in vms]
     kinds: dict[int, list[tuple]] = {}
     for instance_id, kind, notice_time, received_at in events:
         kinds.setdefault(instance_id, []).append((kind, _moment(notice_time), _moment(received_at)))
@@ -213,7 +216,8 @@ def from_rows(vms: list[tuple], events: list[tuple], saves: list[tuple], regroup
             validated=replacement.resume_validated_at if replacement else None,
             resumed=trained.trained_at if trained else None, replacement_id=replacement.pk if replacement else None,
             resume_step=(replacement.resume_step or 0) if replacement else None,
-            resume_tier="storage" if replacement and replacement.resume_step is not None else ""))
+            resume_tier=("memory" if replacement.from_memory else "storage")
+            if replacement and replacement.resume_step is not None else ""))
     return found
 
 

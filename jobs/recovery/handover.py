@@ -10,11 +10,13 @@ noticed VM in the heartbeat answer that stops it, each over its own agent's chan
 
 from __future__ import annotations
 
+from django.db.models import Max
 from django.utils.crypto import salted_hmac
 
 from respawn import protocol
 from respawn_server.jobs.core.choices import InstanceState
-from respawn_server.jobs.models import Instance
+from respawn_server.jobs.core.transitions import log_job_event
+from respawn_server.jobs.models import Instance, JobEvent, StepPoint
 
 
 def wants_handover(instance: Instance) -> bool:
@@ -39,3 +41,34 @@ def for_instance(instance: Instance) -> dict | None:
     if spare is None:
         return None
     return {"address": spare[1], "token": token_for(spare[0]), "node": instance.rank}
+
+
+def resumed_from_memory(spare: Instance, *, step: int) -> None:
+    """A promoted spare's trainer says (a heartbeat's memory_resume_step) that it resumed at
+    `step` from its store, which its noticed VM handed its notice save to: newer than the
+    checkpoint its promotion named (storage's write missed the window). Believed only
+    between that checkpoint's step and the furthest step the noticed VM was seen to reach
+    (its heartbeats and reported steps), and recorded once: the spare's run goes on from
+    `step`, so the money counts the noticed VM's work kept up to it, and the page says
+    where the job went on from. A claim outside those bounds is logged, and the work
+    counts to the checkpoint in storage."""
+    row = Instance.objects.filter(pk=spare.pk, memory_resume_step__isnull=True).exclude(handover_address="") \
+        .select_related("resume_checkpoint").first()
+    if row is None:
+        return  # recorded, or no spare that took a hand-over (an elastic gang's node: recovery.elastic)
+    noticed = Instance.objects.filter(job_id=row.job_id, rank=row.rank, pk__lt=row.pk, purpose=protocol.Purpose.TRAIN) \
+        .order_by("-pk").first()
+    named = row.resume_checkpoint.step if row.resume_checkpoint else 0
+    reached = max(noticed.last_step, StepPoint.objects.filter(instance=noticed).aggregate(top=Max("step"))["top"] or 0) \
+        if noticed else 0
+    if not named < step <= reached:
+        claim = f"instance {row.pk} says it resumed at step {step} from the memory tier"
+        if not JobEvent.objects.filter(job_id=row.job_id, message__startswith=claim).exists():  # heartbeats repeat it
+            log_job_event(row.job_id, f"{claim}, not between the checkpoint in storage (step {named}) and the furthest "
+                                      f"step its noticed VM was seen to reach ({reached}): not believed; its work "
+                                      f"counts to step {named}")
+        return
+    if Instance.objects.filter(pk=row.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
+        log_job_event(row.job_id, f"spare instance {row.pk} resumed at step {step} from the memory tier (instance "
+                                  f"{noticed.pk}'s notice save, handed over), {step - named} step(s) newer than the "
+                                  f"checkpoint in storage (step {named})")

@@ -14,6 +14,8 @@ from django.utils import timezone
 from respawn import protocol
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.models import Instance
+from respawn_server.jobs.money import costs
+from respawn_server.jobs.money.downtime import job_downtime
 from respawn_server.jobs.people.tokens import BOOTSTRAP_PREFIX, new_token
 from respawn_server.jobs.recovery.spares import launch_spare
 from respawn_server.jobs.reports.notices import record_notice
@@ -73,3 +75,36 @@ def test_only_a_spare_hands_over_and_a_malformed_address_is_refused_naming_the_f
     for address in ("10.0.0.9", "10.0.0.9:0", "10.0.0.9:70000", "http://10.0.0.9:1", "a b:1", ""):
         bad = spare_agent.post(protocol.PATH_HANDOVER, protocol.Handover(address=address))
         assert bad.status_code == 400 and "address" in bad.json()["errors"], (address, bad.json())
+
+
+def test_a_spare_that_resumed_from_its_store_past_storages_checkpoint_keeps_the_noticed_vms_work_to_that_step(settings):
+    """Storage's write of the notice save missed the window; the spare resumed the notice
+    step from its store. Its heartbeat says so: believed between the checkpoint its
+    promotion named and the furthest step the noticed VM was seen to reach, the money
+    counts the noticed VM's work kept to that step and the page says where the job went
+    on from; a claim past what the control plane saw is logged and counts for nothing."""
+    from tests.downtime.test_downtime import _checkpoint
+
+    old_agent, spare_agent, old, _ = noticed_with_a_spare(settings, {"RESPAWN_MEMORY_TIER": "on"})
+    assert spare_agent.post(protocol.PATH_HANDOVER, protocol.Handover(address="10.0.0.9:41234")).status_code == 200
+    assert old_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=60)).status_code == 200
+    periodic = _checkpoint(old, 40, "periodic", timezone.now())
+    # The notice save of step 60 never committed; the old VM ended, the spare took over from step 40.
+    spare = Instance.objects.get(standby_for=old)
+    began = timezone.now() - dt.timedelta(minutes=10)
+    Instance.objects.filter(pk=old.pk).update(state=InstanceState.ENDED, end_reason="preempted", ended_at=timezone.now(),
+                                              registered_at=began, running_at=began)
+    Instance.objects.filter(pk=spare.pk).update(standby_for=None, resume_checkpoint=periodic, last_step=40)
+
+    beat = spare_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=61, memory_resume_step=70))
+    assert beat.status_code == 200 and Instance.objects.get(pk=spare.pk).memory_resume_step is None  # past 60: not believed
+    assert old.job.events.filter(message__contains="resumed at step 70 from the memory tier, not between").exists()
+    assert costs.job_cost(old.job).work[old.pk].steps_kept == 40
+
+    spare_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=62, memory_resume_step=60))
+    assert Instance.objects.get(pk=spare.pk).memory_resume_step == 60
+    assert old.job.events.filter(message__contains=f"spare instance {spare.pk} resumed at step 60 from the memory tier "
+                                                   f"(instance {old.pk}'s notice save, handed over)").exists()
+    assert costs.job_cost(old.job).work[old.pk].steps_kept == 60  # not 40: the state of step 60 went on
+    _, [interruption] = job_downtime(old.job_id, timezone.now())
+    assert (interruption.resume_step, interruption.resume_tier) == (60, "memory")
