@@ -98,12 +98,8 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
     reached = max([run["last_step"] for run in before.values()] + [StepPoint.objects.filter(
         job_id=instance.job_id, time__lte=regroup.at).aggregate(top=Max("step"))["top"] or 0])
     named = regroup.resume_checkpoint.step if regroup.resume_checkpoint else 0
-    if not named < step <= reached:
-        claim = f"instance {instance.pk} says its gang resumed at step {step} from the memory tier"
-        if not JobEvent.objects.filter(job_id=instance.job_id, message__startswith=claim).exists():  # heartbeats repeat it
-            log_job_event(instance.job_id, f"{claim}, not between the checkpoint in storage (step {named}) and the "
-                                           f"furthest step the gang was seen to reach ({reached}): not believed; its "
-                                           f"work counts to step {named}")
+    if not memory_claim_believed(instance.job_id, f"instance {instance.pk} says its gang resumed at step {step} from "
+                                 "the memory tier", step, named, reached, "the gang"):
         return
     with transaction.atomic():
         if not WorldSize.objects.filter(pk=regroup.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
@@ -116,6 +112,19 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
                                                                                   earlier_runs=runs)
     log_job_event(instance.job_id, f"the gang (generation {generation}) resumed at step {step} from the memory tier, "
                                    f"{step - named} step(s) newer than the checkpoint in storage (step {named})")
+
+
+def memory_claim_believed(job_id: int, claim: str, step: int, named: int, reached: int, who: str) -> bool:
+    """Whether a VM's word that training went on from `step` in the memory tier holds: past
+    `named`, the checkpoint in storage, and no further than `reached`, the furthest step
+    `who` was seen to reach. Nothing a VM says counts for more than the control plane saw;
+    a claim that does not hold is logged once (heartbeats repeat it)."""
+    if named < step <= reached:
+        return True
+    if not JobEvent.objects.filter(job_id=job_id, message__startswith=claim).exists():
+        log_job_event(job_id, f"{claim}, not between the checkpoint in storage (step {named}) and the furthest step "
+                              f"{who} was seen to reach ({reached}): not believed; its work counts to step {named}")
+    return False
 
 
 def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:

@@ -16,7 +16,8 @@ from django.utils.crypto import salted_hmac
 from respawn import protocol
 from respawn_server.jobs.core.choices import InstanceState
 from respawn_server.jobs.core.transitions import log_job_event
-from respawn_server.jobs.models import Instance, JobEvent, StepPoint
+from respawn_server.jobs.models import Instance, StepPoint
+from respawn_server.jobs.recovery.elastic import memory_claim_believed
 
 
 def wants_handover(instance: Instance) -> bool:
@@ -61,12 +62,8 @@ def resumed_from_memory(spare: Instance, *, step: int) -> None:
     named = row.resume_checkpoint.step if row.resume_checkpoint else 0
     reached = max(noticed.last_step, StepPoint.objects.filter(instance=noticed).aggregate(top=Max("step"))["top"] or 0) \
         if noticed else 0
-    if not named < step <= reached:
-        claim = f"instance {row.pk} says it resumed at step {step} from the memory tier"
-        if not JobEvent.objects.filter(job_id=row.job_id, message__startswith=claim).exists():  # heartbeats repeat it
-            log_job_event(row.job_id, f"{claim}, not between the checkpoint in storage (step {named}) and the furthest "
-                                      f"step its noticed VM was seen to reach ({reached}): not believed; its work "
-                                      f"counts to step {named}")
+    if not memory_claim_believed(row.job_id, f"instance {row.pk} says it resumed at step {step} from the memory tier",
+                                 step, named, reached, "its noticed VM"):
         return
     if Instance.objects.filter(pk=row.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
         log_job_event(row.job_id, f"spare instance {row.pk} resumed at step {step} from the memory tier (instance "
