@@ -89,11 +89,11 @@ def gang_job(child_env, web_server, tmp_path):
            "RESPAWN_NOTICE_BUDGET_S": str(NOTICE_BUDGET_S)}
     setup = make_team_with_members()
 
-    def start(steps: int):
+    def start(steps: int, **fields):
         job = make_job(setup.team, setup.people["member"].user, nodes=NODES, command=gang_command(steps),
                        total_steps=steps, checkpoint_uri=str(tmp_path / "ckpt"), allowed_clouds=["local"],
                        instance_types=["cpu-small"], validation_model_factory="respawn.examples.tiny:make_model",
-                       validation_batch_factory="respawn.examples.tiny:validation_batch")
+                       validation_batch_factory="respawn.examples.tiny:validation_batch", **fields)
         return stack.enter_context(local_gang_stack(job, env, tmp_path))
 
     with contextlib.ExitStack() as stack:
@@ -177,6 +177,35 @@ def test_a_notice_to_node_1_only_saves_the_same_step_on_both_and_the_gang_finish
     _, downtimes = job_downtime(job.pk, job.finished_at)
     assert [d.parts["capacity"] for d in downtimes] == [0], downtimes  # the spares were there
     assert job.artifact_digest == reference_digest(NOTICE_STEPS)
+
+
+@pytest.mark.e2e
+def test_with_the_memory_tier_the_gangs_spares_take_its_notice_step_into_their_stores_and_resume_from_memory(
+        gang_job, reference_digest):
+    """docs/memory-tier.md: each node's notice shard reaches its own spare's store, sent by
+    its trainer when its stop named that store before the gang saved, else by its agent
+    once the trainer has exited. The spares' gang finds the step whole in its own stores,
+    resumes from memory, validated, and ends bitwise as the uninterrupted training."""
+    job, vms, worker = gang_job(NOTICE_STEPS, env={"RESPAWN_MEMORY_TIER": "on"})
+    first = first_gang_training(job, vms, worker)
+    metadata_url = vms.vm_dir(first[1].provider_instance_id).metadata_url_file.read_text()
+    requests.post(f"{metadata_url}/_respawn/notice", json={"in_s": 0, "deadline_in_s": NOTICE_DEADLINE_S},
+                  timeout=5).raise_for_status()
+    notice = the_gang_ended_on_one_notice_step(job, first, vms, worker)
+    job = run_to_the_end(job, vms, worker)
+    interrupted, relaunched = two_gangs(job, vms)
+    story = job_story(job.pk, vms)
+    assert [i.resume_checkpoint_id for i in relaunched] == [notice.pk] * NODES, story
+    logs = ["\n".join(line for chunk in LogChunk.objects.filter(instance=i) for line in chunk.lines)
+            for i in interrupted + relaunched]
+    spares = [Instance.objects.get(pk=i.pk).handover_address for i in relaunched]
+    for rank, log in enumerate(logs[:NODES]):
+        # Its trainers sent it (their stop named the store before they saved), or its agent did.
+        assert f"notice save of step {notice.step}: in the memory tier (the spare's store at {spares[rank]})" in log \
+            or f"rank {rank}'s step {notice.step} handed to the spare's store at {spares[rank]}" in log, log[-3000:]
+    for rank, log in enumerate(logs[NODES:]):
+        assert f"rank {rank} resumed at step {notice.step} from the memory tier" in log, log[-3000:]
+    assert job.artifact_digest == reference_digest(NOTICE_STEPS)  # bitwise the same training
 
 
 @pytest.mark.e2e

@@ -59,6 +59,9 @@ def on_answer(agent: Agent, answer: dict, heartbeat_sent_at: str) -> None:
         notice_handling.signal_trainer(agent, protocol.SIGNAL_CHECKPOINT_NOW)
     elif action in (protocol.Action.CHECKPOINT_AND_STOP, protocol.Action.STOP) and not (agent.state.stopped_by_control_plane or agent.state.notice):
         agent.state.stopped_by_control_plane = True
+        # A gang handed over whole to its spares: this node's spare's store, which its agent
+        # gives this node's notice shards on its way out (agent/memory_tier.py).
+        agent.state.handover = handover_in(answer)
         grace = notice_handling.budget_s(agent) if action == protocol.Action.CHECKPOINT_AND_STOP else agent.config.stop_grace_s
         notice_handling.signal_trainer(agent, agent.config.stop_signal)
         agent.state.kill_at = time.monotonic() + grace

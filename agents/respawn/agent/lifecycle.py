@@ -229,6 +229,7 @@ class Agent:
                 self.agent_line(f"the trainer exited (code {code}); as a node of an elastic gang, waiting for the "
                                 "control plane's word: a peer lost (the gang goes on without it) or the code failed "
                                 "(the gang stops)")
+        memory_tier.hand_over_this_nodes_shards(self)  # first: the VM may be going
         if self.state.notice is not None:
             notice_handling.report_outcome(self)
         elif job.container_image and not self.state.stopped_by_control_plane:

@@ -21,7 +21,9 @@ from urllib.parse import urlsplit
 
 from respawn import protocol
 from respawn.agent.client import DELIVERED
-from respawn.checkpoint.tiers import BuddyServer, held_for
+from respawn.checkpoint.tiers import BuddyServer, ReplicaUnavailable, Shard, held_for, replicate, status
+
+HANDOVER_SILENT_S = 5.0  # a spare's store silent this long: the hand-over is given up (the VM is going)
 
 if TYPE_CHECKING:
     from respawn.agent.lifecycle import Agent
@@ -88,3 +90,39 @@ def stand_by_for_handover(agent: Agent) -> None:
 def _host_port(url: str) -> str:
     parsed = urlsplit(url)
     return f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+
+
+def hand_over_this_nodes_shards(agent: Agent) -> None:
+    """Once the trainer has exited, in a gang handed over whole to its spares (its stop named
+    this node's spare's store, `handover`): the newest replica of each of this node's ranks,
+    which its trainers put in this node's store, goes to the spare's store, so the spares'
+    gang finds the step whole there; not one the spare holds at that step or a newer one
+    (the noticed node's trainers often sent theirs themselves). Bounded by the store's
+    silence rule; a failure leaves the spares to storage."""
+    handover, store, job = agent.state.handover, agent.state.buddy_store, agent.state.job
+    if handover is None or store is None or job is None:
+        return
+    spare = _address(handover["address"])
+    try:
+        # What its trainers handed over themselves stays: a put of an older step, arriving once
+        # the spare's trainer has re-formed its store, would replace it.
+        held = {(rank, step) for rank, step, *_ in status(spare, handover["token"])["replicas"]}
+    except ReplicaUnavailable as exc:
+        agent.agent_line(f"memory tier: nothing handed to the spare: {exc}")
+        return
+    for replica in store.newest_of(job.rank):
+        if any(rank == replica.rank and step >= replica.step for rank, step in held):
+            continue
+        shard = Shard(replica.rank, replica.step, replica.files, replica.digests, replica.gang)
+        try:
+            replicate(spare, handover["token"], shard, HANDOVER_SILENT_S, node=handover["node"])
+        except ReplicaUnavailable as exc:
+            agent.agent_line(f"memory tier: rank {replica.rank}'s step {replica.step} not handed to the spare: {exc}")
+            continue
+        agent.agent_line(f"memory tier: rank {replica.rank}'s step {replica.step} handed to the spare's store at "
+                         f"{handover['address']}")
+
+
+def _address(host_port: str) -> tuple[str, int]:
+    host, _, port = host_port.rpartition(":")
+    return host, int(port)

@@ -48,6 +48,7 @@ class Replica:
     form: int  # of the gang, as the store counts its `hold_for` calls
     gang: str  # the sender's run of the gang (Shard.gang)
     rank: int
+    node: int  # the sender's node round the ring
     step: int
     files: dict  # name -> its bytes (_own_pages), never written after it is published
     digests: dict
@@ -117,6 +118,11 @@ class BuddyServer:
         self._server.shutdown()
         self._server.server_close()
 
+    def newest_of(self, node: int) -> list[Replica]:
+        """The newest replica of each rank of node `node` it holds (its agent hands its own
+        node's over to a spare: agent/memory_tier.py)."""
+        return [versions[-1] for versions in self.replicas.values() if versions[-1].node == node]
+
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A silent peer's put is dropped: it cannot hold the one-put slot, and the replica it
@@ -177,7 +183,7 @@ class BuddyServer:
             previous = self.replicas
             mine = tuple(kept for kept in previous.get(rank, ()) if kept.form == self._form)[-1:]
             self.replicas = {r: kept for r, kept in previous.items() if kept[-1].form == self._form and r != rank} | {
-                rank: (*mine, Replica(self._form, gang, rank, step, files, expected))}
+                rank: (*mine, Replica(self._form, gang, rank, node, step, files, expected))}
             # The sender waits for this verdict, not for the oldest shard's pages to be freed;
             # they are freed before the next put or settle may start (both take the lock), and
             # this thread keeps no reference (not even to the new replica's files) past it: a
