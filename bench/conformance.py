@@ -50,13 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.cells, args.k, args.workers = "all", "loop-no-workers-notice", "0"
-    results = Path(tempfile.mkdtemp(prefix="respawn-conformance-")) / "cells.jsonl"
+    workdir = Path(tempfile.mkdtemp(prefix="respawn-conformance-"))
+    results = workdir / "cells.jsonl"
     env = {**os.environ, "RESPAWN_CONFORMANCE_RESULTS": str(results)}
     env.pop("RESPAWN_CONFORMANCE", None)
     if args.cells == "all":
         env["RESPAWN_CONFORMANCE"] = "all"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", args.workers, "-rf", TEST,
-               *(["-k", args.k] if args.k else [])]
+    # A temporary folder of its own: pytest's default one, shared with the suite that runs this
+    # bench's smoke, is made private (0700) again by every new pytest session, and the local
+    # VMs of tests running beside it, users of their own, lost their way to their folders.
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", args.workers, "-rf",
+               "--basetemp", str(workdir / "tmp"), TEST, *(["-k", args.k] if args.k else [])]
     print("running:", " ".join(command), flush=True)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     passed = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
