@@ -55,7 +55,12 @@ def _record_missed_notice(instance: Instance, final_step: int | None) -> None:
     """A notice of `instance` still open at its exit was met with no committed save: say so
     on the notice and the job's events, with the steps the job redoes from its newest checkpoint."""
     lost = steps_since_checkpoint(instance, final_step)
-    if InterruptionEvent.objects.filter(instance=instance, kind=InterruptionKind.NOTICE,
-                                        checkpoint_saved__isnull=True).update(checkpoint_saved=False, steps_lost=lost):
+    if not InterruptionEvent.objects.filter(instance=instance, kind=InterruptionKind.NOTICE,
+                                            checkpoint_saved__isnull=True).update(checkpoint_saved=False, steps_lost=lost):
+        return
+    if lost:
         log_job_event(instance.job_id, f"notice missed on instance #{instance.pk}: no checkpoint was committed before "
                                        f"its deadline, so the {lost} step(s) since the newest checkpoint are trained again")
+    else:  # e.g. a trainer still starting when the notice came
+        log_job_event(instance.job_id, f"notice on instance #{instance.pk} met no checkpoint, and needed none: no step "
+                                       "was seen trained past the newest checkpoint, so nothing is trained again")

@@ -14,12 +14,13 @@ from tests.factories import make_instance, make_job
 PLAIN = [sys.executable, "-m", "respawn.examples.plain_pytorch"]
 
 
-def make_running_job(team_setup, tmp_path: Path, *, steps: int = 100_000, step_delay_s: float = 0.01, **fields):
+def make_running_job(team_setup, tmp_path: Path, *, steps: int = 100_000, step_delay_s: float = 0.01,
+                     command: list[str] | None = None, **fields):
     owner = team_setup.people["admin"].user
     job = make_job(
         team_setup.team,
         owner,
-        command=[*PLAIN, "--steps", str(steps), "--step-delay-s", str(step_delay_s)],
+        command=command or [*PLAIN, "--steps", str(steps), "--step-delay-s", str(step_delay_s)],
         checkpoint_uri=str(tmp_path / "ckpt"),
         total_steps=steps,
         status=JobStatus.PROVISIONING,

@@ -194,6 +194,21 @@ def test_a_notice_its_vm_exits_without_a_checkpoint_for_is_recorded_as_missed(jo
     assert job.events.filter(message__startswith=f"notice missed on instance #{agent.instance.pk}").exists()
 
 
+def test_a_notice_that_came_before_the_trainer_trained_a_step_is_recorded_as_losing_nothing(job, agent):
+    # A trainer still importing its libraries dies of the notice's stop signal: no checkpoint,
+    # and none needed; the job's events must not say work was missed.
+    now = timezone.now()
+    agent.post("checkpoints", checkpoint_report(job, 30))
+    agent.post("notice", protocol.Notice(source="local", notice_time=now.isoformat(),
+                                         deadline=(now + timedelta(seconds=8)).isoformat()))
+    agent.post("exit", protocol.ExitReport(reason="preempted", exit_code=-15, final_step=30))
+    event = InterruptionEvent.objects.get()
+    assert event.checkpoint_saved is False and event.steps_lost == 0
+    assert not job.events.filter(message__startswith="notice missed").exists()
+    assert job.events.filter(message__startswith=f"notice on instance #{agent.instance.pk} met no checkpoint, "
+                                                 "and needed none").exists()
+
+
 def test_validation_marks_newest_valid(job, agent):
     report = checkpoint_report(job, 30)
     agent.post("checkpoints", report)

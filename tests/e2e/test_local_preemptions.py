@@ -65,11 +65,14 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     assert interrupted.count() == job.preemptions, job_story(job.pk)
     assert instances.filter(end_reason=EndReason.COMPLETED).count() == 1
     # Each of the three preemptions was announced and met with a checkpoint committed before its
-    # deadline (a tiny model's save takes milliseconds of the 5 s window).
+    # deadline (a tiny model's save takes milliseconds of the 5 s window), or came while its
+    # trainer was still starting, before it trained a step: nothing to save, nothing lost (a
+    # loaded machine can take longer than a VM's 10 s to start one; the agent says so).
     notices = InterruptionEvent.objects.filter(instance__job=job, kind="notice", source="local")
-    outcomes = [(n.instance_id, n.deadline, n.checkpoint_saved) for n in notices]
-    assert len(outcomes) == 3 and all(saved for _, _, saved in outcomes), outcomes
-    assert Checkpoint.objects.filter(job=job, kind="notice").count() == 3
+    outcomes = [(n.instance_id, n.checkpoint_saved, n.steps_lost) for n in notices]
+    assert len(outcomes) == 3 and all(saved or lost == 0 for _, saved, lost in outcomes), (outcomes, job_story(job.pk))
+    saved = sum(1 for _, saved, _ in outcomes if saved)
+    assert saved >= 1 and Checkpoint.objects.filter(job=job, kind="notice").count() == saved, job_story(job.pk)
     # Each replacement resumed from a checkpoint: work was kept, not redone from zero.
     resumed = [i.resume_checkpoint.step for i in instances.order_by("requested_at") if i.resume_checkpoint]
     assert len(resumed) >= 3 and resumed == sorted(resumed) and resumed[0] > 0

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import requests
 
 from respawn import protocol
-from respawn.agent.channel import write_json_atomic
+from respawn.agent.channel import int_or_none, write_json_atomic
 from respawn.notices import REBALANCE, NoticeEvent
 from respawn.notices.base import utcnow
 
@@ -123,6 +123,11 @@ def report_outcome(agent: Agent) -> None:
         agent.agent_line(f"notice checkpoint committed at step {agent.state.notice_commit.step}: {agent.state.notice_commit.uri}")
     elif agent.state.job is not None and agent.state.job.rank > 0:
         agent.agent_line(f"rank {agent.state.job.rank} stopped; rank 0 commits and reports the gang's notice checkpoint")
+    elif int_or_none(agent.status.read().get("step")) is None:
+        # A trainer still importing its libraries when the notice came (tens of seconds for
+        # some) dies of the stop signal: it trained nothing, so nothing was lost.
+        agent.agent_line(f"the trainer had not reported a step since it started at step {agent.status.start_step} when the "
+                         "notice came: nothing to save; the job resumes from its previous checkpoint")
     else:
         agent.agent_line("no checkpoint committed within the notice budget; the job resumes from its previous checkpoint")
 
