@@ -307,8 +307,10 @@ class HeartbeatView(AgentView):
                            generation=data["gang_generation"])
         if data["memory_resume_step"] is not None and instance.memory_resume_step is None \
                 and instance.state in InstanceState.LIVE:  # said in every heartbeat after; recorded once
-            resumed_from_memory(instance, step=data["memory_resume_step"], generation=data["gang_generation"])
-            handover.resumed_from_memory(instance, step=data["memory_resume_step"])  # a spare's, not a regroup's
+            if instance.handover_address:  # a spare that took its noticed VM's notice save
+                handover.resumed_from_memory(instance, step=data["memory_resume_step"])
+            else:  # a node of a regrouped elastic gang
+                resumed_from_memory(instance, step=data["memory_resume_step"], generation=data["gang_generation"])
         return instance
 
     @staticmethod

@@ -56,7 +56,7 @@ def resumed_from_memory(spare: Instance, *, step: int) -> None:
     row = Instance.objects.filter(pk=spare.pk, memory_resume_step__isnull=True).exclude(handover_address="") \
         .select_related("resume_checkpoint").first()
     if row is None:
-        return  # recorded, or no spare that took a hand-over (an elastic gang's node: recovery.elastic)
+        return  # recorded already
     noticed = Instance.objects.filter(job_id=row.job_id, rank=row.rank, pk__lt=row.pk, purpose=protocol.Purpose.TRAIN) \
         .order_by("-pk").first()
     named = row.resume_checkpoint.step if row.resume_checkpoint else 0

@@ -11,6 +11,7 @@ from respawn.agent.reporter import Backoff, Reporter
 from respawn.journal import Journal
 from respawn.protocol import Heartbeat, LogBatch
 from tests.agent.standin import StandInControlPlane
+from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -130,3 +131,22 @@ def test_backoff_doubles_with_jitter_up_to_its_cap_and_resets():
 def test_a_backoff_that_cannot_work_is_refused():
     with pytest.raises(ValueError, match="0 < base_s <= max_s"):
         Backoff(base_s=5, max_s=1)
+
+
+def test_a_journal_write_that_fails_does_not_stop_later_reports(tmp_path, plane, caplog):
+    # The cursor's write fails (here its temporary name is taken by a directory, as a full or
+    # failing disk fails it): the sender logs it and goes on; before, its thread died and the
+    # agent never reported again.
+    reporter = make_reporter(tmp_path, plane.url)
+    in_the_way = tmp_path / "journal" / (reporter.journal._cursor_path.rsplit("/", 1)[1] + ".tmp")
+    in_the_way.mkdir()
+    reporter.report("heartbeat", Heartbeat(step=1))
+    reporter.start()
+    try:
+        wait_until(lambda: "the report journal failed" in caplog.text, timeout=10, what="the journal's failure logged")
+        in_the_way.rmdir()
+        reporter.report("heartbeat", Heartbeat(step=2))
+        assert reporter.drain(10)
+    finally:
+        reporter.stop()
+    assert [body["step"] for _, body in plane.accepted] == [1, 2]

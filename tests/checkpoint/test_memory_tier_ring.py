@@ -191,7 +191,7 @@ def _tiers(tmp_path, stores) -> list[bool]:
 def test_a_replication_due_while_one_is_in_flight_is_skipped_not_queued():
     with socket.create_server(("127.0.0.1", 0)) as mute:  # a buddy that takes the put and never answers
         store = (mute.getsockname()[:2], TOKEN)
-        replicas = Replicator(0, store, store, every_steps=1)
+        replicas = Replicator(0, [store, store], every_steps=1)
         shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
         assert replicas.start(1, lambda: shard, None)
         assert replicas.busy
@@ -205,7 +205,7 @@ def test_a_send_to_a_store_that_never_answers_ends_once_it_has_been_silent_long_
     job's own K waits for its sends, so training would wait that long too."""
     with socket.create_server(("127.0.0.1", 0)) as mute:  # connects (the backlog), never answers
         store = (mute.getsockname()[:2], TOKEN)
-        replicas = Replicator(0, store, store, every_steps=2, silent_s=0.5)
+        replicas = Replicator(0, [store, store], every_steps=2, silent_s=0.5)
         shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
         assert replicas.start(1, lambda: shard, None)
         replicas.wait(30)
@@ -219,7 +219,7 @@ def test_a_save_that_wants_the_buffers_cuts_a_send_blocked_on_a_store_that_never
     Here the silence bound is the default minute, and the give-up returns within seconds."""
     with socket.create_server(("127.0.0.1", 0)) as mute:
         store = (mute.getsockname()[:2], TOKEN)
-        replicas = Replicator(0, store, store, every_steps=2)
+        replicas = Replicator(0, [store, store], every_steps=2)
         shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(64 << 20, dtype=torch.uint8).numpy()}, {})
         assert replicas.start(1, lambda: shard, None)
         time.sleep(0.5)  # connected; blocked on the store's go-ahead
@@ -237,7 +237,7 @@ def test_a_save_that_wants_the_buffers_gives_up_a_send_still_connecting_to_a_nod
     with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
         filler = socket.create_connection(full.getsockname()[:2])  # the queue's one place: later SYNs are dropped
         store = (full.getsockname()[:2], TOKEN)
-        replicas = Replicator(0, store, store, every_steps=2)
+        replicas = Replicator(0, [store, store], every_steps=2)
         shard = Shard(0, 1, {"data-r0-0.bin": torch.zeros(16, dtype=torch.uint8).numpy()}, {})
         assert replicas.start(1, lambda: shard, None)
         time.sleep(0.5)  # connecting

@@ -80,9 +80,9 @@ def test_a_jobs_own_k_is_held_by_replicating_a_step_sooner_and_waiting_one_step_
 
 def test_a_jobs_own_k_wins_and_until_a_replication_is_measured_the_next_step_replicates():
     nowhere = (("127.0.0.1", 1), "t")
-    mine = Replicator(0, nowhere, nowhere, every_steps=7)
+    mine = Replicator(0, [nowhere, nowhere], every_steps=7)
     assert mine.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 6 and mine.strict and mine.lag == 1
-    chosen = Replicator(0, nowhere, nowhere)
+    chosen = Replicator(0, [nowhere, nowhere])
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == 1
     chosen.cost_s, chosen.wall_s = 0.05, 0.5
     assert chosen.every_steps(step_s=0.1, save_cost_s=5.0, interval_s=600.0) == k()
@@ -202,7 +202,7 @@ def test_a_jobs_own_k_is_sent_at_normal_priority_and_a_chosen_one_at_idle_priori
         return Shard(0, 1, {"data-r0-0.bin": os.urandom(4096)}, {})
 
     try:
-        replicas = Replicator(0, (stores[1].address, TOKEN), (held.listener.getsockname(), TOKEN), every_steps=own_k)
+        replicas = Replicator(0, [(held.listener.getsockname(), TOKEN), (stores[1].address, TOKEN)], every_steps=own_k)
         assert replicas.start(1, prepare, None)
         time.sleep(0.5)  # the shard sent, its verdict held: the send's thread waits with its priority set
         assert replicas.busy

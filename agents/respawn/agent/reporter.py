@@ -71,21 +71,32 @@ class Reporter:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            entry = self.journal.next(timeout=0.2)
-            if entry is None:
-                continue
-            outcome = self.client.post(entry.path, entry.body)
-            if outcome.kind == DELIVERED:
-                self.journal.delivered(entry)
-                self.backoff.reset()
-                self._answer(entry, outcome.answer)
-            elif outcome.kind == REFUSED:
-                log.warning("control plane refused %s (HTTP %s), not resending: %s; body=%r", entry.path, outcome.status, outcome.detail, entry.body)
-                self.journal.delivered(entry)
-            else:
+            try:
+                self._send_next()
+            except OSError as exc:
+                # The journal's disk failed a read or its cursor's write (full, an I/O error):
+                # the thread stays, and tries again; a record sent again carries its event_id,
+                # which the control plane applies once.
                 wait = self.backoff.next_wait()
-                log.info("control plane unavailable for %s (%s %s); %d report(s) journaled, retrying in %.2fs", entry.path, outcome.status or "", outcome.detail[:200], self.journal.pending_count(), wait)
+                log.error("the report journal failed (%s); retrying in %.2fs", exc, wait)
                 self._stop.wait(wait)
+
+    def _send_next(self) -> None:
+        entry = self.journal.next(timeout=0.2)
+        if entry is None:
+            return
+        outcome = self.client.post(entry.path, entry.body)
+        if outcome.kind == DELIVERED:
+            self.journal.delivered(entry)
+            self.backoff.reset()
+            self._answer(entry, outcome.answer)
+        elif outcome.kind == REFUSED:
+            log.warning("control plane refused %s (HTTP %s), not resending: %s; body=%r", entry.path, outcome.status, outcome.detail, entry.body)
+            self.journal.delivered(entry)
+        else:
+            wait = self.backoff.next_wait()
+            log.info("control plane unavailable for %s (%s %s); %d report(s) journaled, retrying in %.2fs", entry.path, outcome.status or "", outcome.detail[:200], self.journal.pending_count(), wait)
+            self._stop.wait(wait)
 
     def _answer(self, entry, answer: dict[str, Any] | None) -> None:
         try:

@@ -498,7 +498,7 @@ class PackedWriter:
             return
         address, token, node = handover
         if self.replicas is None:
-            self.replicas = Replicator(self.rank, (address, token), (address, token), gang="notice", node=node)
+            self.replicas = Replicator(self.rank, [], gang="notice")
         self.replicas.hand_over((address, token), node)
 
     def _agreed(self, rank0_value: bool) -> bool:

@@ -76,19 +76,20 @@ def replicator(coord: Coordinator, config: CheckpointConfig, ring: Ring | None) 
     if ring is None or len(ring.stores) < 2:
         return None
     gang = coord.gather_objects(uuid.uuid4().hex)[0]
-    return Replicator(coord.rank, ring.buddy(coord.rank), ring.own(coord.rank), config.replica_every_steps, gang,
+    # Its own node's first: over loopback it lands at once, so a buddy lost mid-put leaves
+    # this rank's shard of the step on a node that is left.
+    return Replicator(coord.rank, [ring.own(coord.rank), ring.buddy(coord.rank)], config.replica_every_steps, gang,
                       node=ring.node_of(coord.rank))
 
 
 class Replicator:
-    def __init__(self, rank: int, buddy: Store, own: Store, every_steps: int | None = None, gang: str = "",
+    def __init__(self, rank: int, stores: list[Store], every_steps: int | None = None, gang: str = "",
                  silent_s: float | None = None, node: int | None = None):
         self.rank = rank
         self.node = rank if node is None else node  # the stores keep a node's ranks: each put names it
         self.silent_s = silent_s  # a store silent this long fails the send (None: wire.PEER_SILENT_S)
         self.gang = gang
-        self.buddy = buddy
-        self.own = own
+        self.stores = stores  # where each replication goes, in order: its own node's, then its buddy's
         self._fixed_every = every_steps
         self.started_step = 0  # of the last replication begun (or, at a resume, the step resumed from)
         self.replicated_step: int | None = None  # the newest step both stores verified
@@ -98,20 +99,20 @@ class Replicator:
         self.wall_s: float | None = None  # the last one's time from its snapshot to the buddy's verdict
         self._thread: threading.Thread | None = None
         self._cancel = wire.Cancel()
-        self._handover: tuple[Store, int] | None = None
+        self._to_spare = False
 
     def hand_over(self, store: Store, node: int) -> None:
         """Send the next replication (a notice save's) to `store` alone, as node `node`'s: a
         spare booted during the notice takes this node's place, and its store is the one
         that outlives this VM (this node's and its buddy's go with a gang handed over whole)."""
-        self._handover = (store, node)
+        self.stores, self.node, self._to_spare = [store], node, True
 
     @property
     def where(self) -> str:
         """Where a replication lands, in words."""
-        if self._handover is None:
+        if not self._to_spare:
             return "this node's store and its buddy's"
-        (host, port), _ = self._handover[0]
+        (host, port), _ = self.stores[0]
         return f"the spare's store at {host}:{port}"
 
     @property
@@ -143,7 +144,7 @@ class Replicator:
         self.settled_step = step
 
         def tell() -> None:
-            for store in (self.own, self.buddy):
+            for store in self.stores:
                 try:
                     settle(*store, self.rank, step)
                 except (ReplicaUnavailable, OSError):
@@ -192,14 +193,11 @@ class Replicator:
             shard = prepare()
             if idle:
                 lower_priority()
-            # Its own node's first: over loopback it lands at once, so a buddy lost mid-put leaves
-            # this rank's shard of the step on a node that is left.
             cancel = self._cancel
-            stores = [(self.own, self.node), (self.buddy, self.node)] if self._handover is None else [self._handover]
             digests = shard.digests
-            for store, node in stores:
+            for store in self.stores:
                 digests = replicate(*store, Shard(shard.rank, shard.step, shard.files, digests, self.gang),
-                                    self.silent_s, cancel, node=node)
+                                    self.silent_s, cancel, node=self.node)
         except ReplicaUnavailable as exc:
             print(f"respawn checkpoint: step {step} not replicated to the buddy: {exc}", file=sys.stderr, flush=True)
             return
