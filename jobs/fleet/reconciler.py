@@ -100,7 +100,8 @@ def _end_gone(instance: Instance, message: str, *, deleted: bool = True) -> None
                 Instance.objects.filter(pk=instance.pk).exclude(stopped_disk_sku="").update(
                     storage_released_at=F("ended_at"))
             InterruptionEvent.objects.create(instance=instance, kind=InterruptionKind.PREEMPTED,
-                                             source="provider_api", checkpoint_saved=False)
+                                             source="provider_api", checkpoint_saved=False,
+                                             steps_lost=steps_since_checkpoint(instance))
             went_on = after_instance_ended(instance.job_id, EndReason.PREEMPTED, instance_id=instance.pk)
             if not went_on and instance.standby_for_id is None and not instance.interruptions.filter(
                     kind=InterruptionKind.NOTICE).exists():

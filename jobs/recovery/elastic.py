@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.db.models import F, Max
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from respawn.protocol import Action
@@ -12,7 +13,7 @@ from respawn_server.jobs.core import nudges
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
 from respawn_server.jobs.core.services import usable_checkpoint
 from respawn_server.jobs.core.transitions import log_job_event
-from respawn_server.jobs.models import Instance, Job, JobEvent, StepPoint, WorldSize, resume_step_of
+from respawn_server.jobs.models import Instance, InterruptionEvent, Job, JobEvent, StepPoint, WorldSize, resume_step_of
 from respawn_server.jobs.recovery.counting import counts_as_preemption
 from respawn_server.jobs.recovery.gangs import (GANG_PORT, free_local_address, running_once_all_registered,
                                                 training_nodes)
@@ -110,6 +111,7 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
                 runs = [*runs[:-1], {**before[node.pk], "kept_until": step}]
             Instance.objects.filter(pk=node.pk, gang_generation=generation).update(memory_resume_step=step,
                                                                                   earlier_runs=runs)
+        kept_in_memory(regroup.after_instance_id, step - named)
     log_job_event(instance.job_id, f"the gang (generation {generation}) resumed at step {step} from the memory tier, "
                                    f"{step - named} step(s) newer than the checkpoint in storage (step {named})")
 
@@ -125,6 +127,13 @@ def memory_claim_believed(job_id: int, claim: str, step: int, named: int, reache
         log_job_event(job_id, f"{claim}, not between the checkpoint in storage (step {named}) and the furthest step "
                               f"{who} was seen to reach ({reached}): not believed; its work counts to step {named}")
     return False
+
+
+def kept_in_memory(instance_id: int | None, kept: int) -> None:
+    """The interruption of `instance_id` (the VM lost or noticed) lost `kept` steps fewer
+    than counted when it ended, against the checkpoint in storage: the memory tier kept them."""
+    InterruptionEvent.objects.filter(instance_id=instance_id, steps_lost__isnull=False).update(
+        steps_lost=Greatest(F("steps_lost") - kept, 0))
 
 
 def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from respawn import protocol
 from respawn_server.jobs.core.choices import InstanceState, JobStatus
-from respawn_server.jobs.models import Instance
+from respawn_server.jobs.models import Instance, InterruptionEvent
 from respawn_server.jobs.money import costs
 from respawn_server.jobs.money.downtime import job_downtime
 from respawn_server.jobs.people.tokens import BOOTSTRAP_PREFIX, new_token
@@ -95,16 +95,20 @@ def test_a_spare_that_resumed_from_its_store_past_storages_checkpoint_keeps_the_
     Instance.objects.filter(pk=old.pk).update(state=InstanceState.ENDED, end_reason="preempted", ended_at=timezone.now(),
                                               registered_at=began, running_at=began)
     Instance.objects.filter(pk=spare.pk).update(standby_for=None, resume_checkpoint=periodic, last_step=40)
+    # As its exit report recorded it: no checkpoint in the window, 20 steps past storage's.
+    InterruptionEvent.objects.filter(instance=old, kind="notice").update(checkpoint_saved=False, steps_lost=20)
 
     beat = spare_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=61, memory_resume_step=70))
     assert beat.status_code == 200 and Instance.objects.get(pk=spare.pk).memory_resume_step is None  # past 60: not believed
     assert old.job.events.filter(message__contains="resumed at step 70 from the memory tier, not between").exists()
     assert costs.job_cost(old.job).work[old.pk].steps_kept == 40
+    assert InterruptionEvent.objects.get(instance=old, kind="notice").steps_lost == 20
 
     spare_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=62, memory_resume_step=60))
     assert Instance.objects.get(pk=spare.pk).memory_resume_step == 60
     assert old.job.events.filter(message__contains=f"spare instance {spare.pk} resumed at step 60 from the memory tier "
                                                    f"(instance {old.pk}'s notice save, handed over)").exists()
     assert costs.job_cost(old.job).work[old.pk].steps_kept == 60  # not 40: the state of step 60 went on
+    assert InterruptionEvent.objects.get(instance=old, kind="notice").steps_lost == 0  # the memory tier kept them
     _, [interruption] = job_downtime(old.job_id, timezone.now())
     assert (interruption.resume_step, interruption.resume_tier) == (60, "memory")

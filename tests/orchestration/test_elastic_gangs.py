@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from respawn.protocol import Action
 from respawn_server.jobs.core.choices import EndReason, InstanceState, JobStatus
 from respawn_server.jobs.fleet.reconciler import _end_gone, check_elastic_gang, retry_stuck_provisioning
-from respawn_server.jobs.models import Checkpoint, Instance, Job, WorldSize
+from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, WorldSize
 from respawn_server.jobs.recovery.elastic import trainer_exited
 from respawn_server.jobs.reports.checkpoints import record_checkpoint
 from respawn_server.jobs.reports.exits import record_exit
@@ -318,6 +318,8 @@ def test_a_gang_resumed_from_the_memory_tier_is_counted_to_the_step_it_went_on_f
         nodes[0].pk: (300, 5), nodes[1].pk: (125, 0), nodes[2].pk: (300, 5)}
     _, (lost,) = downtime.job_downtime(job.pk, timezone.now())
     assert (lost.instance_id, lost.resume_step, lost.resume_tier) == (nodes[1].pk, 125, "memory")
+    # Gone at step 130: 30 steps past storage's checkpoint, 5 past the replica the gang went on from.
+    assert InterruptionEvent.objects.get(instance=nodes[1]).steps_lost == 5
 
 
 @pytest.mark.parametrize("claimed", [100, 131, 10**9])
@@ -335,6 +337,7 @@ def test_a_memory_resume_outside_what_the_gang_reached_is_not_believed(db, setti
     resumed_from_memory(Instance.objects.get(pk=nodes[0].pk), step=claimed, generation=1)  # its next heartbeat
     assert job.events.filter(message__contains=said).count() == 1
     assert costs.job_cost(job, T(3, 2)).work[nodes[1].pk].steps_kept == 100
+    assert InterruptionEvent.objects.get(instance=nodes[1]).steps_lost == 30  # to the checkpoint at 100
 
 
 def test_a_memory_resume_is_the_regroup_of_the_gang_the_node_is_in_not_an_earlier_gangs_of_the_same_generation(
