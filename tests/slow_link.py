@@ -1,5 +1,6 @@
 """A slow network link on 127.0.0.1: a TCP proxy whose uploads (client to server) share
-one rate limit, as a VM's link to a far bucket does. Downloads pass at loopback speed.
+one rate limit while it is set, as a VM's link to a far or congested bucket does. Downloads
+pass at loopback speed.
 
 Used where a test needs a storage write that cannot meet a notice's window while the
 node's other links (its peers, its spare) stay fast: the bucket emulator stays the real
@@ -15,9 +16,9 @@ CHUNK = 4096
 
 
 class SlowLink:
-    def __init__(self, upstream: tuple[str, int], upload_bytes_per_s: float):
+    def __init__(self, upstream: tuple[str, int], upload_bytes_per_s: float | None = None):
         self.upstream = upstream
-        self.rate = upload_bytes_per_s
+        self.rate = upload_bytes_per_s  # None: no limit; may be changed while connections are open
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._lock = threading.Lock()
         self._next_free = time.monotonic()  # when the link has sent everything it was given
@@ -54,7 +55,7 @@ class SlowLink:
     def _pump(self, source: socket.socket, sink: socket.socket, throttled: bool) -> None:
         try:
             while chunk := source.recv(CHUNK):
-                if throttled:
+                if throttled and self.rate:
                     self._take(len(chunk))
                 sink.sendall(chunk)
         except OSError:

@@ -2,6 +2,7 @@
 started for it, waited on until the job is terminal, stopped whatever happens."""
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,15 @@ def running_with_a_commit(job: Job) -> bool:
     trainer writes it: the control plane hears of the commit later, by seconds on a loaded
     machine, while the trainer trains on (a notice sent on that word may find it done)."""
     return (Path(job.storage_uri) / "LATEST").exists() and Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
+def uninterrupted_digest(train: list[str], steps: int, directory: Path) -> str:
+    """The exported weights of the tiny example's `train` (its last two arguments the step
+    delay, dropped: the same weights, sooner) run to its end, never interrupted."""
+    uri = directory / "reference"
+    subprocess.run([*train[:-2], "--uri", str(uri)], cwd=ROOT, check=True, capture_output=True, timeout=300)
+    exported = uri / "export" / f"step-{steps:08d}" / "model.safetensors"
+    return "sha256:" + hashlib.sha256(exported.read_bytes()).hexdigest()
 
 
 def run_to_the_end(job: Job, env: dict, tmp_path, *, timeout: float = 800, meanwhile=None) -> Job:

@@ -5,17 +5,13 @@ still finishes with bitwise the weights of a run that was never interrupted.
 Real processes throughout: gunicorn, a Celery worker and beat, detached local
 "VMs" each running the agent, which runs the trainer."""
 
-import hashlib
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from respawn_server.jobs.core.choices import EndReason, JobStatus
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent
-from tests.conftest import ROOT
-from tests.e2e.stack import MARKET_LIVENESS, run_to_the_end
+from tests.e2e.stack import MARKET_LIVENESS, run_to_the_end, uninterrupted_digest
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
@@ -30,14 +26,6 @@ TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "
 @pytest.fixture
 def liveness():
     return MARKET_LIVENESS
-
-
-def reference_digest(tmp_path: Path) -> str:
-    """The exported weights of the same training, never interrupted."""
-    uri = tmp_path / "reference"
-    subprocess.run([*TRAIN[:-2], "--uri", str(uri)], cwd=ROOT, check=True, capture_output=True, timeout=300)
-    exported = uri / "export" / f"step-{STEPS:08d}" / "model.safetensors"
-    return "sha256:" + hashlib.sha256(exported.read_bytes()).hexdigest()
 
 
 @pytest.mark.e2e
@@ -76,4 +64,4 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     # Each replacement resumed from a checkpoint: work was kept, not redone from zero.
     resumed = [i.resume_checkpoint.step for i in instances.order_by("requested_at") if i.resume_checkpoint]
     assert len(resumed) >= 3 and resumed == sorted(resumed) and resumed[0] > 0
-    assert job.artifact_digest == reference_digest(tmp_path)
+    assert job.artifact_digest == uninterrupted_digest(TRAIN, STEPS, tmp_path)

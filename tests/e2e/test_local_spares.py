@@ -7,6 +7,7 @@ notice (the VM is never taken) is acted on the same way.
 Real processes throughout: gunicorn, a Celery worker and beat, detached local "VMs"
 each running the agent, which runs the trainer."""
 
+import re
 import sys
 
 import pytest
@@ -17,9 +18,10 @@ from respawn_server.jobs.fleet.providers.local import LocalConfig, LocalProvider
 from respawn_server.jobs.models import Checkpoint, Instance, InterruptionEvent, Job, LogChunk, MetricPoint
 from respawn_server.jobs.money.downtime import job_downtime
 from tests.conftest import WebServer, wait_until
-from tests.e2e.stack import run_to_the_end, running_with_a_commit
+from tests.e2e.stack import run_to_the_end, running_with_a_commit, uninterrupted_digest
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
+from tests.slow_link import SlowLink
 
 pytestmark = pytest.mark.store_incidental
 
@@ -36,8 +38,8 @@ def start(child_env: dict, tmp_path, market: dict, **job_fields) -> tuple[Job, W
     env["RESPAWN_API_URL"] = web.url
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
-                   checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=5.0, allowed_clouds=["local"],
-                   instance_types=["cpu-small"], validation_enabled=False, **job_fields)
+                   **{"checkpoint_uri": str(tmp_path / "ckpt"), **job_fields}, checkpoint_interval_s=5.0,
+                   allowed_clouds=["local"], instance_types=["cpu-small"], validation_enabled=False)
     return job, web, env
 
 
@@ -104,16 +106,18 @@ def test_a_notice_boots_the_spare_before_the_old_vm_dies_and_it_resumes_from_the
     assert 0 < total == pytest.approx(sum(d.total_s for d in spared))
 
 
-def run_served(child_env: dict, tmp_path, notice: dict, **job_fields) -> tuple[Job, Instance, Instance, LocalProvider]:
+def run_served(child_env: dict, tmp_path, notice: dict, *, serve=None,
+               **job_fields) -> tuple[Job, Instance, Instance, LocalProvider]:
     """A job run to its end on a market that takes no VM, whose first VM's metadata service
-    serves `notice` once it trains: the job, that VM's instance, the spare that followed it
-    (the job must have succeeded), and the VMs."""
+    serves `notice` once it trains (`serve(job, vms, worker, notice)`, serve_on_its_vm by
+    default): the job, that VM's instance, the spare that followed it (the job must have
+    succeeded), and the VMs."""
     job, web, env = start(child_env, tmp_path, {"RESPAWN_LOCAL_MARKET": "none"}, **job_fields)
     vms = LocalProvider(LocalConfig(root=str(tmp_path / "var" / "local-vms")))
     served: list[Instance] = []
     try:
         job = run_to_the_end(job, env, tmp_path, meanwhile=lambda worker: served.append(
-            serve_on_its_vm(job, vms, worker, notice)))
+            (serve or serve_on_its_vm)(job, vms, worker, notice)))
     finally:
         web.stop()
     assert job.status == JobStatus.SUCCEEDED, job_story(job.pk, vms)
@@ -121,10 +125,10 @@ def run_served(child_env: dict, tmp_path, notice: dict, **job_fields) -> tuple[J
     return job, old, Instance.objects.get(job=job, pk__gt=old.pk), vms
 
 
-def serve_on_its_vm(job: Job, vms: LocalProvider, worker, notice: dict) -> Instance:
-    """Once the job runs and has a checkpoint, its VM's metadata service serves `notice`
-    (as the cloud would); the instance of that VM."""
-    wait_until(lambda: running_with_a_commit(job), timeout=300,
+def serve_on_its_vm(job: Job, vms: LocalProvider, worker, notice: dict, ready=running_with_a_commit) -> Instance:
+    """Once `ready(job)` (it runs and has a checkpoint), its VM's metadata service serves
+    `notice` (as the cloud would); the instance of that VM."""
+    wait_until(lambda: ready(job), timeout=300,
                what="the job to run and commit a checkpoint", proc=worker, interval=0.2,
                explain=lambda: job_story(job.pk, vms))
     instance = Instance.objects.get(job=job, state=InstanceState.RUNNING)
@@ -192,3 +196,72 @@ def test_with_the_memory_tier_the_notice_save_lands_in_the_spares_memory_and_it_
     assert (f"rank 0 resumed at step {resume.step} from the memory tier (its state from the store at {address}): "
             f"the step of storage's newest checkpoint") in spare_log, spare_log[-3000:]
     assert resume.tiers == ["storage", "memory"], story  # as it committed: both held it
+
+
+@pytest.fixture
+def bucket_link():
+    """A bucket on the S3 emulator, as a job's env names it (uri, env), and the link to it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="ckpt")
+    link = SlowLink((host, port)).start()
+    yield "s3://ckpt/runs", {**credentials, "AWS_ENDPOINT_URL": link.url}, link
+    link.stop()
+    moto.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_notice_save_that_misses_storages_window_is_resumed_by_the_spare_from_its_memory(
+        child_env, tmp_path, bucket_link):
+    # While the notice runs its course the link to the bucket carries 2 KB/s: the notice save's
+    # storage write (~150 KB) cannot commit in the window, the hand-over to the spare's store
+    # (the job's own network, loopback here) lands. The spare resumes the notice step from
+    # memory alone, the step is on record as kept, and the job ends with the weights of a run
+    # never interrupted.
+    uri, bucket_env, link = bucket_link
+
+    def serve_with_the_bucket_slow(job, vms, worker, notice) -> Instance:
+        wait_until(lambda: Checkpoint.objects.filter(job=job).exists() and
+                   Job.objects.get(pk=job.pk).status == JobStatus.RUNNING, timeout=300,
+                   what="the job to run and commit a checkpoint", proc=worker, interval=0.2)
+        link.rate = 2_000
+        old = serve_on_its_vm(job, vms, worker, notice, ready=lambda job: True)
+        wait_until(lambda: Instance.objects.get(pk=old.pk).state == InstanceState.ENDED, timeout=120,
+                   what="the noticed VM's end", proc=worker, interval=0.2)
+        link.rate = None  # the spare's saves and its export go up at loopback speed
+        return old
+
+    job, old, spare, vms = run_served(child_env, tmp_path, {"in_s": 0, "deadline_in_s": 30},
+                                      serve=serve_with_the_bucket_slow, checkpoint_uri=uri,
+                                      env={"RESPAWN_MEMORY_TIER": "on", **bucket_env})
+    story = job_story(job.pk, vms)
+    address = spare.handover_address
+    old_log, spare_log = log_text(old), log_text(spare)
+    [saved] = re.findall(r"notice save of step (\d+): in the memory tier \(the spare's store at ([\d.:]+)\)", old_log) \
+        or [(None, None)]
+    assert saved[1] == address, old_log[-3000:]
+    step = int(saved[0])
+    assert "no checkpoint committed to storage within the notice budget; the job resumes from the memory tier" in old_log
+    # Storage never committed it: the spare's promotion named an older checkpoint, its trainer
+    # found the newer step in its store.
+    assert not Checkpoint.objects.filter(job=job, step=step).exists() and spare.resume_checkpoint.step < step, story
+    assert (f"rank 0 resumed at step {step} from the memory tier (its state from the store at {address}), newer than "
+            "storage's newest checkpoint") in spare_log, spare_log[-3000:]
+    # On record: the spare went on from that step, the notice lost no step the VM was seen to
+    # train past it, and the interruption says where the work went on from.
+    assert spare.memory_resume_step == step, story
+    notice = InterruptionEvent.objects.get(instance=old, kind="notice")
+    assert notice.checkpoint_saved is False and notice.steps_lost == max(0, old.last_step - step), story
+    assert job.events.filter(message__contains=f"spare instance {spare.pk} resumed at step {step} from the memory "
+                                                "tier").exists(), story
+    _, [interruption] = job_downtime(job.pk, job.finished_at)
+    assert (interruption.resume_step, interruption.resume_tier) == (step, "memory"), story
+    assert job.artifact_digest == uninterrupted_digest(TRAIN, STEPS, tmp_path), story
+

@@ -128,6 +128,10 @@ def report_outcome(agent: Agent) -> None:
         # some) dies of the stop signal: it trained nothing, so nothing was lost.
         agent.agent_line(f"the trainer had not reported a step since it started at step {agent.status.start_step} when the "
                          "notice came: nothing to save; the job resumes from its previous checkpoint")
+    elif agent.state.handover is not None or agent.state.buddy_store is not None:
+        agent.agent_line("no checkpoint committed to storage within the notice budget; the job resumes from the memory "
+                         "tier if the notice save landed there (the trainer says so above), else from its previous "
+                         "checkpoint")
     else:
         agent.agent_line("no checkpoint committed within the notice budget; the job resumes from its previous checkpoint")
 

@@ -375,7 +375,8 @@ class PackedWriter:
                         reference.join()
                     return self._shard(job.step, job.meta)
 
-                self.replicas.start(job.step, shard, None, idle=job.kind == protocol.CheckpointKind.PERIODIC)
+                self.replicas.start(job.step, shard, None, idle=job.kind == protocol.CheckpointKind.PERIODIC,
+                                    landed=self._notice_landed if job.kind == protocol.CheckpointKind.NOTICE else None)
             job.handed.set()
 
         def release_live():
@@ -483,9 +484,13 @@ class PackedWriter:
         """A notice save's replica, sent beside its storage write: lands before the trainer
         exits (its thread dies with it), or the window closes first."""
         self.replicas.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        if self.replicas.replicated_step == step:
-            print(f"respawn checkpoint: notice save of step {step}: in the memory tier ({self.replicas.where})",
-                  file=sys.stderr, flush=True)
+
+    def _notice_landed(self, step: int) -> None:
+        """Said the moment it lands, not once storage's write is done: a storage write that
+        misses the window is killed with the trainer, and the log must still say where the
+        notice step went (the spare, or the survivors, resume from it)."""
+        print(f"respawn checkpoint: notice save of step {step}: in the memory tier ({self.replicas.where})",
+              file=sys.stderr, flush=True)
 
     def _hand_over_notice(self) -> None:
         """A spare booted during the notice takes this node's place (the agent's notice file

@@ -169,25 +169,27 @@ class Replicator:
                                    save_cost_s=save_cost_s, interval_s=interval_s)
 
     def start(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None, *,
-              idle: bool = True) -> bool:
+              idle: bool = True, landed: Callable[[int], None] | None = None) -> bool:
         """Replicate the shard `prepare()` returns (run first thing in the thread), unless one
         is in flight (skipped: False). `cost_s()`, read once the buddy answered, is what it
         cost training; None where the snapshot was a storage save's, whose cost it is.
         `idle`: sent at the lowest CPU priority, as training goes on beside it, unless the
-        job fixed K; a notice save's is not (training waits for it, and the window closes)."""
+        job fixed K; a notice save's is not (training waits for it, and the window closes).
+        `landed(step)`: called in the thread once every store has verified it."""
         if self.busy:
             self.skipped += 1
             return False
         self.started_step = step
         self._cancel = wire.Cancel()
         idle = idle and not self.strict
-        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle), name=f"ckpt-replica-{step}",
-                                  daemon=True)
+        thread = threading.Thread(target=self._run, args=(step, prepare, cost_s, idle, landed),
+                                  name=f"ckpt-replica-{step}", daemon=True)
         thread.start()
         self._thread = thread  # started first: `wait` may be called from the training thread meanwhile
         return True
 
-    def _run(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None, idle: bool) -> None:
+    def _run(self, step: int, prepare: Callable[[], Shard], cost_s: Callable[[], float] | None, idle: bool,
+             landed: Callable[[int], None] | None) -> None:
         began = time.monotonic()
         try:
             shard = prepare()
@@ -202,6 +204,8 @@ class Replicator:
             print(f"respawn checkpoint: step {step} not replicated to the buddy: {exc}", file=sys.stderr, flush=True)
             return
         self.replicated_step = step
+        if landed is not None:
+            landed(step)
         self.wall_s = time.monotonic() - began
         if cost_s is not None:
             self.cost_s = cost_s()
