@@ -38,7 +38,7 @@ def start(child_env: dict, tmp_path, market: dict, **job_fields) -> tuple[Job, W
     env["RESPAWN_API_URL"] = web.url
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
-                   **{"checkpoint_uri": str(tmp_path / "ckpt"), **job_fields}, checkpoint_interval_s=5.0,
+                   **{"checkpoint_uri": str(tmp_path / "ckpt"), "checkpoint_interval_s": 5.0, **job_fields},
                    allowed_clouds=["local"], instance_types=["cpu-small"], validation_enabled=False)
     return job, web, env
 
@@ -216,6 +216,10 @@ def bucket_link():
     moto.stop()
 
 
+def trained_a_while(job: Job) -> bool:
+    return Instance.objects.filter(job=job, state=InstanceState.RUNNING, last_step__gte=150).exists()
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_a_notice_save_that_misses_storages_window_is_resumed_by_the_spare_from_its_memory(
@@ -224,22 +228,21 @@ def test_a_notice_save_that_misses_storages_window_is_resumed_by_the_spare_from_
     # storage write (~150 KB) cannot commit in the window, the hand-over to the spare's store
     # (the job's own network, loopback here) lands. The spare resumes the notice step from
     # memory alone, the step is on record as kept, and the job ends with the weights of a run
-    # never interrupted.
+    # never interrupted. The job's interval is longer than its run: no periodic save is on the
+    # slow link when the notice comes (a notice save waits for the upload an older save has in
+    # flight, which one slow PUT can make outlast the window: docs/memory-tier.md).
     uri, bucket_env, link = bucket_link
 
     def serve_with_the_bucket_slow(job, vms, worker, notice) -> Instance:
-        wait_until(lambda: Checkpoint.objects.filter(job=job).exists() and
-                   Job.objects.get(pk=job.pk).status == JobStatus.RUNNING, timeout=300,
-                   what="the job to run and commit a checkpoint", proc=worker, interval=0.2)
         link.rate = 2_000
-        old = serve_on_its_vm(job, vms, worker, notice, ready=lambda job: True)
+        old = serve_on_its_vm(job, vms, worker, notice, ready=trained_a_while)
         wait_until(lambda: Instance.objects.get(pk=old.pk).state == InstanceState.ENDED, timeout=120,
                    what="the noticed VM's end", proc=worker, interval=0.2)
         link.rate = None  # the spare's saves and its export go up at loopback speed
         return old
 
     job, old, spare, vms = run_served(child_env, tmp_path, {"in_s": 0, "deadline_in_s": 30},
-                                      serve=serve_with_the_bucket_slow, checkpoint_uri=uri,
+                                      serve=serve_with_the_bucket_slow, checkpoint_uri=uri, checkpoint_interval_s=3600,
                                       env={"RESPAWN_MEMORY_TIER": "on", **bucket_env})
     story = job_story(job.pk, vms)
     address = spare.handover_address
@@ -249,9 +252,9 @@ def test_a_notice_save_that_misses_storages_window_is_resumed_by_the_spare_from_
     assert saved[1] == address, old_log[-3000:]
     step = int(saved[0])
     assert "no checkpoint committed to storage within the notice budget; the job resumes from the memory tier" in old_log
-    # Storage never committed it: the spare's promotion named an older checkpoint, its trainer
-    # found the newer step in its store.
-    assert not Checkpoint.objects.filter(job=job, step=step).exists() and spare.resume_checkpoint.step < step, story
+    # Storage never committed it (nor any step before it): the spare's promotion named none, its
+    # trainer found the step in its store.
+    assert not Checkpoint.objects.filter(job=job, step__lte=step).exists() and spare.resume_checkpoint is None, story
     assert (f"rank 0 resumed at step {step} from the memory tier (its state from the store at {address}), newer than "
             "storage's newest checkpoint") in spare_log, spare_log[-3000:]
     # On record: the spare went on from that step, the notice lost no step the VM was seen to
