@@ -2,7 +2,7 @@
 a whole-system test prints when it times out, so a failure seen once in CI can be
 understood without rerunning it."""
 
-from respawn_server.jobs.models import Instance, Job, JobEvent
+from respawn_server.jobs.models import Checkpoint, Instance, Job, JobEvent
 
 
 def job_story(job_id: int, local_vms=None, log_tail_chars: int = 1500) -> str:
@@ -12,10 +12,13 @@ def job_story(job_id: int, local_vms=None, log_tail_chars: int = 1500) -> str:
              f"preemptions {job.preemptions}, failure restarts {job.failure_restarts}"]
     lines += [f"  {e.created_at:%H:%M:%S.%f} job {e.from_status or '-'} -> {e.to_status or '-'}: {e.message}"
               for e in JobEvent.objects.filter(job_id=job_id)]
+    lines += [f"  checkpoint {c.pk} step {c.step} {c.kind} by instance {c.instance_id}, committed "
+              f"{c.committed_at:%H:%M:%S.%f}, {c.validation}" for c in Checkpoint.objects.filter(job_id=job_id)]
     for instance in Instance.objects.filter(job_id=job_id).order_by("pk").prefetch_related("events"):
         lines.append(f"instance {instance.pk} rank {instance.rank} {instance.provider_instance_id or '(no VM)'}: "
                      f"{instance.state} {instance.end_reason or ''} rendezvous {instance.rendezvous_addr or '-'} "
-                     f"step {instance.last_step}, heartbeat deadline {instance.heartbeat_deadline}")
+                     f"step {instance.last_step}, resumed from checkpoint {instance.resume_checkpoint_id}, "
+                     f"heartbeat deadline {instance.heartbeat_deadline}")
         lines += [f"  {e.created_at:%H:%M:%S.%f} {e.from_state} -> {e.to_state}: {e.message}"
                   for e in instance.events.all()]
         if local_vms is not None and instance.provider_instance_id:

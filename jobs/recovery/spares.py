@@ -137,12 +137,15 @@ def promote_spares(job: Job, spares: list[Instance]) -> None:
     resume = usable_checkpoint(job)
     olds = [spare.standby_for for spare in spares]
     ids = [spare.pk for spare in spares]
-    # A spare registering now holds its row until it commits: these updates wait for it, and
-    # the state they test (and the count below) is the committed one, not the one read
-    # before the notice save ended; a stale read left a registered spare's job provisioning.
+    # A spare registering now holds its row until it commits, having read itself standing by
+    # (no resume point fixed): the first update waits for it and takes every spare's row, so a
+    # registration begun after reads itself promoted and fixes its own; the second then sees
+    # the committed state (a stale read left a registered spare's job provisioning). In the
+    # other order a spare mid-registration, booting in the first's snapshot, was skipped and
+    # kept no resume point (CI's drill).
+    Instance.objects.filter(pk__in=ids).update(standby_for=None)
     Instance.objects.filter(pk__in=ids, state=InstanceState.RUNNING).update(
-        standby_for=None, resume_checkpoint=resume, last_step=resume.step if resume else 0)
-    Instance.objects.filter(pk__in=ids).exclude(standby_for=None).update(standby_for=None)
+        resume_checkpoint=resume, last_step=resume.step if resume else 0)
     interrupted = any(counts_as_preemption(old.end_reason, old.pk) for old in olds)
     counted = {"preemptions": F("preemptions") + 1} if interrupted else {}
     transition_job(job.pk, job.status, JobStatus.RECOVERING,

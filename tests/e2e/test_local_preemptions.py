@@ -61,7 +61,10 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     assert len(outcomes) == 3 and all(saved or lost == 0 for _, saved, lost in outcomes), (outcomes, job_story(job.pk))
     saved = sum(1 for _, saved, _ in outcomes if saved)
     assert saved >= 1 and Checkpoint.objects.filter(job=job, kind="notice").count() == saved, job_story(job.pk)
-    # Each replacement resumed from a checkpoint: work was kept, not redone from zero.
-    resumed = [i.resume_checkpoint.step for i in instances.order_by("requested_at") if i.resume_checkpoint]
-    assert len(resumed) >= 3 and resumed == sorted(resumed) and resumed[0] > 0
+    # Each VM that started once a checkpoint was committed resumed from one: work was kept, not
+    # redone from zero (a VM reclaimed before its trainer saved leaves its successor nothing).
+    first_commit = Checkpoint.objects.filter(job=job).order_by("created_at").first().created_at
+    after_a_commit = instances.filter(registered_at__gt=first_commit).order_by("registered_at")
+    resumed = [i.resume_checkpoint.step if i.resume_checkpoint else None for i in after_a_commit]
+    assert resumed and None not in resumed and resumed == sorted(resumed) and resumed[0] > 0, job_story(job.pk)
     assert job.artifact_digest == uninterrupted_digest(TRAIN, STEPS, tmp_path)

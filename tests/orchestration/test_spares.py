@@ -98,6 +98,36 @@ def test_a_spare_registering_while_the_handover_reads_it_still_runs_the_job(noti
     assert (spare.standby_for_id, spare.resume_checkpoint_id, spare.last_step) == (None, save.pk, 90)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_spare_mid_registration_as_it_is_promoted_resumes_from_the_notice_save(noticed):
+    """The spare's register had locked its row and read it standing by (no resume point
+    fixed) when the promotion wrote: the promotion must wait for it and give it the
+    notice save, not skip it as still booting (CI's drill: a spare trained with none)."""
+    from tests.downtime.test_downtime import _checkpoint
+    from tests.overlap import in_overlapping_transactions
+
+    job, old = noticed
+    spare = Instance.objects.get(pk__in=launch_spare(old.pk))
+    Instance.objects.filter(pk=spare.pk).update(state=InstanceState.BOOTING)
+    save = _checkpoint(old, 90, "notice", timezone.now())
+    with transaction.atomic():
+        end_instance(old, EndReason.PREEMPTED)
+
+    def register():
+        register_instance(Instance.objects.select_for_update().get(pk=spare.pk), hostname="spare", agent_version="t",
+                          provider_instance_id="")
+
+    def promote():
+        with transaction.atomic():
+            promote_spares(Job.objects.get(pk=job.pk), list(Instance.objects.filter(pk=spare.pk).select_related("standby_for")))
+
+    in_overlapping_transactions(register, promote, hold_s=2)
+    spare.refresh_from_db()
+    assert (spare.state, spare.standby_for_id, spare.resume_checkpoint_id, spare.last_step) == \
+        (InstanceState.RUNNING, None, save.pk, 90)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
 def test_a_false_notice_releases_the_spare_and_says_what_the_overlap_cost(noticed):
     job, old = noticed
     spare = Instance.objects.get(pk__in=launch_spare(old.pk))
