@@ -111,9 +111,9 @@ def resumed_from_memory(instance: Instance, *, step: int, generation: int) -> No
                 runs = [*runs[:-1], {**before[node.pk], "kept_until": step}]
             Instance.objects.filter(pk=node.pk, gang_generation=generation).update(memory_resume_step=step,
                                                                                   earlier_runs=runs)
-        kept_in_memory(regroup.after_instance_id, step - named)
+        corrected = kept_in_memory(regroup.after_instance_id, step - named)
     log_job_event(instance.job_id, f"the gang (generation {generation}) resumed at step {step} from the memory tier, "
-                                   f"{step - named} step(s) newer than the checkpoint in storage (step {named})")
+                                   f"{step - named} step(s) newer than the checkpoint in storage (step {named}){corrected}")
 
 
 def memory_claim_believed(job_id: int, claim: str, step: int, named: int, reached: int, who: str) -> bool:
@@ -129,11 +129,18 @@ def memory_claim_believed(job_id: int, claim: str, step: int, named: int, reache
     return False
 
 
-def kept_in_memory(instance_id: int | None, kept: int) -> None:
+def kept_in_memory(instance_id: int | None, kept: int) -> str:
     """The interruption of `instance_id` (the VM lost or noticed) lost `kept` steps fewer
-    than counted when it ended, against the checkpoint in storage: the memory tier kept them."""
-    InterruptionEvent.objects.filter(instance_id=instance_id, steps_lost__isnull=False).update(
-        steps_lost=Greatest(F("steps_lost") - kept, 0))
+    than counted when it ended, against the checkpoint in storage: the memory tier kept them.
+    Returns the words that correct the job's events, which said at the end that those steps
+    would be trained again ('' when nothing was counted)."""
+    counted = InterruptionEvent.objects.filter(instance_id=instance_id, steps_lost__isnull=False)
+    before = counted.aggregate(top=Max("steps_lost"))["top"]
+    if before is None or kept <= 0:
+        return ""
+    counted.update(steps_lost=Greatest(F("steps_lost") - kept, 0))
+    return (f"; instance {instance_id}'s interruption now counts {max(before - kept, 0)} step(s) lost, not the {before} "
+            "said when it ended: the rest are kept, not trained again")
 
 
 def trainer_exited(instance: Instance, *, exit_code: int, generation: int) -> None:

@@ -66,7 +66,7 @@ def resumed_from_memory(spare: Instance, *, step: int) -> None:
                                  step, named, reached, "its noticed VM"):
         return
     if Instance.objects.filter(pk=row.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
-        kept_in_memory(noticed.pk, step - named)
+        corrected = kept_in_memory(noticed.pk, step - named)
         log_job_event(row.job_id, f"spare instance {row.pk} resumed at step {step} from the memory tier (instance "
                                   f"{noticed.pk}'s notice save, handed over), {step - named} step(s) newer than the "
-                                  f"checkpoint in storage (step {named})")
+                                  f"checkpoint in storage (step {named}){corrected}")

@@ -107,7 +107,10 @@ def test_a_spare_that_resumed_from_its_store_past_storages_checkpoint_keeps_the_
     spare_agent.post(protocol.PATH_HEARTBEAT, protocol.Heartbeat(step=62, memory_resume_step=60))
     assert Instance.objects.get(pk=spare.pk).memory_resume_step == 60
     assert old.job.events.filter(message__contains=f"spare instance {spare.pk} resumed at step 60 from the memory tier "
-                                                   f"(instance {old.pk}'s notice save, handed over)").exists()
+                                                   f"(instance {old.pk}'s notice save, handed over), 20 step(s) newer "
+                                                   f"than the checkpoint in storage (step 40); instance {old.pk}'s "
+                                                   "interruption now counts 0 step(s) lost, not the 20 said when it "
+                                                   "ended: the rest are kept, not trained again").exists()
     assert costs.job_cost(old.job).work[old.pk].steps_kept == 60  # not 40: the state of step 60 went on
     assert InterruptionEvent.objects.get(instance=old, kind="notice").steps_lost == 0  # the memory tier kept them
     _, [interruption] = job_downtime(old.job_id, timezone.now())

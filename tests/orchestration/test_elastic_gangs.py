@@ -312,7 +312,9 @@ def test_a_gang_resumed_from_the_memory_tier_is_counted_to_the_step_it_went_on_f
     regrouped = job.world_sizes.get(world_size=2)
     assert (regrouped.resume_step, regrouped.resume_tier, regrouped.resume_checkpoint.step) == (125, "memory", 100)
     assert job.events.filter(message__contains="resumed at step 125 from the memory tier, 25 step(s) newer than "
-                                               "the checkpoint in storage (step 100)").count() == 1
+                                               f"the checkpoint in storage (step 100); instance {nodes[1].pk}'s "
+                                               "interruption now counts 5 step(s) lost, not the 30 said when it "
+                                               "ended").count() == 1
     work = costs.job_cost(job, T(3, 2)).work
     assert {pk: (w.steps_kept, w.recomputed_steps) for pk, w in work.items()} == {
         nodes[0].pk: (300, 5), nodes[1].pk: (125, 0), nodes[2].pk: (300, 5)}
