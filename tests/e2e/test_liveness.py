@@ -16,10 +16,12 @@ from tests.e2e.stack import MARKET_LIVENESS, run_to_the_end
 from tests.factories import make_job, make_team_with_members
 from tests.history import job_story
 
-# 54 s of training: at least 4 VMs reclaimed 20 s after boot. (10 s, as before, was shorter than
-# a loaded CI machine takes to start the trainer: every VM died before its first step, no
-# work was ever kept, and spot placement rightly gave up on the job.)
-STEPS, STEP_DELAY_S = 1800, 0.03
+# At least 90 s of training (each step sleeps 30 ms), however fast the machine: VMs reclaimed
+# 20 s after boot train less than 20 s each, so at least 4 are reclaimed (1800 steps, 54 s,
+# met only 3 on a quiet machine). (10 s VMs, as before, were shorter than a loaded CI machine
+# takes to start the trainer: every VM died before its first step, no work was ever kept,
+# and spot placement rightly gave up on the job.)
+STEPS, STEP_DELAY_S = 3000, 0.03
 # Spot capacity gone 6 s into the market: 9 s of training cannot finish on the first spot VM.
 FALLBACK_STEPS = 300
 # A VM that never registers (seen once on a loaded 2-core machine: an on-demand VM stuck
