@@ -19,7 +19,7 @@ from tests.history import job_story
 # demo market (more often than here): this run's weights and notices are the store's no more.
 pytestmark = pytest.mark.store_incidental
 
-STEPS, STEP_DELAY_S = 1500, 0.03
+STEPS, STEP_DELAY_S = 2100, 0.03
 TRAIN = [sys.executable, "-m", "respawn.examples.tiny", "--steps", str(STEPS), "--step-delay", str(STEP_DELAY_S)]
 
 
@@ -31,12 +31,13 @@ def liveness():
 @pytest.mark.e2e
 @pytest.mark.timeout(900)  # a couple of minutes on a quiet machine; CI machines may be loaded
 def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_env, web_server, tmp_path):
-    # 45 s of training on VMs that live 15 s, and the market reclaims exactly the first three:
-    # however slowly a loaded machine trains, the job meets three preemptions and the fourth VM
-    # finishes (unlimited, a machine training at half speed met seven; tests/e2e/test_liveness.py
-    # drives a market without a limit to the end).
+    # 63 s of training on VMs that live 20 s, and the market reclaims exactly the first three:
+    # however fast or slowly the machine trains, the job meets three preemptions and the fourth
+    # VM finishes (unlimited, a machine training at half speed met seven; tests/e2e/test_liveness.py
+    # drives a market without a limit to the end). 20 s, not 15: a loaded machine took 14 s to
+    # start a trainer, and a notice that finds none started has nothing to save.
     env = {**child_env, "RESPAWN_API_URL": web_server.url, "RESPAWN_LOCAL_MARKET": "every",
-           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "15", "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3", "RESPAWN_LOCAL_NOTICE_S": "5"}
+           "RESPAWN_LOCAL_PREEMPT_EVERY_S": "20", "RESPAWN_LOCAL_MAX_PREEMPTIONS": "3", "RESPAWN_LOCAL_NOTICE_S": "5"}
     setup = make_team_with_members()
     job = make_job(setup.team, setup.people["member"].user, command=TRAIN, total_steps=STEPS,
                    checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_s=1.0, allowed_clouds=["local"],
@@ -55,7 +56,8 @@ def test_a_job_preempted_three_times_ends_with_the_uninterrupted_weights(child_e
     # Each of the three preemptions was announced and met with a checkpoint committed before its
     # deadline (a tiny model's save takes milliseconds of the 5 s window), or came while its
     # trainer was still starting, before it trained a step: nothing to save, nothing lost (a
-    # loaded machine can take longer than a VM's 10 s to start one; the agent says so).
+    # loaded machine can take longer than the 15 s before a VM's notice to start one; the agent
+    # says so).
     notices = InterruptionEvent.objects.filter(instance__job=job, kind="notice", source="local")
     outcomes = [(n.instance_id, n.checkpoint_saved, n.steps_lost) for n in notices]
     assert len(outcomes) == 3 and all(saved or lost == 0 for _, saved, lost in outcomes), (outcomes, job_story(job.pk))
