@@ -10,6 +10,7 @@ noticed VM in the heartbeat answer that stops it, each over its own agent's chan
 
 from __future__ import annotations
 
+from django.db import transaction
 from django.db.models import Max
 from django.utils.crypto import salted_hmac
 
@@ -65,7 +66,9 @@ def resumed_from_memory(spare: Instance, *, step: int) -> None:
     if not memory_claim_believed(row.job_id, f"instance {row.pk} says it resumed at step {step} from the memory tier",
                                  step, named, reached, "its noticed VM"):
         return
-    if Instance.objects.filter(pk=row.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
+    with transaction.atomic():  # a heartbeat's apply runs in none: the record, the count and the event go together
+        if not Instance.objects.filter(pk=row.pk, memory_resume_step__isnull=True).update(memory_resume_step=step):
+            return  # another heartbeat recorded it
         corrected = kept_in_memory(noticed.pk, step - named)
         log_job_event(row.job_id, f"spare instance {row.pk} resumed at step {step} from the memory tier (instance "
                                   f"{noticed.pk}'s notice save, handed over), {step - named} step(s) newer than the "
