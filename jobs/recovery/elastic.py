@@ -136,8 +136,8 @@ def kept_in_memory(instance_id: int | None, kept: int) -> str:
     would be trained again ('' when nothing was counted)."""
     counted = InterruptionEvent.objects.filter(instance_id=instance_id, steps_lost__isnull=False)
     before = counted.aggregate(top=Max("steps_lost"))["top"]
-    if before is None or kept <= 0:
-        return ""
+    if not before or kept <= 0:
+        return ""  # nothing was said lost: nothing to correct
     counted.update(steps_lost=Greatest(F("steps_lost") - kept, 0))
     return (f"; instance {instance_id}'s interruption now counts {max(before - kept, 0)} step(s) lost, not the {before} "
             "said when it ended: the rest are kept, not trained again")

@@ -262,8 +262,9 @@ def test_a_notice_save_that_misses_storages_window_is_resumed_by_the_spare_from_
     assert spare.memory_resume_step == step, story
     notice = InterruptionEvent.objects.get(instance=old, kind="notice")
     assert notice.checkpoint_saved is False and notice.steps_lost == max(0, old.last_step - step), story
-    assert job.events.filter(message__contains=f"spare instance {spare.pk} resumed at step {step} from the memory "
-                                                "tier").exists(), story
+    resumed = job.events.get(message__contains=f"spare instance {spare.pk} resumed at step {step} from the memory tier")
+    # ...and says so against the "notice missed" the VM's exit had logged.
+    assert f"; instance {old.pk}'s interruption now counts {notice.steps_lost} step(s) lost" in resumed.message, story
     _, [interruption] = job_downtime(job.pk, job.finished_at)
     assert (interruption.resume_step, interruption.resume_tier) == (step, "memory"), story
     assert job.artifact_digest == uninterrupted_digest(TRAIN, STEPS, tmp_path), story

@@ -119,7 +119,8 @@ def test_a_spare_mid_registration_as_it_is_promoted_resumes_from_the_notice_save
 
     def promote():
         with transaction.atomic():
-            promote_spares(Job.objects.get(pk=job.pk), list(Instance.objects.filter(pk=spare.pk).select_related("standby_for")))
+            spares = Instance.objects.filter(pk=spare.pk).select_related("standby_for")
+            promote_spares(Job.objects.get(pk=job.pk), list(spares))
 
     in_overlapping_transactions(register, promote, hold_s=2)
     spare.refresh_from_db()
